@@ -1,0 +1,39 @@
+"""loadax: deterministic, checkpointable data loading for JAX."""
+
+from loadax.batcher import Batcher, stack
+from loadax.dataset import (
+    Dataset,
+    DatasetBase,
+    MappedDataset,
+    RandomMappedDataset,
+    ShuffledDataset,
+    read_records,
+)
+from loadax.engine import BatchIterator
+from loadax.errors import RecordError
+from loadax.loader import DataLoader, Loader
+from loadax.pipeline import Pipeline
+from loadax.plan import Plan
+from loadax.sources import InMemoryDataset, RangeDataset
+
+__version__ = "0.3.0"
+
+__all__ = [
+    "BatchIterator",
+    "Batcher",
+    "DataLoader",
+    "Dataset",
+    "DatasetBase",
+    "InMemoryDataset",
+    "Loader",
+    "MappedDataset",
+    "Pipeline",
+    "Plan",
+    "RandomMappedDataset",
+    "RangeDataset",
+    "RecordError",
+    "ShuffledDataset",
+    "__version__",
+    "read_records",
+    "stack",
+]

@@ -1,0 +1,155 @@
+"""Random-access datasets: the `Dataset` protocol, and lazy transforms that stay random-access.
+
+Anything with `__len__` and `__getitem__(int)` is a dataset (a list, a numpy array, an HF
+dataset, a `tfds.data_source`); `__getitems__(indices)` is used for batched reads when present.
+loadax's own datasets also know the epoch a read belongs to, so that per-epoch shuffles and
+per-record random maps are a pure function of (seed, epoch, record index).
+"""
+
+from __future__ import annotations
+
+import abc
+import operator
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
+from typing_extensions import TypeVar
+
+from loadax.permutation import IndexArray, KeyPurpose, derive_key, permute, record_rng
+from loadax.validation import require_int
+
+T = TypeVar("T", default=Any)
+U = TypeVar("U", default=Any)
+T_co = TypeVar("T_co", covariant=True, default=Any)
+
+
+@runtime_checkable
+class Dataset(Protocol[T_co]):
+    """A sized, random-access collection of records."""
+
+    def __len__(self) -> int: ...
+
+    def __getitem__(self, index: int, /) -> T_co: ...
+
+
+def read_records(dataset: Dataset[T], indices: IndexArray, epoch: int = 0) -> list[T]:
+    """The records at `indices` (valid, non-negative) of any dataset, as read in `epoch`."""
+    if isinstance(dataset, DatasetBase):
+        return dataset.read(indices, epoch)
+    get_many = getattr(dataset, "__getitems__", None)
+    if get_many is not None:
+        return list(get_many(indices.tolist()))
+    return [dataset[index] for index in indices.tolist()]
+
+
+class DatasetBase(Dataset[T], abc.ABC):
+    """Base of loadax's datasets: Python indexing rules, batched reads and chainable transforms."""
+
+    @abc.abstractmethod
+    def __len__(self) -> int: ...
+
+    @abc.abstractmethod
+    def read(self, indices: IndexArray, epoch: int) -> list[T]:
+        """The records at `indices` (already checked to lie in [0, len)) as read in `epoch`."""
+
+    def __getitem__(self, index: int, /) -> T:
+        return self.read(np.array([self._normalise(index)], dtype=np.int64), 0)[0]
+
+    def __getitems__(self, indices: Sequence[int], /) -> list[T]:
+        return self.read(np.array([self._normalise(i) for i in indices], dtype=np.int64), 0)
+
+    def __iter__(self) -> Iterator[T]:
+        return (self[index] for index in range(len(self)))
+
+    def map(self, fn: Callable[[T], U]) -> MappedDataset[U]:
+        """Apply `fn` to every record, lazily."""
+        return MappedDataset(self, fn)
+
+    def random_map(
+        self, fn: Callable[[T, np.random.Generator], U], seed: int | None = None
+    ) -> RandomMappedDataset[U]:
+        """Apply `fn(record, rng)`, with `rng` keyed by (seed, epoch, record index)."""
+        return RandomMappedDataset(self, fn, seed)
+
+    def shuffle(self, seed: int | None = None) -> ShuffledDataset[T]:
+        """Visit the records in a keyed random order, different in every epoch."""
+        return ShuffledDataset(self, seed)
+
+    def _normalise(self, index: int) -> int:
+        try:
+            position = operator.index(index)
+        except TypeError:
+            raise TypeError(
+                f"{type(self).__name__} indices must be ints, not {type(index).__name__}"
+            ) from None
+        size = len(self)
+        if position < 0:
+            position += size
+        if not 0 <= position < size:
+            raise IndexError(f"index {index} is out of range for {type(self).__name__} of {size}")
+        return position
+
+
+def dataset_length(dataset: Dataset[Any]) -> int:
+    """`len(dataset)`, checked to be a non-negative int."""
+    return require_int(f"len({type(dataset).__name__})", len(dataset), minimum=0)
+
+
+def _seed(seed: int | None) -> int:
+    # None is the fixed default seed 0, not fresh entropy: a pipeline must be reproducible.
+    return 0 if seed is None else require_int("seed", seed, minimum=0)
+
+
+class MappedDataset(DatasetBase[U]):
+    """`fn` applied lazily to each record of `dataset`."""
+
+    def __init__(self, dataset: Dataset[T], fn: Callable[[T], U]) -> None:
+        if not callable(fn):
+            raise ValueError(f"fn must be callable, got {fn!r}")
+        self._dataset, self._fn, self._length = dataset, fn, dataset_length(dataset)
+
+    def __len__(self) -> int:
+        return self._length
+
+    def read(self, indices: IndexArray, epoch: int) -> list[U]:
+        return [self._fn(record) for record in read_records(self._dataset, indices, epoch)]
+
+
+class RandomMappedDataset(DatasetBase[U]):
+    """`fn(record, rng)` applied lazily; `rng` depends only on (seed, epoch, record index)."""
+
+    def __init__(
+        self,
+        dataset: Dataset[T],
+        fn: Callable[[T, np.random.Generator], U],
+        seed: int | None = None,
+    ) -> None:
+        if not callable(fn):
+            raise ValueError(f"fn must be callable, got {fn!r}")
+        self._dataset, self._fn, self._length = dataset, fn, dataset_length(dataset)
+        self._seed = _seed(seed)
+
+    def __len__(self) -> int:
+        return self._length
+
+    def read(self, indices: IndexArray, epoch: int) -> list[U]:
+        records = read_records(self._dataset, indices, epoch)
+        return [
+            self._fn(record, record_rng(self._seed, epoch, index))
+            for record, index in zip(records, indices.tolist(), strict=True)
+        ]
+
+
+class ShuffledDataset(DatasetBase[T]):
+    """`dataset` in a keyed random order, reshuffled in every epoch; no O(n) table."""
+
+    def __init__(self, dataset: Dataset[T], seed: int | None = None) -> None:
+        self._dataset, self._length, self._seed = dataset, dataset_length(dataset), _seed(seed)
+
+    def __len__(self) -> int:
+        return self._length
+
+    def read(self, indices: IndexArray, epoch: int) -> list[T]:
+        key = derive_key(KeyPurpose.DATASET_SHUFFLE, self._seed, epoch)
+        return read_records(self._dataset, permute(indices, self._length, key), epoch)

@@ -1,0 +1,129 @@
+"""`DataLoader`: the builder of a local loader, and `Loader`, the stateless definition it builds."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Generic
+
+from typing_extensions import TypeVar
+
+from loadax.batcher import Batcher
+from loadax.dataset import Dataset, dataset_length
+from loadax.engine import BatchIterator
+from loadax.pipeline import Pipeline
+from loadax.plan import Plan
+from loadax.validation import require_bool, require_int
+
+T = TypeVar("T", default=Any)
+B = TypeVar("B", default=Any)
+
+DEFAULT_WORKERS = 1
+DEFAULT_PREFETCH = 2
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class LoaderOptions:
+    """Everything a `DataLoader` builder has been told; checked as it is set."""
+
+    batch_size: int | None = None
+    shuffle: bool = False
+    seed: int = 0
+    num_epochs: int | None = 1
+    drop_remainder: bool = False
+    workers: int = DEFAULT_WORKERS
+    prefetch: int | None = None  # None: DEFAULT_PREFETCH with workers, none without
+
+    def __post_init__(self) -> None:
+        if self.batch_size is not None:
+            require_int("batch_size", self.batch_size, minimum=1)
+        require_bool("shuffle", self.shuffle)
+        require_int("seed", self.seed, minimum=0)
+        if self.num_epochs is not None:
+            require_int("num_epochs", self.num_epochs, minimum=1)
+        require_bool("drop_remainder", self.drop_remainder)
+        require_int("workers", self.workers, minimum=0)
+        if self.prefetch is not None:
+            require_int("prefetch", self.prefetch, minimum=1)
+            if self.workers == 0:
+                raise ValueError(
+                    f"prefetch({self.prefetch}) needs workers >= 1: "
+                    "workers(0) loads each batch in the calling thread when it is asked for"
+                )
+
+    def plan(self, num_records: int) -> Plan:
+        if self.batch_size is None:
+            raise ValueError("batch_size is required: call .batch_size(n) before .build()")
+        return Plan(
+            num_records=num_records,
+            batch_size=self.batch_size,
+            seed=self.seed,
+            shuffle=self.shuffle,
+            num_epochs=self.num_epochs,
+            drop_remainder=self.drop_remainder,
+        )
+
+
+class DataLoader(Generic[T, B]):
+    """Builds a `Loader`: `DataLoader(batcher).batch_size(n).workers(k).build(dataset)`.
+
+    Every method returns a new builder, so a partly configured builder can be shared.
+    """
+
+    def __init__(self, batcher: Batcher[T, B], options: LoaderOptions | None = None) -> None:
+        if not isinstance(batcher, Batcher):
+            raise ValueError(f"batcher must be a loadax.Batcher, got {type(batcher).__name__}")
+        self._batcher = batcher
+        self._options = LoaderOptions() if options is None else options
+
+    def batch_size(self, size: int) -> DataLoader[T, B]:
+        """Records per batch (the global batch size once sharded)."""
+        return self._with(batch_size=size)
+
+    def shuffle(self, seed: int = 0) -> DataLoader[T, B]:
+        """Visit the records in a different keyed random order in every epoch."""
+        return self._with(shuffle=True, seed=seed)
+
+    def num_epochs(self, epochs: int | None) -> DataLoader[T, B]:
+        """Passes over the dataset; None repeats forever. Default 1."""
+        return self._with(num_epochs=epochs)
+
+    def drop_remainder(self, drop: bool = True) -> DataLoader[T, B]:
+        """Drop the short last batch of each epoch."""
+        return self._with(drop_remainder=drop)
+
+    def workers(self, count: int) -> DataLoader[T, B]:
+        """Threads that read and transform records; 0 loads in the calling thread. Default 1."""
+        return self._with(workers=count)
+
+    def prefetch(self, batches: int) -> DataLoader[T, B]:
+        """Batches loaded ahead of the training loop (needs workers >= 1). Default 2."""
+        return self._with(prefetch=batches)
+
+    def build(self, dataset: Dataset[T]) -> Loader[B]:
+        """The loader of `dataset`: iterate it as many times as you like."""
+        plan = self._options.plan(dataset_length(dataset))
+        return Loader(Pipeline(dataset, self._batcher), plan, self._options)
+
+    def _with(self, **changes: Any) -> DataLoader[T, B]:
+        return DataLoader(self._batcher, dataclasses.replace(self._options, **changes))
+
+
+class Loader(Generic[B]):
+    """A stateless loader definition: every `iter()` starts a new iterator at step 0."""
+
+    def __init__(self, pipeline: Pipeline[Any, B], plan: Plan, options: LoaderOptions) -> None:
+        self.pipeline, self.plan = pipeline, plan
+        self._workers = options.workers
+        self._prefetch = 0 if options.workers == 0 else options.prefetch or DEFAULT_PREFETCH
+
+    def __iter__(self) -> BatchIterator[B]:
+        return BatchIterator(
+            self.pipeline, self.plan, workers=self._workers, prefetch=self._prefetch
+        )
+
+    def __len__(self) -> int:
+        """The number of batches an iterator yields."""
+        steps = self.plan.num_steps
+        if steps is None:
+            raise TypeError("a loader with num_epochs(None) repeats forever and has no length")
+        return steps

@@ -1,0 +1,107 @@
+"""The deterministic shard planner: which global records make the batch of each step.
+
+A plan is pure and holds no state: the indices of step `s` are computed from the plan's
+parameters alone, in O(1) memory for any number of records. Batches never span two epochs; the
+last batch of an epoch is short unless `drop_remainder` is set. With `shuffle`, every epoch is a
+different keyed permutation of the records.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from loadax.permutation import IndexArray, KeyPurpose, derive_key, permute
+from loadax.validation import require_bool, require_int
+
+PLAN_VERSION = 1
+"""Bumped whenever a change would alter which records a step gets."""
+
+Rows = slice | npt.ArrayLike
+"""Positions within a batch: a slice, or a sequence/array of ints."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Plan:
+    """Global record indices of every step for `num_records` records in batches of `batch_size`."""
+
+    num_records: int
+    batch_size: int
+    seed: int = 0
+    shuffle: bool = False
+    num_epochs: int | None = 1
+    drop_remainder: bool = False
+
+    def __post_init__(self) -> None:
+        require_int("num_records", self.num_records, minimum=0)
+        require_int("batch_size", self.batch_size, minimum=1)
+        require_int("seed", self.seed, minimum=0)
+        require_bool("shuffle", self.shuffle)
+        if self.num_epochs is not None:
+            require_int("num_epochs", self.num_epochs, minimum=1)
+        require_bool("drop_remainder", self.drop_remainder)
+
+    @property
+    def steps_per_epoch(self) -> int:
+        if self.drop_remainder:
+            return self.num_records // self.batch_size
+        return -(-self.num_records // self.batch_size)
+
+    @property
+    def num_steps(self) -> int | None:
+        """Steps in the whole plan; None when it runs forever."""
+        if self.steps_per_epoch == 0:
+            return 0
+        if self.num_epochs is None:
+            return None
+        return self.num_epochs * self.steps_per_epoch
+
+    def epoch(self, step: int) -> int:
+        """The epoch that `step` belongs to."""
+        return self._check_step(step) // self.steps_per_epoch
+
+    def batch_length(self, step: int) -> int:
+        """How many records the batch of `step` has (short only at the end of an epoch)."""
+        first = (self._check_step(step) % self.steps_per_epoch) * self.batch_size
+        return min(self.batch_size, self.num_records - first)
+
+    def indices(self, step: int, rows: Rows | None = None) -> IndexArray:
+        """The global record indices of `step`, or of just `rows` (positions in its batch)."""
+        epoch = self.epoch(step)
+        length = self.batch_length(step)
+        first = (step % self.steps_per_epoch) * self.batch_size
+        positions = first + _row_positions(rows, length)
+        if not self.shuffle:
+            return positions
+        key = derive_key(KeyPurpose.PLAN_SHUFFLE, self.seed, epoch)
+        return permute(positions, self.num_records, key)
+
+    def describe(self) -> dict[str, Any]:
+        """A JSON-able fingerprint: two plans with equal descriptions yield the same batches."""
+        return {"version": PLAN_VERSION, **dataclasses.asdict(self)}
+
+    def _check_step(self, step: int) -> int:
+        step = require_int("step", step, minimum=0)
+        total = self.num_steps
+        if total is not None and step >= total:
+            raise IndexError(f"step {step} is beyond the plan, which has {total} steps")
+        return step
+
+
+def _row_positions(rows: Rows | None, length: int) -> IndexArray:
+    if rows is None:
+        return np.arange(length, dtype=np.int64)
+    if isinstance(rows, slice):
+        start, stop, stride = rows.indices(length)
+        return np.arange(start, stop, stride, dtype=np.int64)
+    positions = np.asarray(rows)
+    if positions.ndim != 1 or not (
+        positions.size == 0 or np.issubdtype(positions.dtype, np.integer)
+    ):
+        raise ValueError(f"rows must be a slice or a 1-D sequence of ints, got {rows!r}")
+    if positions.size and (positions.min() < 0 or positions.max() >= length):
+        raise IndexError(f"rows {positions.tolist()} fall outside the batch of {length} rows")
+    return positions.astype(np.int64)
