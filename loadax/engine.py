@@ -42,6 +42,7 @@ class BatchIterator(Iterator[B], Generic[B]):
         self._pipeline, self._plan, self._rows = pipeline, plan, rows
         self._workers, self._prefetch = workers, prefetch
         self._next_step = 0  # the step the training loop gets next
+        self._next_submit = 0  # the first step not yet handed to the pool
         self._in_flight: deque[_PendingBatch[B]] = deque()
         self._pool: ThreadPoolExecutor | None = None
         self._finalizer: weakref.finalize[Any, Any] | None = None
@@ -96,18 +97,19 @@ class BatchIterator(Iterator[B], Generic[B]):
             self._pool = ThreadPoolExecutor(self._workers, thread_name_prefix="loadax")
             # Garbage collection of an abandoned iterator releases its threads too.
             self._finalizer = weakref.finalize(self, _shutdown, self._pool)
-        step = self._in_flight[-1].step + 1 if self._in_flight else self._next_step
-        while len(self._in_flight) < self._prefetch and not self._is_finished(step):
+        while len(self._in_flight) < self._prefetch and not self._is_finished(self._next_submit):
+            step = self._next_submit
             indices = self._plan.indices(step, self._rows)
             epoch = self._plan.epoch(step)
             self._in_flight.append(
                 _PendingBatch(self._pool, self._workers, self._pipeline, step, indices, epoch)
             )
-            step += 1
+            self._next_submit = step + 1
 
     def _cancel_in_flight(self) -> None:
         while self._in_flight:
             self._in_flight.popleft().cancel()
+        self._next_submit = self._next_step
 
     def _release_threads(self, wait: bool = False) -> None:
         self._cancel_in_flight()
@@ -135,17 +137,15 @@ def _checked_step(state: Any, plan: Plan) -> int:
         )
     expected = plan.describe()
     saved = state["plan"]
-    if saved != expected:
-        differences = (
-            [
-                f"{key}={saved.get(key)!r} (this loader: {value!r})"
-                for key, value in expected.items()
-                if saved.get(key) != value
-            ]
-            if isinstance(saved, dict)
-            else [f"plan={saved!r}"]
-        )
-        raise ValueError("iterator state belongs to another plan: " + ", ".join(differences))
+    if not isinstance(saved, dict):
+        raise ValueError(f"iterator state has plan {saved!r}; it must be a dict")
+    differences = [
+        f"{key} is {saved.get(key)!r} in the state but {value!r} in this loader"
+        for key, value in expected.items()
+        if saved.get(key) != value
+    ]
+    if differences:
+        raise ValueError("iterator state belongs to another plan: " + "; ".join(differences))
     step = state["step"]
     total = plan.num_steps
     if isinstance(step, bool) or not isinstance(step, int) or step < 0:

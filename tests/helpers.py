@@ -1,0 +1,54 @@
+"""Shared test helpers: batch equality and the restore-at-every-step checkpoint check."""
+
+from __future__ import annotations
+
+import gc
+import json
+import threading
+from collections.abc import Iterable
+from typing import Any
+
+import jax
+import numpy as np
+
+from loadax import Loader
+
+
+def assert_batches_equal(actual: Iterable[Any], expected: Iterable[Any]) -> None:
+    """Equal pytrees of arrays (or plain values), batch by batch, and the same count."""
+    actual, expected = list(actual), list(expected)
+    assert len(actual) == len(expected), f"{len(actual)} batches, expected {len(expected)}"
+    for step, (got, want) in enumerate(zip(actual, expected, strict=True)):
+        assert jax.tree.structure(got) == jax.tree.structure(want), f"step {step}"
+        for got_leaf, want_leaf in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
+            np.testing.assert_array_equal(got_leaf, want_leaf, err_msg=f"step {step}")
+
+
+def assert_equal_output_after_checkpoint(loader: Loader[Any]) -> None:
+    """Restoring the state saved before any step yields exactly the rest of an undisturbed run."""
+    expected = list(loader)
+    iterator = iter(loader)
+    states = [iterator.get_state()]
+    for _ in expected:
+        next(iterator)
+        states.append(iterator.get_state())
+    for step, state in enumerate(states):
+        assert state["step"] == step
+        restored = iter(loader)
+        restored.set_state(json.loads(json.dumps(state)))
+        assert_batches_equal(restored, expected[step:])
+    # Restoring an iterator that has run ahead rewinds it.
+    iterator.set_state(states[0])
+    assert_batches_equal(iterator, expected)
+
+
+def loader_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name.startswith("loadax")]
+
+
+def join_loader_threads() -> list[threading.Thread]:
+    """Collect abandoned iterators, wait for loadax threads to end, return any still alive."""
+    gc.collect()
+    for thread in loader_threads():
+        thread.join(timeout=10)
+    return loader_threads()
