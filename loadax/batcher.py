@@ -17,11 +17,21 @@ def stack(records: list[Any]) -> Any:
     """Stack a list of pytrees (dicts, lists, tuples of arrays or scalars) leaf-wise with numpy."""
     if not records:
         raise ValueError("cannot stack an empty list of records")
-    first = records[0]
-    if isinstance(first, np.ndarray | np.generic | int | float | complex | bool):
-        return np.stack(records)
-    # jax.tree.map checks that every record has the structure of the first one.
-    return jax.tree.map(lambda *leaves: np.stack(leaves), *records)
+    columns: list[list[Any]] = []
+    structure = None
+    for position, record in enumerate(records):
+        leaves, record_structure = jax.tree.flatten(record)
+        if structure is None:
+            structure, columns = record_structure, [[leaf] for leaf in leaves]
+            continue
+        if record_structure != structure:
+            raise ValueError(
+                f"record {position} of the batch has structure {record_structure}, "
+                f"but record 0 has {structure}"
+            )
+        for column, leaf in zip(columns, leaves, strict=True):
+            column.append(leaf)
+    return jax.tree.unflatten(structure, [np.stack(column) for column in columns])
 
 
 class Batcher(Generic[T, B]):

@@ -93,6 +93,8 @@ class DatasetBase(Dataset[T], abc.ABC):
 
 def dataset_length(dataset: Dataset[Any]) -> int:
     """`len(dataset)`, checked to be a non-negative int."""
+    if not (hasattr(dataset, "__len__") and hasattr(dataset, "__getitem__")):
+        raise ValueError(f"dataset must have __len__ and __getitem__, got {type(dataset).__name__}")
     return require_int(f"len({type(dataset).__name__})", len(dataset), minimum=0)
 
 

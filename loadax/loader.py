@@ -34,21 +34,24 @@ class LoaderOptions:
     prefetch: int | None = None  # None: DEFAULT_PREFETCH with workers, none without
 
     def __post_init__(self) -> None:
-        if self.batch_size is not None:
-            require_int("batch_size", self.batch_size, minimum=1)
+        optional = ("batch_size", "num_epochs", "prefetch")
+        for name, minimum in (
+            ("batch_size", 1),
+            ("seed", 0),
+            ("num_epochs", 1),
+            ("workers", 0),
+            ("prefetch", 1),
+        ):
+            value = getattr(self, name)
+            if value is not None or name not in optional:
+                object.__setattr__(self, name, require_int(name, value, minimum=minimum))
         require_bool("shuffle", self.shuffle)
-        require_int("seed", self.seed, minimum=0)
-        if self.num_epochs is not None:
-            require_int("num_epochs", self.num_epochs, minimum=1)
         require_bool("drop_remainder", self.drop_remainder)
-        require_int("workers", self.workers, minimum=0)
-        if self.prefetch is not None:
-            require_int("prefetch", self.prefetch, minimum=1)
-            if self.workers == 0:
-                raise ValueError(
-                    f"prefetch({self.prefetch}) needs workers >= 1: "
-                    "workers(0) loads each batch in the calling thread when it is asked for"
-                )
+        if self.prefetch is not None and self.workers == 0:
+            raise ValueError(
+                f"prefetch({self.prefetch}) needs workers >= 1: "
+                "workers(0) loads each batch in the calling thread when it is asked for"
+            )
 
     def plan(self, num_records: int) -> Plan:
         if self.batch_size is None:

@@ -1,18 +1,19 @@
 """Keyed bijective permutations of [0, n), computed per index in O(1) memory and vectorised.
 
-A keyed Feistel network is a bijection on [0, 2**bits); it is restricted to [0, n) by cycle
-walking: indices that land outside are permuted again until they fall inside. The domain is the
-smallest power of two >= n, so on average fewer than two passes per index are needed.
+A keyed Feistel network on mixed radices is a bijection on [0, a*b) with a*b just above n; it is
+restricted to [0, n) by cycle walking: indices that land outside are permuted again until they
+fall inside. Since a*b - n < a ~ sqrt(n), walking is rare.
 """
 
 from __future__ import annotations
 
 import enum
+import math
 
 import numpy as np
 import numpy.typing as npt
 
-_ROUNDS = 6
+_ROUNDS = 8
 _BLOCK = 1 << 16
 
 IndexArray = npt.NDArray[np.int64]
@@ -42,39 +43,46 @@ def permute(positions: IndexArray, size: int, key: npt.NDArray[np.uint64]) -> In
     """Where each of `positions` (all in [0, size)) goes under the permutation keyed by `key`."""
     if size <= 1:
         return positions.astype(np.int64, copy=True)
-    bits = max(2, (size - 1).bit_length())
+    # The domain high_size x low_size is at most ~sqrt(size) larger than size: walking is rare.
+    high_size = math.isqrt(size - 1) + 1
+    low_size = -(-size // high_size)
     result = np.empty(positions.shape, dtype=np.int64)
     flat_positions, flat_result = positions.reshape(-1), result.reshape(-1)
     # Blocks that stay in cache: the hash is memory-bound on large arrays.
     for start in range(0, flat_positions.size, _BLOCK):
-        values = _feistel(flat_positions[start : start + _BLOCK].astype(np.uint64), bits, key)
+        block = flat_positions[start : start + _BLOCK].astype(np.uint64)
+        values = _feistel(block, high_size, low_size, key)
         outside = np.flatnonzero(values >= np.uint64(size))
         while outside.size:
-            values[outside] = _feistel(values[outside], bits, key)
+            values[outside] = _feistel(values[outside], high_size, low_size, key)
             outside = outside[values[outside] >= np.uint64(size)]
         flat_result[start : start + _BLOCK] = values
     return result
 
 
 def _feistel(
-    x: npt.NDArray[np.uint64], bits: int, key: npt.NDArray[np.uint64]
+    x: npt.NDArray[np.uint64], high_size: int, low_size: int, key: npt.NDArray[np.uint64]
 ) -> npt.NDArray[np.uint64]:
-    """A keyed bijection of [0, 2**bits): an unbalanced Feistel network with a splitmix64 round."""
-    high, mixed, scratch = np.empty_like(x), np.empty_like(x), np.empty_like(x)
-    low_bits = bits // 2
+    """A keyed bijection of [0, high_size * low_size): a Feistel network on mixed radices.
+
+    Each round adds a keyed hash of one half to the other, modulo that half's size, and swaps
+    the halves (Black and Rogaway's construction for arbitrary finite domains). An even number
+    of rounds brings the halves back to their sizes.
+    """
+    high, low = np.divmod(x, np.uint64(low_size))
+    sizes = np.uint64(high_size), np.uint64(low_size)
+    mixed, scratch = np.empty_like(x), np.empty_like(x)
     for round_key in key[:_ROUNDS]:
-        high_bits = bits - low_bits
-        np.right_shift(x, np.uint64(low_bits), out=high)
-        x &= np.uint64((1 << low_bits) - 1)
-        np.bitwise_xor(high, round_key, out=mixed)
+        np.bitwise_xor(low, round_key, out=mixed)
         _mix(mixed, scratch)
-        mixed >>= np.uint64(64 - low_bits)
-        x ^= mixed
-        # Swap the halves: the low part, now mixed, becomes the high part of the next round.
-        x <<= np.uint64(high_bits)
-        x |= high
-        low_bits = high_bits
-    return x
+        mixed %= sizes[0]
+        high += mixed
+        high %= sizes[0]
+        high, low = low, high
+        sizes = sizes[1], sizes[0]
+    high *= sizes[1]
+    high += low
+    return high
 
 
 def _mix(x: npt.NDArray[np.uint64], scratch: npt.NDArray[np.uint64]) -> None:

@@ -36,12 +36,17 @@ class Plan:
     drop_remainder: bool = False
 
     def __post_init__(self) -> None:
-        require_int("num_records", self.num_records, minimum=0)
-        require_int("batch_size", self.batch_size, minimum=1)
-        require_int("seed", self.seed, minimum=0)
+        for name, minimum in (
+            ("num_records", 0),
+            ("batch_size", 1),
+            ("seed", 0),
+            ("num_epochs", 1),
+        ):
+            value = getattr(self, name)
+            if value is not None or name != "num_epochs":
+                # Stored normalised, so that numpy ints still describe() as JSON.
+                object.__setattr__(self, name, require_int(name, value, minimum=minimum))
         require_bool("shuffle", self.shuffle)
-        if self.num_epochs is not None:
-            require_int("num_epochs", self.num_epochs, minimum=1)
         require_bool("drop_remainder", self.drop_remainder)
 
     @property

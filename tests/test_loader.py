@@ -60,6 +60,11 @@ def test_a_dataset_with_a_bad_length_is_rejected() -> None:
         DataLoader(IDENTITY).batch_size(2).build(Broken())
 
 
+def test_something_that_is_not_a_dataset_is_rejected() -> None:
+    with pytest.raises(ValueError, match="must have __len__ and __getitem__, got generator"):
+        DataLoader(IDENTITY).batch_size(2).build(x for x in range(3))  # type: ignore[arg-type]
+
+
 def test_builder_methods_return_new_builders() -> None:
     base = DataLoader(IDENTITY).batch_size(2)
     bigger = base.batch_size(5)

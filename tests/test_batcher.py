@@ -1,0 +1,164 @@
+"""Tests for loadax/batcher.py: collating the records of a batch."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+
+from loadax import Batcher, stack
+
+
+def test_stacks_python_ints() -> None:
+    batch = Batcher()([1, 2, 3])
+    assert isinstance(batch, np.ndarray)
+    assert batch.dtype == np.int64
+    assert batch.tolist() == [1, 2, 3]
+
+
+def test_stacks_python_floats_and_bools() -> None:
+    floats = Batcher()([0.5, 1.5])
+    assert floats.dtype == np.float64
+    assert floats.tolist() == [0.5, 1.5]
+    bools = Batcher()([True, False, True])
+    assert bools.dtype == np.bool_
+    assert bools.tolist() == [True, False, True]
+
+
+def test_stacks_numpy_scalars_keeping_their_dtype() -> None:
+    batch = Batcher()([np.float16(1), np.float16(2)])
+    assert batch.dtype == np.float16
+    assert batch.tolist() == [1.0, 2.0]
+
+
+def test_stacks_arrays_along_a_new_leading_axis() -> None:
+    records = [np.full((2, 3), value, dtype=np.float32) for value in range(4)]
+    batch = Batcher()(records)
+    assert batch.shape == (4, 2, 3)
+    assert batch.dtype == np.float32
+    assert batch[:, 0, 0].tolist() == [0.0, 1.0, 2.0, 3.0]
+
+
+def test_stacks_dicts_leaf_wise() -> None:
+    records = [
+        {"image": np.full((2, 2), i, dtype=np.uint8), "label": i, "weight": 0.5 * i}
+        for i in range(3)
+    ]
+    batch = Batcher()(records)
+    assert set(batch) == {"image", "label", "weight"}
+    assert batch["image"].shape == (3, 2, 2)
+    assert batch["image"].dtype == np.uint8
+    assert batch["image"][:, 1, 1].tolist() == [0, 1, 2]
+    assert batch["label"].dtype == np.int64
+    assert batch["label"].tolist() == [0, 1, 2]
+    assert batch["weight"].dtype == np.float64
+    assert batch["weight"].tolist() == [0.0, 0.5, 1.0]
+
+
+def test_stacks_tuples_leaf_wise() -> None:
+    records = [(np.arange(3, dtype=np.int32) + i, i) for i in range(2)]
+    batch = Batcher()(records)
+    assert isinstance(batch, tuple)
+    assert len(batch) == 2
+    assert batch[0].shape == (2, 3)
+    assert batch[0].dtype == np.int32
+    assert batch[0].tolist() == [[0, 1, 2], [1, 2, 3]]
+    assert batch[1].tolist() == [0, 1]
+
+
+def test_stacks_nested_pytrees_leaf_wise() -> None:
+    def record(i: int) -> dict[str, Any]:
+        return {
+            "inputs": (np.full(4, i, dtype=np.int8), [i, float(i)]),
+            "meta": {"id": i, "mask": np.array([True, i % 2 == 0])},
+        }
+
+    batch = Batcher()([record(i) for i in range(3)])
+    tokens, pair = batch["inputs"]
+    assert tokens.shape == (3, 4)
+    assert tokens.dtype == np.int8
+    assert isinstance(pair, list)
+    assert pair[0].tolist() == [0, 1, 2]
+    assert pair[0].dtype == np.int64
+    assert pair[1].dtype == np.float64
+    assert batch["meta"]["id"].tolist() == [0, 1, 2]
+    assert batch["meta"]["mask"].shape == (3, 2)
+    assert batch["meta"]["mask"].tolist() == [[True, True], [True, False], [True, True]]
+
+
+def test_none_leaves_are_kept() -> None:
+    batch = Batcher()([{"x": 1, "extra": None}, {"x": 2, "extra": None}])
+    assert batch["extra"] is None
+    assert batch["x"].tolist() == [1, 2]
+
+
+def test_stack_is_the_default_collation() -> None:
+    records = [{"a": np.ones(2)}, {"a": np.zeros(2)}]
+    assert Batcher()(records)["a"].tolist() == stack(records)["a"].tolist() == [[1, 1], [0, 0]]
+
+
+@pytest.mark.parametrize(
+    "records",
+    [
+        [{"a": 1}, {"b": 1}],
+        [{"a": 1}, {"a": 1, "b": 2}],
+        [(1, 2), [1, 2]],
+        [(1, 2), (1, 2, 3)],
+        [{"a": None}, {"a": 1}],
+        [np.zeros(2), np.zeros(3)],
+        [{"a": np.zeros((2, 2))}, {"a": np.zeros((2, 3))}],
+    ],
+)
+def test_mismatched_structures_raise_value_error(records: list[Any]) -> None:
+    with pytest.raises(ValueError, match=r"structure|shape"):
+        Batcher()(records)
+
+
+@pytest.mark.parametrize(
+    "records",
+    [
+        [{"a": 1}, {"a": None}],
+        [{"a": 1}, {"a": {"b": 2}}],
+        [1, {"a": 1}],
+        [np.float32(1), None],
+    ],
+)
+def test_a_leaf_where_the_first_record_has_a_leaf_must_be_a_leaf(records: list[Any]) -> None:
+    # The first record is a prefix of the others here: without a full structure check the leaves
+    # are stacked into an object array instead of failing.
+    with pytest.raises(ValueError):  # noqa: PT011 - the message is jax's or numpy's
+        Batcher()(records)
+
+
+def test_empty_list_raises_value_error() -> None:
+    with pytest.raises(ValueError, match="empty"):
+        Batcher()([])
+
+
+def test_custom_fn_is_called_with_the_list_of_records() -> None:
+    calls: list[list[int]] = []
+
+    def collate(records: list[int]) -> int:
+        calls.append(records)
+        return sum(records)
+
+    batcher = Batcher(collate)
+    assert batcher([1, 2, 3]) == 6
+    assert calls == [[1, 2, 3]]
+
+
+def test_custom_fn_may_return_anything() -> None:
+    assert Batcher(list)([3, 1]) == [3, 1]
+    assert Batcher(lambda records: None)([1]) is None
+
+
+@pytest.mark.parametrize("fn", [3, "stack", [len]])
+def test_non_callable_fn_raises_value_error_naming_it(fn: Any) -> None:
+    with pytest.raises(ValueError, match="fn"):
+        Batcher(fn)
+
+
+def test_repr_names_the_function() -> None:
+    assert repr(Batcher()) == "Batcher('stack')"
+    assert repr(Batcher(sorted)) == "Batcher('sorted')"
