@@ -111,6 +111,16 @@ def test_non_callable_fn_raises_value_error_naming_it(fn: Any) -> None:
         RangeDataset(0, 2).random_map(fn)
 
 
+@pytest.mark.parametrize("parent", [42, None, iter([1, 2])])
+def test_a_non_dataset_parent_raises_value_error(parent: Any) -> None:
+    with pytest.raises(ValueError, match="dataset must have __len__ and __getitem__"):
+        MappedDataset(parent, str)
+    with pytest.raises(ValueError, match="dataset must have __len__ and __getitem__"):
+        RandomMappedDataset(parent, _draw)
+    with pytest.raises(ValueError, match="dataset must have __len__ and __getitem__"):
+        ShuffledDataset(parent)
+
+
 # --- Python indexing rules -------------------------------------------------------------------
 
 DATASETS = {

@@ -12,12 +12,21 @@ from hypothesis import strategies as st
 
 from loadax.permutation import KeyPurpose, derive_key, permute, record_rng
 
-# Powers of two +-1 bracket every width of the Feistel domain; 2**16 is the block size of
-# `permute`, so sizes past it exercise more than one block.
-EDGE_SIZES = sorted({0, 1, 2, 3} | {2**k + d for k in range(1, 18) for d in (-1, 0, 1)})
+# Powers of two +-1 bracket binary domains, squares and k*(k+1) +-1 bracket mixed-radix ones
+# (a domain of a*b just above n); 2**16 is the block size of `permute`, so sizes past it exercise
+# more than one block.
+_ROOTS = (2, 3, 4, 5, 7, 10, 16, 31, 100, 255, 256, 257, 1000)
+EDGE_SIZES = sorted(
+    {0, 1, 2, 3}
+    | {2**k + d for k in range(1, 18) for d in (-1, 0, 1)}
+    | {k * k + d for k in _ROOTS for d in (-1, 0, 1)}
+    | {k * (k + 1) + d for k in _ROOTS for d in (-1, 0, 1)}
+)
 
 
-def _key(seed: int = 0, epoch: int = 0, purpose: KeyPurpose = KeyPurpose.PLAN_SHUFFLE):
+def _key(
+    seed: int = 0, epoch: int = 0, purpose: KeyPurpose = KeyPurpose.PLAN_SHUFFLE
+) -> np.ndarray:
     return derive_key(purpose, seed, epoch)
 
 
@@ -28,7 +37,7 @@ def _permutation(n: int, seed: int = 0, epoch: int = 0) -> np.ndarray:
 def _assert_is_permutation_of_range(values: np.ndarray, n: int) -> None:
     assert values.dtype == np.int64
     assert values.shape == (n,)
-    assert sorted(values.tolist()) == list(range(n))
+    np.testing.assert_array_equal(np.sort(values), np.arange(n))
 
 
 @settings(max_examples=150, deadline=None)
@@ -139,8 +148,18 @@ def test_each_position_is_equally_likely_to_hold_a_given_value() -> None:
     assert all(20 <= counts[position] <= 80 for position in range(n)), counts
 
 
+@pytest.mark.parametrize(("n", "seeds"), [(2, 400), (3, 600), (4, 2400)])
+def test_every_ordering_of_a_few_records_is_reached_about_equally_often(n: int, seeds: int) -> None:
+    counts = collections.Counter(tuple(_permutation(n, seed).tolist()) for seed in range(seeds))
+    orderings = set(itertools.permutations(range(n)))
+    assert set(counts) == orderings
+    expected = seeds / len(orderings)
+    # Expected 100 or 200 of each ordering: the bounds are at least 5 standard deviations wide.
+    assert all(0.5 * expected <= counts[order] <= 1.5 * expected for order in orderings), counts
+
+
 def _stream(seed: int, epoch: int, index: int) -> list[int]:
-    return record_rng(seed, epoch, index).integers(0, 2**62, size=8).tolist()
+    return [int(x) for x in record_rng(seed, epoch, index).integers(0, 2**62, size=8)]
 
 
 @pytest.mark.parametrize(("seed", "epoch", "index"), [(0, 0, 0), (3, 1, 7), (2**40, 9, 10**12)])

@@ -59,6 +59,12 @@ def test_in_memory_dataset_of_nothing_is_empty() -> None:
         dataset[0]
 
 
+@pytest.mark.parametrize("items", [5, None, (x for x in range(3)), {1, 2}])
+def test_in_memory_dataset_of_a_non_dataset_raises_value_error(items: Any) -> None:
+    with pytest.raises(ValueError, match="dataset must have __len__ and __getitem__"):
+        InMemoryDataset(items)
+
+
 def test_in_memory_dataset_transforms_chain() -> None:
     dataset = InMemoryDataset(np.arange(6) * 2).map(lambda x: int(x) + 1)
     assert list(dataset) == [1, 3, 5, 7, 9, 11]
