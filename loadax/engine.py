@@ -8,6 +8,7 @@ order, so the output does not depend on the number of workers.
 
 from __future__ import annotations
 
+import abc
 import threading
 import weakref
 from collections import deque
@@ -20,26 +21,49 @@ from typing_extensions import TypeVar
 
 from loadax.permutation import IndexArray
 from loadax.pipeline import Pipeline
-from loadax.plan import Plan, Rows
+from loadax.plan import Plan
+from loadax.sharding import ShardingStrategy
 
 B = TypeVar("B", default=Any)
 
 STATE_VERSION = 1
 
 
-class BatchIterator(Iterator[B], Generic[B]):
-    """Yields the batches of `plan` from `start_step` on; `get_state`/`set_state` checkpoint it."""
+class LoaderIterator(Iterator[B], abc.ABC):
+    """An iterator over a loader's batches that can be checkpointed, restored and closed."""
+
+    @abc.abstractmethod
+    def get_state(self) -> dict[str, Any]:
+        """A small JSON-able dict: restoring it yields exactly the batches that would come next."""
+
+    @abc.abstractmethod
+    def set_state(self, state: dict[str, Any]) -> None:
+        """Continue from a state of `get_state()`; a state of another plan is a ValueError."""
+
+    @abc.abstractmethod
+    def close(self) -> None:
+        """Stop loading and release threads; the iterator is exhausted afterwards."""
+
+    def __enter__(self) -> LoaderIterator[B]:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+
+class BatchIterator(LoaderIterator[B]):
+    """Yields this process's rows of the batches of `plan`, in plan order, prefetched by threads."""
 
     def __init__(
         self,
         pipeline: Pipeline[Any, B],
         plan: Plan,
+        sharding: ShardingStrategy,
         *,
         workers: int,
         prefetch: int,
-        rows: Rows | None = None,
     ) -> None:
-        self._pipeline, self._plan, self._rows = pipeline, plan, rows
+        self._pipeline, self._plan, self._sharding = pipeline, plan, sharding
         self._workers, self._prefetch = workers, prefetch
         self._next_step = 0  # the step the training loop gets next
         self._next_submit = 0  # the first step not yet handed to the pool
@@ -54,7 +78,7 @@ class BatchIterator(Iterator[B], Generic[B]):
             raise StopIteration
         step = self._next_step
         if self._workers == 0:
-            batch = self._pipeline.load(self._plan, step, self._rows)
+            batch = self._pipeline.load(self._plan, step, self._rows(step))
         else:
             self._fill_window()
             pending = self._in_flight.popleft()
@@ -69,24 +93,18 @@ class BatchIterator(Iterator[B], Generic[B]):
         return batch
 
     def get_state(self) -> dict[str, Any]:
-        """A small JSON-able dict: restoring it yields exactly the batches that would come next."""
         return {"version": STATE_VERSION, "step": self._next_step, "plan": self._plan.describe()}
 
     def set_state(self, state: dict[str, Any]) -> None:
-        """Continue from a state of `get_state()`; a state of another plan is a ValueError."""
-        self._next_step = _checked_step(state, self._plan)
+        self._next_step = checked_step(state, self._plan)
         self._cancel_in_flight()
 
     def close(self) -> None:
-        """Stop loading and release the worker threads; the iterator is exhausted afterwards."""
         self._closed = True
         self._release_threads(wait=True)
 
-    def __enter__(self) -> BatchIterator[B]:
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()
+    def _rows(self, step: int) -> IndexArray | None:
+        return self._sharding.rows(self._plan.batch_length(step))
 
     def _is_finished(self, step: int) -> bool:
         total = self._plan.num_steps
@@ -99,7 +117,7 @@ class BatchIterator(Iterator[B], Generic[B]):
             self._finalizer = weakref.finalize(self, _shutdown, self._pool)
         while len(self._in_flight) < self._prefetch and not self._is_finished(self._next_submit):
             step = self._next_submit
-            indices = self._plan.indices(step, self._rows)
+            indices = self._plan.indices(step, self._rows(step))
             epoch = self._plan.epoch(step)
             self._in_flight.append(
                 _PendingBatch(self._pool, self._workers, self._pipeline, step, indices, epoch)
@@ -125,7 +143,8 @@ def _shutdown(pool: ThreadPoolExecutor, wait: bool = False) -> None:
     pool.shutdown(wait=wait, cancel_futures=True)
 
 
-def _checked_step(state: Any, plan: Plan) -> int:
+def checked_step(state: Any, plan: Plan) -> int:
+    """The step of an iterator state, after checking the state belongs to `plan`."""
     if not isinstance(state, dict):
         raise ValueError(f"iterator state must be a dict, got {type(state).__name__}")
     missing = {"version", "step", "plan"} - state.keys()

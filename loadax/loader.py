@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from typing import Any, Generic
 
+from jax.sharding import Mesh
 from typing_extensions import TypeVar
 
 from loadax.batcher import Batcher
 from loadax.dataset import Dataset, dataset_length
-from loadax.engine import BatchIterator
+from loadax.delivery import DeviceIterator
+from loadax.engine import BatchIterator, LoaderIterator
 from loadax.pipeline import Pipeline
 from loadax.plan import Plan
+from loadax.sharding import DataAxis, ShardingStrategy, data_axis_of
 from loadax.validation import require_bool, require_int
 
 T = TypeVar("T", default=Any)
@@ -32,15 +36,19 @@ class LoaderOptions:
     drop_remainder: bool = False
     workers: int = DEFAULT_WORKERS
     prefetch: int | None = None  # None: DEFAULT_PREFETCH with workers, none without
+    mesh: Mesh | None = None
+    data_axis: DataAxis | None = None
+    device_prefetch: int | None = None  # None: yield host batches
 
     def __post_init__(self) -> None:
-        optional = ("batch_size", "num_epochs", "prefetch")
+        optional = ("batch_size", "num_epochs", "prefetch", "device_prefetch")
         for name, minimum in (
             ("batch_size", 1),
             ("seed", 0),
             ("num_epochs", 1),
             ("workers", 0),
             ("prefetch", 1),
+            ("device_prefetch", 0),
         ):
             value = getattr(self, name)
             if value is not None or name not in optional:
@@ -52,6 +60,9 @@ class LoaderOptions:
                 f"prefetch({self.prefetch}) needs workers >= 1: "
                 "workers(0) loads each batch in the calling thread when it is asked for"
             )
+
+    def sharding_strategy(self) -> ShardingStrategy:
+        return ShardingStrategy(self.mesh, self.data_axis)
 
     def plan(self, num_records: int) -> Plan:
         if self.batch_size is None:
@@ -102,6 +113,20 @@ class DataLoader(Generic[T, B]):
         """Batches loaded ahead of the training loop (needs workers >= 1). Default 2."""
         return self._with(prefetch=batches)
 
+    def shard(self, mesh: Mesh, data_axis_name: str | Sequence[str] = "data") -> DataLoader[T, B]:
+        """Split each global batch over `mesh` along `data_axis_name` (an axis or a tuple).
+
+        `batch_size` is then the global batch size; this process loads only the rows that its
+        own devices hold.
+        """
+        if not isinstance(mesh, Mesh):
+            raise ValueError(f"mesh must be a jax.sharding.Mesh, got {type(mesh).__name__}")
+        return self._with(mesh=mesh, data_axis=data_axis_of(mesh, data_axis_name))
+
+    def device_prefetch(self, depth: int = 2) -> DataLoader[T, Any]:
+        """Yield global jax.Arrays, with the copies of the next `depth` batches under way."""
+        return DataLoader(self._batcher, dataclasses.replace(self._options, device_prefetch=depth))
+
     def build(self, dataset: Dataset[T]) -> Loader[B]:
         """The loader of `dataset`: iterate it as many times as you like."""
         plan = self._options.plan(dataset_length(dataset))
@@ -116,13 +141,28 @@ class Loader(Generic[B]):
 
     def __init__(self, pipeline: Pipeline[Any, B], plan: Plan, options: LoaderOptions) -> None:
         self.pipeline, self.plan = pipeline, plan
+        self.sharding_strategy = options.sharding_strategy()
+        self.sharding_strategy.check_batch_length(plan.batch_size, "the global batch size")
+        short = plan.num_records % plan.batch_size
+        if short and not plan.drop_remainder:
+            self.sharding_strategy.check_batch_length(
+                short, "the last batch of each epoch (drop it with .drop_remainder())"
+            )
         self._workers = options.workers
         self._prefetch = 0 if options.workers == 0 else options.prefetch or DEFAULT_PREFETCH
+        self._device_prefetch = options.device_prefetch
 
-    def __iter__(self) -> BatchIterator[B]:
-        return BatchIterator(
-            self.pipeline, self.plan, workers=self._workers, prefetch=self._prefetch
+    def __iter__(self) -> LoaderIterator[B]:
+        host_batches = BatchIterator(
+            self.pipeline,
+            self.plan,
+            self.sharding_strategy,
+            workers=self._workers,
+            prefetch=self._prefetch,
         )
+        if self._device_prefetch is None:
+            return host_batches
+        return DeviceIterator(host_batches, self.sharding_strategy, self._device_prefetch)
 
     def __len__(self) -> int:
         """The number of batches an iterator yields."""
