@@ -1,32 +1,53 @@
-"""The local engine: a checkpointable iterator over a plan's batches, with ordered prefetch.
+"""The iterator every loader shares: ordered, bounded prefetch over a source of batches.
 
-With workers, each batch is split into one chunk of records per worker so that every worker
-helps with every batch; the thread that reads the last chunk collates the batch. At most
-`prefetch` batches are in flight ahead of the training loop, and batches always come out in plan
-order, so the output does not depend on the number of workers.
+A `BatchSource` starts loading the batch of a step (with local threads, or on a remote worker)
+and hands back a `Pending` batch. `BatchIterator` keeps up to `prefetch` of them in flight ahead
+of the training loop and yields them in plan order, so what comes out depends only on the plan.
+Its state is the next step and the plan: the same for every source.
 """
 
 from __future__ import annotations
 
 import abc
-import threading
 import weakref
 from collections import deque
 from collections.abc import Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any, Generic
+from typing import Any, Generic, Protocol
 
-import numpy as np
 from typing_extensions import TypeVar
 
 from loadax.permutation import IndexArray
-from loadax.pipeline import Pipeline
 from loadax.plan import Plan
 from loadax.sharding import ShardingStrategy
 
 B = TypeVar("B", default=Any)
+B_co = TypeVar("B_co", covariant=True, default=Any)
 
 STATE_VERSION = 1
+
+
+class Pending(Protocol[B_co]):
+    """A batch being loaded."""
+
+    def result(self) -> B_co:
+        """The batch, once loaded (blocking without spinning); raises what loading raised."""
+        ...
+
+    def cancel(self) -> None:
+        """Drop the batch: work not yet started is not done."""
+        ...
+
+
+class BatchSource(abc.ABC, Generic[B]):
+    """Starts loading batches; holds whatever threads or connections that takes."""
+
+    @abc.abstractmethod
+    def submit(self, plan: Plan, step: int, rows: IndexArray | None) -> Pending[B]:
+        """Start loading `rows` (None: all) of the batch of `step`."""
+
+    @abc.abstractmethod
+    def release(self, wait: bool) -> None:
+        """Free threads and connections; a later `submit` acquires them again."""
 
 
 class LoaderIterator(Iterator[B], abc.ABC):
@@ -52,43 +73,35 @@ class LoaderIterator(Iterator[B], abc.ABC):
 
 
 class BatchIterator(LoaderIterator[B]):
-    """Yields this process's rows of the batches of `plan`, in plan order, prefetched by threads."""
+    """Yields this process's rows of the batches of `plan`, in plan order, from `source`."""
 
     def __init__(
-        self,
-        pipeline: Pipeline[Any, B],
-        plan: Plan,
-        sharding: ShardingStrategy,
-        *,
-        workers: int,
-        prefetch: int,
+        self, source: BatchSource[B], plan: Plan, sharding: ShardingStrategy, *, prefetch: int
     ) -> None:
-        self._pipeline, self._plan, self._sharding = pipeline, plan, sharding
-        self._workers, self._prefetch = workers, prefetch
+        self._source, self._plan, self._sharding = source, plan, sharding
+        self._prefetch = prefetch
         self._next_step = 0  # the step the training loop gets next
-        self._next_submit = 0  # the first step not yet handed to the pool
-        self._in_flight: deque[_PendingBatch[B]] = deque()
-        self._pool: ThreadPoolExecutor | None = None
-        self._finalizer: weakref.finalize[Any, Any] | None = None
+        self._next_submit = 0  # the first step not yet handed to the source
+        self._in_flight: deque[tuple[int, Pending[B]]] = deque()
         self._closed = False
+        # Garbage collection of an abandoned iterator releases the source's threads too.
+        self._finalizer = weakref.finalize(self, source.release, False)
 
     def __next__(self) -> B:
         if self._closed or self._is_finished(self._next_step):
-            self._release_threads()
+            self._release(wait=False)
             raise StopIteration
-        step = self._next_step
-        if self._workers == 0:
-            batch = self._pipeline.load(self._plan, step, self._rows(step))
-        else:
-            self._fill_window()
-            pending = self._in_flight.popleft()
-            self._fill_window()
-            try:
-                batch = pending.result()
-            except BaseException:
-                # The state still points at the failed step: a next() or a restore retries it.
-                self._cancel_in_flight()
-                raise
+        self._fill_window()
+        if not self._in_flight:  # no prefetch: load the current step now
+            self._submit_next()
+        step, pending = self._in_flight.popleft()
+        self._fill_window()
+        try:
+            batch = pending.result()
+        except BaseException:
+            # The state still points at the failed step: a next() or a restore retries it.
+            self._cancel_in_flight()
+            raise
         self._next_step = step + 1
         return batch
 
@@ -101,46 +114,30 @@ class BatchIterator(LoaderIterator[B]):
 
     def close(self) -> None:
         self._closed = True
-        self._release_threads(wait=True)
-
-    def _rows(self, step: int) -> IndexArray | None:
-        return self._sharding.rows(self._plan.batch_length(step))
+        self._release(wait=True)
 
     def _is_finished(self, step: int) -> bool:
         total = self._plan.num_steps
         return total is not None and step >= total
 
     def _fill_window(self) -> None:
-        if self._pool is None:
-            self._pool = ThreadPoolExecutor(self._workers, thread_name_prefix="loadax")
-            # Garbage collection of an abandoned iterator releases its threads too.
-            self._finalizer = weakref.finalize(self, _shutdown, self._pool)
         while len(self._in_flight) < self._prefetch and not self._is_finished(self._next_submit):
-            step = self._next_submit
-            indices = self._plan.indices(step, self._rows(step))
-            epoch = self._plan.epoch(step)
-            self._in_flight.append(
-                _PendingBatch(self._pool, self._workers, self._pipeline, step, indices, epoch)
-            )
-            self._next_submit = step + 1
+            self._submit_next()
+
+    def _submit_next(self) -> None:
+        step = self._next_submit
+        rows = self._sharding.rows(self._plan.batch_length(step))
+        self._in_flight.append((step, self._source.submit(self._plan, step, rows)))
+        self._next_submit = step + 1
 
     def _cancel_in_flight(self) -> None:
         while self._in_flight:
-            self._in_flight.popleft().cancel()
+            self._in_flight.popleft()[1].cancel()
         self._next_submit = self._next_step
 
-    def _release_threads(self, wait: bool = False) -> None:
+    def _release(self, wait: bool) -> None:
         self._cancel_in_flight()
-        if self._finalizer is not None:
-            self._finalizer.detach()
-            self._finalizer = None
-        if self._pool is not None:
-            _shutdown(self._pool, wait=wait)
-            self._pool = None
-
-
-def _shutdown(pool: ThreadPoolExecutor, wait: bool = False) -> None:
-    pool.shutdown(wait=wait, cancel_futures=True)
+        self._source.release(wait)
 
 
 def checked_step(state: Any, plan: Plan) -> int:
@@ -172,55 +169,3 @@ def checked_step(state: Any, plan: Plan) -> int:
     if total is not None and step > total:
         raise ValueError(f"iterator state has step {step}, beyond the plan's {total} steps")
     return step
-
-
-class _PendingBatch(Generic[B]):
-    """One batch being read in chunks by the pool; the last chunk to finish collates it."""
-
-    def __init__(
-        self,
-        pool: ThreadPoolExecutor,
-        workers: int,
-        pipeline: Pipeline[Any, B],
-        step: int,
-        indices: IndexArray,
-        epoch: int,
-    ) -> None:
-        self.step = step
-        self._pipeline, self._epoch = pipeline, epoch
-        self._batch: Future[B] = Future()
-        self._lock = threading.Lock()
-        chunks = np.array_split(indices, max(1, min(workers, indices.size)))
-        self._parts: list[list[Any]] = [[] for _ in chunks]
-        self._chunks_left = len(chunks)
-        self._chunk_tasks = [
-            pool.submit(self._read_chunk, position, chunk) for position, chunk in enumerate(chunks)
-        ]
-
-    def result(self) -> B:
-        return self._batch.result()
-
-    def cancel(self) -> None:
-        for task in self._chunk_tasks:
-            task.cancel()
-
-    def _read_chunk(self, position: int, chunk: IndexArray) -> None:
-        if self._batch.done():  # another chunk failed already
-            return
-        try:
-            part = self._pipeline.read(chunk, self._epoch)
-        except BaseException as error:  # anything else would leave the consumer waiting forever
-            with self._lock:
-                if not self._batch.done():
-                    self._batch.set_exception(error)
-            return
-        with self._lock:
-            self._parts[position] = part
-            self._chunks_left -= 1
-            if self._chunks_left or self._batch.done():
-                return
-        records = [record for part in self._parts for record in part]
-        try:
-            self._batch.set_result(self._pipeline.collate(records, self.step))
-        except BaseException as error:
-            self._batch.set_exception(error)

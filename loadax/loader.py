@@ -12,7 +12,8 @@ from typing_extensions import TypeVar
 from loadax.batcher import Batcher
 from loadax.dataset import Dataset, dataset_length
 from loadax.delivery import DeviceIterator
-from loadax.engine import BatchIterator, LoaderIterator
+from loadax.engine import BatchIterator, BatchSource, LoaderIterator
+from loadax.local_sources import InlineSource, ThreadedSource
 from loadax.pipeline import Pipeline
 from loadax.plan import Plan
 from loadax.sharding import DataAxis, ShardingStrategy, data_axis_of
@@ -153,12 +154,13 @@ class Loader(Generic[B]):
         self._device_prefetch = options.device_prefetch
 
     def __iter__(self) -> LoaderIterator[B]:
+        source: BatchSource[B] = (
+            ThreadedSource(self.pipeline, self._workers)
+            if self._workers
+            else InlineSource(self.pipeline)
+        )
         host_batches = BatchIterator(
-            self.pipeline,
-            self.plan,
-            self.sharding_strategy,
-            workers=self._workers,
-            prefetch=self._prefetch,
+            source, self.plan, self.sharding_strategy, prefetch=self._prefetch
         )
         if self._device_prefetch is None:
             return host_batches
