@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint bench clean
+.PHONY: demo test lint bench proto clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -21,6 +21,11 @@ lint: $(STAMP)
 
 test: lint
 	$(BIN)/pytest
+
+# Regenerates loadax/wire/v1 from proto/ (tests/test_proto.py checks it is up to date).
+proto: $(STAMP)
+	$(BIN)/python -m grpc_tools.protoc -Iproto --python_out=. --pyi_out=. --grpc_python_out=. \
+		proto/loadax/wire/v1/worker.proto
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/plan_bench.py

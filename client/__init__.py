@@ -1,0 +1,1 @@
+"""The remote client: RemoteDataLoader and its transports."""

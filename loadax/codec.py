@@ -1,0 +1,182 @@
+"""The batch codec: pytrees of numpy arrays and Python scalars <-> one msgpack-framed buffer.
+
+Layout: `LDX1`, the header's length (uint32, little-endian), a msgpack header, then, from the
+next multiple of 64, every array's raw bytes, each starting at a multiple of 64. The header
+holds the tree: dicts, lists and scalars as msgpack, tuples and arrays as extension types (an
+array is its dtype, shape and the offset of its bytes). Decoding returns arrays that are views
+of the received buffer, not copies, and checks every declared size against the buffer before
+using it. No pickle anywhere.
+"""
+
+from __future__ import annotations
+
+import math
+import struct
+from typing import Any
+
+import ml_dtypes
+import msgpack
+import numpy as np
+
+MAGIC = b"LDX1"
+_PREFIX = struct.Struct("<4sI")
+_ALIGN = 64
+_ARRAY, _TUPLE = 1, 2
+MAX_DEPTH = 32
+MAX_DIMENSIONS = 32
+
+_EXTRA_DTYPES: dict[str, np.dtype[Any]] = {
+    name: np.dtype(getattr(ml_dtypes, name))
+    for name in ("bfloat16", "float8_e4m3fn", "float8_e5m2", "int4", "uint4")
+    if hasattr(ml_dtypes, name)
+}
+_NUMPY_KINDS = frozenset("biufcSU")  # bool, ints, floats, complex, fixed-width bytes and text
+
+
+class CodecError(ValueError):
+    """A value that cannot be encoded, or a buffer that is not a valid encoding."""
+
+
+def encode(tree: Any) -> bytes:
+    """One buffer holding `tree`: dicts, lists, tuples, arrays, numbers, str, bytes and None."""
+    arrays: list[np.ndarray[Any, Any]] = []
+    header = msgpack.packb(tree, default=_Packer(arrays), strict_types=True, use_bin_type=True)
+    frames: list[Any] = [_PREFIX.pack(MAGIC, len(header)), header]
+    end = _PREFIX.size + len(header)
+    for array in arrays:
+        padding = -end % _ALIGN
+        frames.append(bytes(padding))
+        frames.append(array.reshape(-1).view(np.uint8).data)
+        end += padding + array.nbytes
+    encoded: bytes = b"".join(frames)
+    return encoded
+
+
+def _data_start(header_length: int) -> int:
+    end = _PREFIX.size + header_length
+    return end + -end % _ALIGN
+
+
+def decode(buffer: bytes | bytearray | memoryview, *, max_depth: int = MAX_DEPTH) -> Any:
+    """The tree in `buffer`; its arrays are read-only views of `buffer`."""
+    view = memoryview(buffer).cast("B")
+    if len(view) < _PREFIX.size:
+        raise CodecError(f"buffer of {len(view)} bytes is too short to hold a header")
+    magic, header_length = _PREFIX.unpack_from(view)
+    if magic != MAGIC:
+        raise CodecError(f"buffer starts with {bytes(magic)!r}, not the loadax magic {MAGIC!r}")
+    header_end = _PREFIX.size + header_length
+    if header_end > len(view):
+        raise CodecError(
+            f"header declares {header_length} bytes but the buffer holds {len(view) - _PREFIX.size}"
+        )
+    unpacker = _Unpacker(view, _data_start(header_length), max_depth)
+    return unpacker.unpack(view[_PREFIX.size : header_end], depth=0)
+
+
+class _Packer:
+    """msgpack's `default`: tuples and arrays become extension types; arrays are laid out after."""
+
+    def __init__(self, arrays: list[np.ndarray[Any, Any]]) -> None:
+        self._arrays, self._offset = arrays, 0
+
+    def __call__(self, value: Any) -> msgpack.ExtType:
+        if isinstance(value, tuple):
+            items = msgpack.packb(list(value), default=self, strict_types=True, use_bin_type=True)
+            return msgpack.ExtType(_TUPLE, items)
+        if isinstance(value, np.generic):
+            value = np.asarray(value)
+        if isinstance(value, np.ndarray):
+            return msgpack.ExtType(_ARRAY, self._place(value))
+        raise CodecError(f"cannot encode a {type(value).__name__}: {value!r:.80}")
+
+    def _place(self, array: np.ndarray[Any, Any]) -> bytes:
+        name = _dtype_name(array.dtype)
+        # Not np.ascontiguousarray: it turns 0-d arrays into 1-d ones.
+        array = np.require(array, requirements="C")
+        self._offset += -self._offset % _ALIGN
+        descriptor: bytes = msgpack.packb([name, list(array.shape), self._offset, array.nbytes])
+        self._arrays.append(array)
+        self._offset += array.nbytes
+        return descriptor
+
+
+def _dtype_name(dtype: np.dtype[Any]) -> str:
+    for name, extra in _EXTRA_DTYPES.items():
+        if dtype == extra:
+            return name
+    if dtype.kind not in _NUMPY_KINDS:
+        raise CodecError(f"cannot encode arrays of dtype {dtype}")
+    return dtype.str
+
+
+def _dtype_of(name: Any) -> np.dtype[Any]:
+    if not isinstance(name, str):
+        raise CodecError(f"array dtype must be a string, got {name!r:.80}")
+    if name in _EXTRA_DTYPES:
+        return _EXTRA_DTYPES[name]
+    try:
+        dtype: np.dtype[Any] = np.dtype(name)
+    except TypeError:
+        raise CodecError(f"unknown array dtype {name!r:.80}") from None
+    if dtype.kind not in _NUMPY_KINDS or dtype.str != name:
+        raise CodecError(f"array dtype {name!r:.80} is not allowed")
+    return dtype
+
+
+class _Unpacker:
+    """Reads a header, checking every array descriptor against the data part of the buffer."""
+
+    def __init__(self, view: memoryview, data_start: int, max_depth: int) -> None:
+        self._view, self._data_start, self._max_depth = view, data_start, max_depth
+
+    def unpack(self, header: memoryview, depth: int) -> Any:
+        if depth > self._max_depth:
+            raise CodecError(f"tuples nest deeper than {self._max_depth} levels")
+        try:
+            return msgpack.unpackb(
+                header,
+                ext_hook=lambda code, data: self._extension(code, data, depth + 1),
+                raw=False,
+                strict_map_key=False,
+                use_list=True,
+            )
+        except CodecError:
+            raise
+        except (ValueError, TypeError, msgpack.UnpackException) as error:
+            raise CodecError(f"malformed header: {error}") from error
+
+    def _extension(self, code: int, data: bytes, depth: int) -> Any:
+        if code == _TUPLE:
+            items = self.unpack(memoryview(data), depth)
+            if not isinstance(items, list):
+                raise CodecError("a tuple extension must hold a list")
+            return tuple(items)
+        if code == _ARRAY:
+            return self._array(data)
+        raise CodecError(f"unknown extension type {code}")
+
+    def _array(self, data: bytes) -> np.ndarray[Any, Any]:
+        descriptor = msgpack.unpackb(data, raw=False)
+        if not (isinstance(descriptor, list) and len(descriptor) == 4):
+            raise CodecError(f"malformed array descriptor {descriptor!r:.80}")
+        name, shape, offset, nbytes = descriptor
+        dtype = _dtype_of(name)
+        if not (
+            isinstance(shape, list)
+            and len(shape) <= MAX_DIMENSIONS
+            and all(isinstance(size, int) and size >= 0 for size in shape)
+        ):
+            raise CodecError(f"malformed array shape {shape!r:.80}")
+        if not (isinstance(offset, int) and isinstance(nbytes, int) and offset >= 0):
+            raise CodecError(f"malformed array extent {offset!r:.40}, {nbytes!r:.40}")
+        count = math.prod(shape)
+        if count * dtype.itemsize != nbytes:
+            raise CodecError(f"array of shape {shape} and dtype {name} cannot be {nbytes} bytes")
+        start = self._data_start + offset
+        if start + nbytes > len(self._view):
+            raise CodecError(
+                f"array of {nbytes} bytes at offset {offset} runs past the end of the buffer"
+            )
+        array = np.frombuffer(self._view, dtype=dtype, count=count, offset=start)
+        return array.reshape(shape)

@@ -1,0 +1,1 @@
+"""Version 1 of the worker protocol (generated from proto/; see `make proto`)."""

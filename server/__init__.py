@@ -1,0 +1,1 @@
+"""The loadax worker: serves batches of configured pipelines over gRPC and ZeroMQ."""
