@@ -1,1 +1,5 @@
-"""The remote client: RemoteDataLoader and its transports."""
+"""The remote client: `RemoteDataLoader` and the transports it reaches workers with."""
+
+from loadax.client.remote import RemoteDataLoader, RemoteLoader
+
+__all__ = ["RemoteDataLoader", "RemoteLoader"]

@@ -1,144 +1,134 @@
-"""The loadax demo: a local, shuffled, multi-threaded pipeline over synthetic images.
+"""The loadax demo: a worker on loopback serves a synthetic image pipeline to a RemoteDataLoader.
 
-It reports time to first batch and throughput, then checkpoints an iterator and resumes a fresh one.
+It runs the same pipeline locally and remotely, checks the batches are identical, reports
+throughput of both, checkpoints and resumes the remote iterator, and stops the worker.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
+import os
+import signal
+import subprocess
 import sys
+import tempfile
 import time
-from typing import Any, TypedDict
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
 
 import numpy as np
-import numpy.typing as npt
+from demo_pipeline import images
 
-import loadax
+from loadax import DataLoader, Loader
+from loadax.client import RemoteDataLoader
 
-IMAGE_SIDE = 64
-CROP_SIDE = 56
-NUM_CLASSES = 10
-AUGMENT_SEED = 7
+EXAMPLES = Path(__file__).resolve().parent
 SHUFFLE_SEED = 0
-PREFETCH = 4
-CHECKPOINT_AFTER = 3  # batches taken before the checkpoint
+CHECKPOINT_AFTER = 3
+READY_TIMEOUT_S = 60
 
 
-class RawRecord(TypedDict):
-    image: npt.NDArray[np.uint8]
-    label: int
-
-
-class Example(TypedDict):
-    image: npt.NDArray[np.float32]
-    label: int
-
-
-class Batch(TypedDict):
-    image: npt.NDArray[np.float32]
-    label: npt.NDArray[np.int64]
-
-
-def make_record(index: int) -> RawRecord:
-    """Record `index` of the synthetic dataset: the same bytes every time it is read."""
-    rng = np.random.default_rng(index)
-    image = rng.integers(0, 256, (IMAGE_SIDE, IMAGE_SIDE, 3), dtype=np.uint8)
-    return {"image": image, "label": int(rng.integers(NUM_CLASSES))}
-
-
-def augment(record: RawRecord, rng: np.random.Generator) -> RawRecord:
-    """A random crop and a random horizontal flip; `rng` is keyed by (seed, epoch, record)."""
-    top, left = rng.integers(0, IMAGE_SIDE - CROP_SIDE + 1, size=2)
-    image = record["image"][top : top + CROP_SIDE, left : left + CROP_SIDE]
-    if rng.random() < 0.5:
-        image = image[:, ::-1]
-    return {"image": image, "label": record["label"]}
-
-
-def normalise(record: RawRecord) -> Example:
-    image = record["image"].astype(np.float32) / np.float32(255) - np.float32(0.5)
-    return {"image": image, "label": record["label"]}
-
-
-def build_loader(records: int, batch_size: int, workers: int, epochs: int) -> loadax.Loader[Batch]:
-    dataset = (
-        loadax.RangeDataset(0, records)
-        .map(make_record)
-        .random_map(augment, seed=AUGMENT_SEED)
-        .map(normalise)
+def start_worker(directory: Path, records: int, threads: int) -> tuple[subprocess.Popen[str], Any]:
+    """A `loadax-worker` on free loopback ports, and its ready event (its addresses)."""
+    config = directory / "worker.toml"
+    config.write_text(
+        '[server]\ngrpc = "127.0.0.1:0"\nzmq = "tcp://127.0.0.1:0"\n'
+        f"threads = {threads}\n\n[pipelines.images]\n"
+        f'factory = "demo_pipeline:images"\nargs = {{ records = {records} }}\n'
     )
-    builder = (
-        loadax.DataLoader(loadax.Batcher())
-        .batch_size(batch_size)
-        .shuffle(seed=SHUFFLE_SEED)
-        .num_epochs(epochs)
-        .workers(workers)
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(EXAMPLES), os.environ.get("PYTHONPATH", "")]),
+    }
+    worker = subprocess.Popen(
+        [sys.executable, "-m", "loadax.server.main", "--config", str(config)],
+        stdout=subprocess.PIPE,
+        text=True,
+        env=env,
     )
-    if workers:  # without workers there is nothing to prefetch with
-        builder = builder.prefetch(PREFETCH)
-    return builder.build(dataset)
+    assert worker.stdout is not None
+    deadline = time.monotonic() + READY_TIMEOUT_S
+    for line in worker.stdout:
+        event = json.loads(line)
+        if event.get("event") == "ready":
+            return worker, event
+        if time.monotonic() > deadline:
+            break
+    worker.kill()
+    raise RuntimeError(f"the worker did not start (exit status {worker.wait()})")
 
 
-def describe_batch(batch: Batch) -> str:
-    image, label = batch["image"], batch["label"]
-    return f"image={image.shape} {image.dtype}, label={label.shape} {label.dtype}"
+def digest(batch: Any) -> str:
+    return hashlib.sha256(
+        b"".join(np.ascontiguousarray(batch[k]).tobytes() for k in sorted(batch))
+    ).hexdigest()
 
 
-def batches_equal(first: Batch, second: Batch) -> bool:
-    return first.keys() == second.keys() and all(
-        np.array_equal(first[name], second[name]) for name in ("image", "label")
-    )
+def progress(batches: Iterator[Any], total: int, label: str) -> Iterator[Any]:
+    """The batches, with a progress bar on stderr when it is a terminal."""
+    bar = sys.stderr.isatty()
+    for done, batch in enumerate(batches, start=1):
+        if bar:
+            filled = 30 * done // total
+            sys.stderr.write(f"\r{label:>8} [{'#' * filled}{'.' * (30 - filled)}] {done}/{total}")
+        yield batch
+    if bar:
+        sys.stderr.write("\n")
 
 
-def timed_run(loader: loadax.Loader[Batch]) -> list[str]:
-    """Iterate the whole loader; throughput counts from creating the iterator to the last batch."""
+def timed_run(loader: Loader[Any], label: str) -> tuple[list[str], dict[str, float], Any]:
+    """Every batch's digest, the throughput, and the first batch."""
     start = time.perf_counter()
+    digests: list[str] = []
+    first: Any = None
     first_batch_s = 0.0
-    batches = records = first_size = last_size = 0
-    first_shapes = ""
+    records = megabytes = 0.0
     with iter(loader) as iterator:
-        for batch in iterator:
-            last_size = len(batch["label"])
-            if not batches:
-                first_batch_s = time.perf_counter() - start
-                first_shapes, first_size = describe_batch(batch), last_size
-            batches += 1
-            records += last_size
+        for batch in progress(iterator, len(loader), label):
+            if first is None:
+                first, first_batch_s = batch, time.perf_counter() - start
+            digests.append(digest(batch))
+            records += len(batch["label"])
+            megabytes += sum(np.asarray(leaf).nbytes for leaf in batch.values()) / 1e6
     elapsed = time.perf_counter() - start
-    short = " (short: a batch never spans two epochs)" if last_size < first_size else ""
-    return [
-        f"time to first batch: {first_batch_s * 1e3:.1f} ms",
-        f"throughput: {records / elapsed:,.0f} records/s, {batches / elapsed:,.1f} batches/s "
-        f"({records} records in {batches} batches, {elapsed:.2f} s)",
-        f"batch shapes: {first_shapes}",
-        f"last batch: {last_size} records{short}",
-    ]
+    return (
+        digests,
+        {
+            "records": records,
+            "batches": len(digests),
+            "seconds": elapsed,
+            "records_per_s": records / elapsed,
+            "mb_per_s": megabytes / elapsed,
+            "first_batch_ms": first_batch_s * 1e3,
+        },
+        first,
+    )
 
 
-def resume_check(loader: loadax.Loader[Batch], after: int) -> tuple[bool, list[str]]:
-    """Checkpoint after `after` batches, restore a fresh iterator, and compare all that follows."""
+def resume_check(loader: Loader[Any]) -> tuple[bool, str]:
+    """Checkpoint after a few batches, restore a fresh iterator, and compare all that follows."""
+    after = min(CHECKPOINT_AFTER, len(loader) - 1)
     with iter(loader) as original:
         for _ in range(after):
             next(original)
         checkpoint = json.dumps(original.get_state())  # what a training job would save
-        expected = list(original)
+        expected = [digest(batch) for batch in original]
     with iter(loader) as resumed:
         resumed.set_state(json.loads(checkpoint))
-        actual = list(resumed)
-    identical = len(expected) == len(actual) and all(
-        batches_equal(want, got) for want, got in zip(expected, actual, strict=False)
+        actual = [digest(batch) for batch in resumed]
+    return expected == actual, f"state after {after} batches: {checkpoint}"
+
+
+def describe(name: str, stats: dict[str, float]) -> str:
+    return (
+        f"{name}: {stats['records_per_s']:,.0f} records/s, {stats['mb_per_s']:,.1f} MB/s, "
+        f"{stats['batches'] / stats['seconds']:,.1f} batches/s, first batch "
+        f"{stats['first_batch_ms']:.1f} ms ({stats['records']:.0f} records in "
+        f"{stats['batches']:.0f} batches)"
     )
-    verdict = "identical" if identical else "MISMATCH"
-    return identical, [
-        f"state after {after} batches: {checkpoint}",
-        f"resume check: {verdict} (a fresh iterator restored at step {after} yielded "
-        f"{len(actual)} batches; the original yielded {len(expected)})",
-    ]
-
-
-def report(lines: list[str]) -> None:
-    print("\n".join(lines))
 
 
 def positive_int(text: str) -> int:
@@ -148,41 +138,61 @@ def positive_int(text: str) -> int:
     return value
 
 
-def non_negative_int(text: str) -> int:
-    value = int(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
-    return value
-
-
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--records", type=positive_int, default=2048)
     parser.add_argument("--batch-size", type=positive_int, default=64)
-    parser.add_argument("--workers", type=non_negative_int, default=2)
     parser.add_argument("--epochs", type=positive_int, default=1)
+    parser.add_argument("--workers", type=positive_int, default=2, help="loading threads")
+    parser.add_argument("--transport", choices=["grpc", "zmq"], default="grpc")
     return parser.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    loader = build_loader(args.records, args.batch_size, args.workers, args.epochs)
-    config: dict[str, Any] = {
-        "records": args.records,
-        "record": f"uint8 {(IMAGE_SIDE, IMAGE_SIDE, 3)} -> random {CROP_SIDE}x{CROP_SIDE} crop "
-        "+ flip -> float32",
-        "batch_size": args.batch_size,
-        "epochs": args.epochs,
-        "shuffle_seed": SHUFFLE_SEED,
-        "workers": args.workers,
-        "prefetch": PREFETCH if args.workers else 0,
-        "batches": len(loader),
-    }
-    lines = ["loadax demo (local pipeline)", f"config: {json.dumps(config)}"]
-    lines += timed_run(loader)
-    identical, check_lines = resume_check(loader, min(CHECKPOINT_AFTER, len(loader) - 1))
-    report(lines + check_lines)
-    return 0 if identical else 1
+    pipeline = images(records=args.records)
+    local = (
+        DataLoader(pipeline.batcher)
+        .batch_size(args.batch_size)
+        .shuffle(seed=SHUFFLE_SEED)
+        .num_epochs(args.epochs)
+        .workers(args.workers)
+        .prefetch(4)
+        .build(pipeline.dataset)
+    )
+    with tempfile.TemporaryDirectory() as directory:
+        worker, ready = start_worker(Path(directory), args.records, args.workers)
+        try:
+            address = ready["grpc"] if args.transport == "grpc" else ready["zmq"]
+            target = f"{args.transport}://{address.removeprefix('tcp://')}"
+            print(f"worker ready: serving {ready['pipelines']} at {target}")
+            print(f"config: {json.dumps(vars(args))}")
+            local_digests, local_stats, first = timed_run(local, "local")
+            builder = (
+                RemoteDataLoader([target], pipeline="images")
+                .batch_size(args.batch_size)
+                .shuffle(seed=SHUFFLE_SEED)
+                .num_epochs(args.epochs)
+                .prefetch(8)
+            )
+            with builder.build() as remote:
+                remote_digests, remote_stats, _ = timed_run(remote, args.transport)
+                identical, state_line = resume_check(remote)
+        finally:
+            worker.send_signal(signal.SIGTERM)  # drains in-flight requests, then exits
+            status = worker.wait(timeout=60)
+    same = local_digests == remote_digests
+    print(describe("local", local_stats))
+    print(describe(f"remote {args.transport}", remote_stats))
+    ratio = remote_stats["records_per_s"] / local_stats["records_per_s"]
+    print(f"remote / local throughput: {ratio:.2f}")
+    image, label = first["image"], first["label"]
+    print(f"batch shapes: image={image.shape} {image.dtype}, label={label.shape} {label.dtype}")
+    print(f"batches: {'identical' if same else 'MISMATCH'} in local and remote mode")
+    print(state_line)
+    print(f"resume check: {'identical' if identical else 'MISMATCH'}")
+    print(f"worker stopped (exit status {status})")
+    return 0 if same and identical and status == 0 else 1
 
 
 if __name__ == "__main__":

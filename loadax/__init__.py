@@ -9,8 +9,8 @@ from loadax.dataset import (
     ShuffledDataset,
     read_records,
 )
-from loadax.engine import BatchIterator
-from loadax.errors import RecordError
+from loadax.engine import BatchIterator, LoaderIterator
+from loadax.errors import RecordError, WorkerError
 from loadax.loader import DataLoader, Loader
 from loadax.pipeline import Pipeline
 from loadax.plan import Plan
@@ -26,6 +26,7 @@ __all__ = [
     "DatasetBase",
     "InMemoryDataset",
     "Loader",
+    "LoaderIterator",
     "MappedDataset",
     "Pipeline",
     "Plan",
@@ -33,6 +34,7 @@ __all__ = [
     "RangeDataset",
     "RecordError",
     "ShuffledDataset",
+    "WorkerError",
     "__version__",
     "read_records",
     "stack",

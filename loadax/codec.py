@@ -11,6 +11,7 @@ using it. No pickle anywhere.
 from __future__ import annotations
 
 import math
+import re
 import struct
 from typing import Any
 
@@ -31,6 +32,8 @@ _EXTRA_DTYPES: dict[str, np.dtype[Any]] = {
     if hasattr(ml_dtypes, name)
 }
 _NUMPY_KINDS = frozenset("biufcSU")  # bool, ints, floats, complex, fixed-width bytes and text
+# What dtype.str looks like for those kinds: checked before numpy parses untrusted text.
+_DTYPE_STR = re.compile(r"[<>|][biufcSU][0-9]{1,5}")
 
 
 class CodecError(ValueError):
@@ -40,7 +43,12 @@ class CodecError(ValueError):
 def encode(tree: Any) -> bytes:
     """One buffer holding `tree`: dicts, lists, tuples, arrays, numbers, str, bytes and None."""
     arrays: list[np.ndarray[Any, Any]] = []
-    header = msgpack.packb(tree, default=_Packer(arrays), strict_types=True, use_bin_type=True)
+    try:
+        header = msgpack.packb(tree, default=_Packer(arrays), strict_types=True, use_bin_type=True)
+    except CodecError:
+        raise
+    except (ValueError, TypeError, OverflowError) as error:  # UnicodeEncodeError is a ValueError
+        raise CodecError(f"cannot encode: {error}") from error
     frames: list[Any] = [_PREFIX.pack(MAGIC, len(header)), header]
     end = _PREFIX.size + len(header)
     for array in arrays:
@@ -58,7 +66,7 @@ def _data_start(header_length: int) -> int:
 
 
 def decode(buffer: bytes | bytearray | memoryview, *, max_depth: int = MAX_DEPTH) -> Any:
-    """The tree in `buffer`; its arrays are read-only views of `buffer`."""
+    """The tree in `buffer`; its arrays are views of `buffer` (read-only if it is `bytes`)."""
     view = memoryview(buffer).cast("B")
     if len(view) < _PREFIX.size:
         raise CodecError(f"buffer of {len(view)} bytes is too short to hold a header")
@@ -71,7 +79,22 @@ def decode(buffer: bytes | bytearray | memoryview, *, max_depth: int = MAX_DEPTH
             f"header declares {header_length} bytes but the buffer holds {len(view) - _PREFIX.size}"
         )
     unpacker = _Unpacker(view, _data_start(header_length), max_depth)
-    return unpacker.unpack(view[_PREFIX.size : header_end], depth=0)
+    tree = unpacker.unpack(view[_PREFIX.size : header_end], depth=0)
+    _refuse_timestamps(tree)
+    return tree
+
+
+def _refuse_timestamps(value: Any) -> None:
+    # msgpack decodes its timestamp extension itself, without asking ext_hook.
+    if isinstance(value, msgpack.Timestamp):
+        raise CodecError("msgpack timestamps are not part of the loadax format")
+    if isinstance(value, dict):
+        for key, item in value.items():
+            _refuse_timestamps(key)
+            _refuse_timestamps(item)
+    elif isinstance(value, list | tuple):
+        for item in value:
+            _refuse_timestamps(item)
 
 
 class _Packer:
@@ -105,7 +128,7 @@ def _dtype_name(dtype: np.dtype[Any]) -> str:
     for name, extra in _EXTRA_DTYPES.items():
         if dtype == extra:
             return name
-    if dtype.kind not in _NUMPY_KINDS:
+    if dtype.kind not in _NUMPY_KINDS or dtype.itemsize == 0:
         raise CodecError(f"cannot encode arrays of dtype {dtype}")
     return dtype.str
 
@@ -115,11 +138,10 @@ def _dtype_of(name: Any) -> np.dtype[Any]:
         raise CodecError(f"array dtype must be a string, got {name!r:.80}")
     if name in _EXTRA_DTYPES:
         return _EXTRA_DTYPES[name]
-    try:
-        dtype: np.dtype[Any] = np.dtype(name)
-    except TypeError:
-        raise CodecError(f"unknown array dtype {name!r:.80}") from None
-    if dtype.kind not in _NUMPY_KINDS or dtype.str != name:
+    if not _DTYPE_STR.fullmatch(name):
+        raise CodecError(f"array dtype {name!r:.80} is not allowed")
+    dtype: np.dtype[Any] = np.dtype(name)
+    if dtype.str != name or dtype.itemsize == 0:
         raise CodecError(f"array dtype {name!r:.80} is not allowed")
     return dtype
 

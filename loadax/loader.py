@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import copy as copy_module
 import dataclasses
-from collections.abc import Sequence
-from typing import Any, Generic
+from collections.abc import Callable, Sequence
+from typing import Any, Generic, Self
 
 from jax.sharding import Mesh
 from typing_extensions import TypeVar
@@ -78,43 +79,29 @@ class LoaderOptions:
         )
 
 
-class DataLoader(Generic[T, B]):
-    """Builds a `Loader`: `DataLoader(batcher).batch_size(n).workers(k).build(dataset)`.
+class LoaderBuilder:
+    """The options every loader builder shares; each method returns a new builder."""
 
-    Every method returns a new builder, so a partly configured builder can be shared.
-    """
-
-    def __init__(self, batcher: Batcher[T, B], options: LoaderOptions | None = None) -> None:
-        if not isinstance(batcher, Batcher):
-            raise ValueError(f"batcher must be a loadax.Batcher, got {type(batcher).__name__}")
-        self._batcher = batcher
+    def __init__(self, options: LoaderOptions | None = None) -> None:
         self._options = LoaderOptions() if options is None else options
 
-    def batch_size(self, size: int) -> DataLoader[T, B]:
+    def batch_size(self, size: int) -> Self:
         """Records per batch (the global batch size once sharded)."""
         return self._with(batch_size=size)
 
-    def shuffle(self, seed: int = 0) -> DataLoader[T, B]:
+    def shuffle(self, seed: int = 0) -> Self:
         """Visit the records in a different keyed random order in every epoch."""
         return self._with(shuffle=True, seed=seed)
 
-    def num_epochs(self, epochs: int | None) -> DataLoader[T, B]:
+    def num_epochs(self, epochs: int | None) -> Self:
         """Passes over the dataset; None repeats forever. Default 1."""
         return self._with(num_epochs=epochs)
 
-    def drop_remainder(self, drop: bool = True) -> DataLoader[T, B]:
+    def drop_remainder(self, drop: bool = True) -> Self:
         """Drop the short last batch of each epoch."""
         return self._with(drop_remainder=drop)
 
-    def workers(self, count: int) -> DataLoader[T, B]:
-        """Threads that read and transform records; 0 loads in the calling thread. Default 1."""
-        return self._with(workers=count)
-
-    def prefetch(self, batches: int) -> DataLoader[T, B]:
-        """Batches loaded ahead of the training loop (needs workers >= 1). Default 2."""
-        return self._with(prefetch=batches)
-
-    def shard(self, mesh: Mesh, data_axis_name: str | Sequence[str] = "data") -> DataLoader[T, B]:
+    def shard(self, mesh: Mesh, data_axis_name: str | Sequence[str] = "data") -> Self:
         """Split each global batch over `mesh` along `data_axis_name` (an axis or a tuple).
 
         `batch_size` is then the global batch size; this process loads only the rows that its
@@ -124,24 +111,63 @@ class DataLoader(Generic[T, B]):
             raise ValueError(f"mesh must be a jax.sharding.Mesh, got {type(mesh).__name__}")
         return self._with(mesh=mesh, data_axis=data_axis_of(mesh, data_axis_name))
 
-    def device_prefetch(self, depth: int = 2) -> DataLoader[T, Any]:
+    def device_prefetch(self, depth: int = 2) -> Self:
         """Yield global jax.Arrays, with the copies of the next `depth` batches under way."""
-        return DataLoader(self._batcher, dataclasses.replace(self._options, device_prefetch=depth))
+        return self._with(device_prefetch=depth)
+
+    def _with(self, **changes: Any) -> Self:
+        copy = copy_module.copy(self)
+        copy._options = dataclasses.replace(self._options, **changes)
+        return copy
+
+
+class DataLoader(LoaderBuilder, Generic[T, B]):
+    """Builds a `Loader`: `DataLoader(batcher).batch_size(n).workers(k).build(dataset)`.
+
+    Every method returns a new builder, so a partly configured builder can be shared.
+    """
+
+    def __init__(self, batcher: Batcher[T, B], options: LoaderOptions | None = None) -> None:
+        if not isinstance(batcher, Batcher):
+            raise ValueError(f"batcher must be a loadax.Batcher, got {type(batcher).__name__}")
+        super().__init__(options)
+        self._batcher = batcher
+
+    def workers(self, count: int) -> Self:
+        """Threads that read and transform records; 0 loads in the calling thread. Default 1."""
+        return self._with(workers=count)
+
+    def prefetch(self, batches: int) -> Self:
+        """Batches loaded ahead of the training loop (needs workers >= 1). Default 2."""
+        return self._with(prefetch=batches)
 
     def build(self, dataset: Dataset[T]) -> Loader[B]:
         """The loader of `dataset`: iterate it as many times as you like."""
-        plan = self._options.plan(dataset_length(dataset))
-        return Loader(Pipeline(dataset, self._batcher), plan, self._options)
+        options = self._options
+        plan = options.plan(dataset_length(dataset))
+        pipeline = Pipeline(dataset, self._batcher)
+        workers = options.workers
 
-    def _with(self, **changes: Any) -> DataLoader[T, B]:
-        return DataLoader(self._batcher, dataclasses.replace(self._options, **changes))
+        def source() -> BatchSource[B]:
+            return ThreadedSource(pipeline, workers) if workers else InlineSource(pipeline)
+
+        prefetch = 0 if workers == 0 else options.prefetch or DEFAULT_PREFETCH
+        return Loader(plan, options, source, prefetch=prefetch, pipeline=pipeline)
 
 
 class Loader(Generic[B]):
     """A stateless loader definition: every `iter()` starts a new iterator at step 0."""
 
-    def __init__(self, pipeline: Pipeline[Any, B], plan: Plan, options: LoaderOptions) -> None:
-        self.pipeline, self.plan = pipeline, plan
+    def __init__(
+        self,
+        plan: Plan,
+        options: LoaderOptions,
+        source: Callable[[], BatchSource[B]],
+        *,
+        prefetch: int,
+        pipeline: Pipeline[Any, B] | None = None,
+    ) -> None:
+        self.plan, self.pipeline = plan, pipeline
         self.sharding_strategy = options.sharding_strategy()
         self.sharding_strategy.check_batch_length(plan.batch_size, "the global batch size")
         short = plan.num_records % plan.batch_size
@@ -149,18 +175,12 @@ class Loader(Generic[B]):
             self.sharding_strategy.check_batch_length(
                 short, "the last batch of each epoch (drop it with .drop_remainder())"
             )
-        self._workers = options.workers
-        self._prefetch = 0 if options.workers == 0 else options.prefetch or DEFAULT_PREFETCH
+        self._source, self._prefetch = source, prefetch
         self._device_prefetch = options.device_prefetch
 
     def __iter__(self) -> LoaderIterator[B]:
-        source: BatchSource[B] = (
-            ThreadedSource(self.pipeline, self._workers)
-            if self._workers
-            else InlineSource(self.pipeline)
-        )
         host_batches = BatchIterator(
-            source, self.plan, self.sharding_strategy, prefetch=self._prefetch
+            self._source(), self.plan, self.sharding_strategy, prefetch=self._prefetch
         )
         if self._device_prefetch is None:
             return host_batches

@@ -6,8 +6,9 @@ helps with every batch; the thread that reads the last chunk collates the batch.
 
 from __future__ import annotations
 
+import contextlib
 import threading
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, InvalidStateError, ThreadPoolExecutor
 from typing import Any, Generic
 
 import numpy as np
@@ -99,6 +100,8 @@ class _ChunkedBatch(Generic[B]):
     def cancel(self) -> None:
         for task in self._chunk_tasks:
             task.cancel()
+        # Whoever waits on a dropped batch gets CancelledError instead of waiting forever.
+        self._batch.cancel()
 
     def _read_chunk(self, position: int, chunk: IndexArray) -> None:
         if self._batch.done():  # another chunk failed already
@@ -106,9 +109,7 @@ class _ChunkedBatch(Generic[B]):
         try:
             part = self._pipeline.read(chunk, self._epoch)
         except BaseException as error:  # anything else would leave the consumer waiting forever
-            with self._lock:
-                if not self._batch.done():
-                    self._batch.set_exception(error)
+            self._settle(error=error)
             return
         with self._lock:
             self._parts[position] = part
@@ -117,6 +118,16 @@ class _ChunkedBatch(Generic[B]):
                 return
         records = [record for part in self._parts for record in part]
         try:
-            self._batch.set_result(self._pipeline.collate(records, self._step))
+            batch = self._pipeline.collate(records, self._step)
         except BaseException as error:
-            self._batch.set_exception(error)
+            self._settle(error=error)
+            return
+        self._settle(batch=batch)
+
+    def _settle(self, batch: Any = None, error: BaseException | None = None) -> None:
+        # The batch may have been cancelled meanwhile: then nobody wants the outcome.
+        with contextlib.suppress(InvalidStateError):
+            if error is None:
+                self._batch.set_result(batch)
+            else:
+                self._batch.set_exception(error)

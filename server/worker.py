@@ -10,6 +10,7 @@ import hashlib
 import json
 import traceback
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -20,6 +21,7 @@ from loadax.dataset import dataset_length
 from loadax.errors import RecordError, WorkerError
 from loadax.local_sources import ThreadedSource
 from loadax.pipeline import Pipeline
+from loadax.server.config import WorkerConfig, build_pipelines, load_config
 from loadax.wire.plans import compatible_versions, plan_from_wire
 from loadax.wire.v1 import worker_pb2 as wire
 
@@ -61,6 +63,20 @@ class Worker:
             name: fingerprint(name, pipeline, (origins or {}).get(name, {}))
             for name, pipeline in pipelines.items()
         }
+
+    @classmethod
+    def from_config(cls, config: WorkerConfig | str | Path) -> Worker:
+        """The worker a config (or the config file at a path) describes.
+
+        Fingerprints cover each pipeline's factory and args.
+        """
+        if not isinstance(config, WorkerConfig):
+            config = load_config(config)
+        origins = {
+            pipeline.name: {"factory": pipeline.factory, "args": dict(pipeline.args)}
+            for pipeline in config.pipelines
+        }
+        return cls(build_pipelines(config), threads=config.threads, origins=origins)
 
     def handshake(self, request: wire.HandshakeRequest) -> wire.HandshakeResponse:
         if not compatible_versions(request.library_version, loadax.__version__):
@@ -143,8 +159,14 @@ class Worker:
     def _rows(request: wire.BatchRequest, batch_length: int) -> np.ndarray[Any, Any] | None:
         if not request.rows:
             return None
+        # Checked as Python ints: values of 2**63 and more would wrap in int64.
+        if max(request.rows) >= batch_length:
+            raise WorkerError(
+                "INVALID_ARGUMENT",
+                f"rows must lie within the batch of {batch_length} rows, got {max(request.rows)}",
+            )
         rows = np.asarray(request.rows, dtype=np.int64)
-        if rows.max() >= batch_length or np.any(np.diff(rows) <= 0):
+        if np.any(np.diff(rows) <= 0):
             raise WorkerError(
                 "INVALID_ARGUMENT",
                 f"rows must ascend within the batch of {batch_length} rows, got "

@@ -1,0 +1,116 @@
+"""Where a RemoteDataLoader sends requests: gRPC and ZeroMQ workers, or worker objects in-process.
+
+Every target answers a handshake and turns a batch request into a future of the decoded batch;
+failures are `WorkerError`s with a gRPC status code name, whatever the transport.
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any, Protocol
+
+import grpc
+
+from loadax.codec import decode
+from loadax.errors import WorkerError
+from loadax.wire.v1 import worker_pb2 as wire
+from loadax.wire.v1 import worker_pb2_grpc
+
+_MAX_BATCH_BYTES = 1 << 30
+DEFAULT_TIMEOUT_S = 30.0
+
+
+class Target(Protocol):
+    """One worker, however it is reached."""
+
+    name: str
+
+    def handshake(
+        self, request: wire.HandshakeRequest, timeout: float = DEFAULT_TIMEOUT_S
+    ) -> wire.HandshakeResponse: ...
+
+    def load_batch(self, request: wire.BatchRequest) -> Future[Any]:
+        """A future of the decoded batch; its exception is a `WorkerError`."""
+        ...
+
+    def close(self) -> None: ...
+
+
+class WorkerLike(Protocol):
+    """What an in-process target needs of a worker object (e.g. `loadax.server.worker.Worker`)."""
+
+    def handshake(self, request: wire.HandshakeRequest) -> wire.HandshakeResponse: ...
+
+    def load_batch(self, request: wire.BatchRequest) -> wire.BatchResponse: ...
+
+
+class GrpcTarget:
+    """A worker reached over gRPC at "grpc://host:port"."""
+
+    def __init__(self, address: str) -> None:
+        self.name = address
+        self._channel = grpc.insecure_channel(
+            address.removeprefix("grpc://"),
+            options=[("grpc.max_receive_message_length", _MAX_BATCH_BYTES)],
+        )
+        self._stub = worker_pb2_grpc.WorkerStub(self._channel)
+
+    def handshake(
+        self, request: wire.HandshakeRequest, timeout: float = DEFAULT_TIMEOUT_S
+    ) -> wire.HandshakeResponse:
+        try:
+            response: wire.HandshakeResponse = self._stub.Handshake(
+                request, timeout=timeout, wait_for_ready=True
+            )
+        except grpc.RpcError as error:
+            raise _worker_error(error) from None
+        return response
+
+    def load_batch(self, request: wire.BatchRequest) -> Future[Any]:
+        batch: Future[Any] = Future()
+        call = self._stub.LoadBatch.future(request, wait_for_ready=True)
+
+        def done(finished: Any) -> None:
+            if batch.cancelled():
+                return
+            try:
+                batch.set_result(decode(finished.result().payload))
+            except grpc.FutureCancelledError:
+                batch.cancel()
+            except grpc.RpcError as error:
+                batch.set_exception(_worker_error(error))
+            except Exception as error:
+                batch.set_exception(WorkerError("DATA_LOSS", f"undecodable batch: {error}"))
+
+        call.add_done_callback(done)
+        batch.add_done_callback(lambda future: future.cancelled() and call.cancel())
+        return batch
+
+    def close(self) -> None:
+        self._channel.close()
+
+
+class InProcessTarget:
+    """A worker object called directly, without sockets; batches still go through the codec."""
+
+    def __init__(self, worker: WorkerLike, threads: int = 4) -> None:
+        self.name = f"in-process {type(worker).__name__}"
+        self._worker = worker
+        self._pool = ThreadPoolExecutor(threads, thread_name_prefix="loadax-in-process")
+
+    def handshake(
+        self, request: wire.HandshakeRequest, timeout: float = DEFAULT_TIMEOUT_S
+    ) -> wire.HandshakeResponse:
+        del timeout  # a direct call has nothing to wait for
+        return self._worker.handshake(request)
+
+    def load_batch(self, request: wire.BatchRequest) -> Future[Any]:
+        return self._pool.submit(lambda: decode(self._worker.load_batch(request).payload))
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _worker_error(error: grpc.RpcError) -> WorkerError:
+    code = error.code()
+    return WorkerError(code.name if code is not None else "UNKNOWN", error.details() or "")

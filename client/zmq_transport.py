@@ -1,0 +1,293 @@
+"""The client side of the ZeroMQ transport: `ZmqTarget`, a DEALER socket to one worker.
+
+Framing is `loadax.wire.zmq_frames`. One I/O thread owns the DEALER socket; callers hand it
+requests through a queue and wake it over an inproc PUSH/PULL pair.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import logging
+import queue
+import threading
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future
+from typing import Any, Generic, TypeVar
+
+import zmq
+
+from loadax.codec import CodecError, decode
+from loadax.errors import WorkerError
+from loadax.wire import zmq_frames
+from loadax.wire.v1 import worker_pb2 as wire
+
+log = logging.getLogger(__name__)
+
+DEFAULT_TIMEOUT_S = 30.0
+_BURST = 256  # replies taken per poll, so that submissions are not starved
+_WAKE = "inproc://loadax-zmq-wake"
+_HEARTBEAT_MS, _HEARTBEAT_TIMEOUT_MS = 1_000, 10_000
+
+T = TypeVar("T")
+Frames = Sequence[memoryview]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Pending(Generic[T]):
+    future: Future[T]
+    complete: Callable[[Frames], T]  # the reply's frames -> the result; raises WorkerError
+
+
+class ZmqTarget:
+    """A worker reached over ZeroMQ at "zmq://host:port" (or "tcp://host:port").
+
+    Requests are multiplexed on one connection and matched to replies by request id; ZeroMQ
+    reconnects by itself, and requests sent before a connection exists wait for it.
+    """
+
+    def __init__(self, address: str, *, max_reply_bytes: int | None = None) -> None:
+        self.name = address
+        endpoint = _endpoint(address)
+        self._context: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+        self._dealer = self._context.socket(zmq.DEALER)
+        self._dealer.setsockopt(zmq.LINGER, 0)
+        # Replies are bounded by the requests in flight; refusing them would only lose them.
+        self._dealer.setsockopt(zmq.RCVHWM, 0)
+        if max_reply_bytes is not None:
+            self._dealer.setsockopt(zmq.MAXMSGSIZE, max_reply_bytes)
+        # A worker that dies without closing its connection is found by missing heartbeats;
+        # the worker's ZeroMQ I/O thread answers them however busy its handlers are.
+        self._dealer.setsockopt(zmq.HEARTBEAT_IVL, _HEARTBEAT_MS)
+        self._dealer.setsockopt(zmq.HEARTBEAT_TIMEOUT, _HEARTBEAT_TIMEOUT_MS)
+        # A lost connection loses the requests it carried: they are failed, to be retried.
+        self._monitor = self._dealer.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+        self._wake_in = self._context.socket(zmq.PULL)
+        self._wake_in.setsockopt(zmq.LINGER, 0)
+        self._wake_in.setsockopt(zmq.RCVHWM, 0)
+        self._wake_in.bind(_WAKE)
+        self._wake_out = self._context.socket(zmq.PUSH)
+        self._wake_out.setsockopt(zmq.LINGER, 0)
+        self._wake_out.setsockopt(zmq.SNDHWM, 0)
+        self._wake_out.connect(_WAKE)
+        # `_lock` guards `_pending`, `_closed` and `_wake_out`, which any thread may use.
+        self._lock = threading.Lock()
+        try:
+            self._dealer.connect(endpoint)
+        except zmq.ZMQError as error:
+            self._close_sockets()
+            raise ValueError(f"invalid ZeroMQ address {address!r}: {error}") from None
+        self._pending: dict[int, _Pending[Any]] = {}
+        self._closed = False
+        self._outbox: queue.SimpleQueue[tuple[int, list[bytes]] | None] = queue.SimpleQueue()
+        self._ids = itertools.count(1)
+        self._thread = threading.Thread(target=self._serve, name="loadax-zmq-client", daemon=True)
+        self._thread.start()
+
+    def handshake(
+        self, request: wire.HandshakeRequest, timeout: float = DEFAULT_TIMEOUT_S
+    ) -> wire.HandshakeResponse:
+        return self._call(request, _response(wire.HandshakeResponse), timeout)
+
+    def info(
+        self, request: wire.InfoRequest, timeout: float = DEFAULT_TIMEOUT_S
+    ) -> wire.InfoResponse:
+        return self._call(request, _response(wire.InfoResponse), timeout)
+
+    def load_batch(self, request: wire.BatchRequest) -> Future[Any]:
+        """A future of the decoded batch; its arrays are read-only views of the received frame.
+
+        Its exception is a `WorkerError`: the worker's, or UNAVAILABLE once the target is closed.
+        """
+        step, name = request.step, self.name
+
+        def batch(frames: Frames) -> Any:
+            reply = zmq_frames.parse_batch_reply(frames)
+            if reply.step != step:
+                raise WorkerError("DATA_LOSS", f"{name} answered step {reply.step} for step {step}")
+            try:
+                # The arrays keep the frame alive: they view a memoryview of it.
+                return decode(reply.payload)
+            except CodecError as error:
+                raise WorkerError(
+                    "DATA_LOSS", f"undecodable batch of step {step} from {name}: {error}"
+                ) from error
+
+        return self._submit(request, batch)
+
+    def close(self) -> None:
+        """Fail pending requests with UNAVAILABLE and stop the I/O thread."""
+        self._shut_down()
+        if threading.current_thread() is not self._thread:
+            self._thread.join()
+
+    def __enter__(self) -> ZmqTarget:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def _call(
+        self, request: zmq_frames.RequestMessage, complete: Callable[[Frames], T], timeout: float
+    ) -> T:
+        future = self._submit(request, complete)
+        try:
+            return future.result(timeout)
+        except TimeoutError:
+            future.cancel()
+            method = zmq_frames.method_of(request).decode()
+            raise WorkerError(
+                "DEADLINE_EXCEEDED", f"{self.name} did not answer {method} within {timeout} s"
+            ) from None
+
+    def _submit(
+        self, request: zmq_frames.RequestMessage, complete: Callable[[Frames], T]
+    ) -> Future[T]:
+        future: Future[T] = Future()
+        request_id = next(self._ids)
+        frames = zmq_frames.request_frames(request_id, request)
+        with self._lock:
+            if self._closed:
+                future.set_exception(WorkerError("UNAVAILABLE", f"{self.name} is closed"))
+                return future
+            self._pending[request_id] = _Pending(future, complete)
+            self._outbox.put((request_id, frames))
+            self._wake_out.send(b"")
+
+        def forget(done: Future[T]) -> None:
+            if done.cancelled():
+                with self._lock:
+                    self._pending.pop(request_id, None)
+
+        future.add_done_callback(forget)
+        return future
+
+    def _shut_down(self) -> None:
+        """Mark the target closed and fail what is pending; idempotent, from any thread."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            pending, self._pending = list(self._pending.values()), {}
+            self._outbox.put(None)
+            self._wake_out.send(b"")
+        for entry in pending:
+            _fail(entry.future, WorkerError("UNAVAILABLE", f"{self.name} was closed"))
+
+    def _serve(self) -> None:
+        poller = zmq.Poller()
+        poller.register(self._dealer, zmq.POLLIN)
+        poller.register(self._wake_in, zmq.POLLIN)
+        poller.register(self._monitor, zmq.POLLIN)
+        try:
+            while True:
+                ready = dict(poller.poll())
+                if self._wake_in in ready and not self._send_submitted():
+                    return
+                if self._dealer in ready:
+                    self._receive_replies()
+                if self._monitor in ready:
+                    self._on_disconnect()
+        except Exception:
+            log.exception("the ZeroMQ I/O thread of %s failed", self.name)
+        finally:
+            self._shut_down()
+            self._close_sockets()
+
+    def _send_submitted(self) -> bool:
+        """Send what callers submitted; False once close() asked the thread to stop."""
+        while True:
+            try:
+                self._wake_in.recv(zmq.NOBLOCK)
+            except zmq.Again:
+                break
+        # Every submission is queued before its wake-up is sent, so none is missed here.
+        while True:
+            try:
+                item = self._outbox.get_nowait()
+            except queue.Empty:
+                return True
+            if item is None:
+                return False
+            request_id, frames = item
+            try:
+                self._dealer.send_multipart(frames, zmq.NOBLOCK)
+            except zmq.Again:
+                self._fail_request(
+                    request_id, f"{self.name} is not reachable: too many requests queued"
+                )
+
+    def _receive_replies(self) -> None:
+        for _ in range(_BURST):
+            try:
+                message = self._dealer.recv_multipart(zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                return
+            frames = [frame.buffer for frame in message]
+            try:
+                request_id = zmq_frames.parse_request_id(frames[0])
+            except WorkerError as error:
+                log.debug("dropped a reply from %s: %s", self.name, error)
+                continue
+            with self._lock:
+                entry = self._pending.pop(request_id, None)
+            if entry is None:
+                log.debug("dropped a reply from %s to unknown request %d", self.name, request_id)
+                continue
+            try:
+                result = entry.complete(frames)
+            except WorkerError as error:
+                _fail(entry.future, error)
+            except Exception as error:
+                _fail(
+                    entry.future, WorkerError("DATA_LOSS", f"bad reply from {self.name}: {error}")
+                )
+            else:
+                if entry.future.set_running_or_notify_cancel():
+                    entry.future.set_result(result)
+
+    def _on_disconnect(self) -> None:
+        while True:
+            try:
+                self._monitor.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                break
+        with self._lock:
+            pending, self._pending = list(self._pending.values()), {}
+        if pending:
+            log.warning("lost the connection to %s with %d requests", self.name, len(pending))
+        for entry in pending:
+            _fail(entry.future, WorkerError("UNAVAILABLE", f"lost the connection to {self.name}"))
+
+    def _fail_request(self, request_id: int, message: str) -> None:
+        with self._lock:
+            entry = self._pending.pop(request_id, None)
+        if entry is not None:
+            _fail(entry.future, WorkerError("UNAVAILABLE", message))
+
+    def _close_sockets(self) -> None:
+        # The lock orders this after any caller's last use of the wake-up socket.
+        with self._lock:
+            self._wake_out.close(linger=0)
+        self._wake_in.close(linger=0)
+        self._dealer.disable_monitor()
+        self._monitor.close(linger=0)
+        self._dealer.close(linger=0)
+        self._context.term()
+
+
+def _response(kind: type[zmq_frames.R]) -> Callable[[Frames], zmq_frames.R]:
+    return lambda frames: zmq_frames.parse_reply(frames, kind).response
+
+
+def _fail(future: Future[Any], error: WorkerError) -> None:
+    # A cancelled future has nobody waiting for it.
+    if future.set_running_or_notify_cancel():
+        future.set_exception(error)
+
+
+def _endpoint(address: str) -> str:
+    for scheme in ("zmq://", "tcp://"):
+        if address.startswith(scheme):
+            return "tcp://" + address.removeprefix(scheme)
+    raise ValueError(f"a ZeroMQ address is zmq://host:port or tcp://host:port, got {address!r}")

@@ -1,0 +1,237 @@
+"""The worker's TOML config: listen addresses, limits, and the pipeline factories it serves.
+
+Every mistake is a `ConfigError` naming the file and the key, found before the worker listens.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import importlib
+import json
+import re
+import tomllib
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from loadax.pipeline import Pipeline
+
+_SERVER_KEYS = ("grpc", "zmq", "threads", "max_in_flight_per_client")
+_PIPELINE_KEYS = ("factory", "args")
+_FACTORY = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
+_HOST = re.compile(r"^(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.-]+)$")
+
+
+class ConfigError(ValueError):
+    """A worker config that cannot be used; the message names the file and the key."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class PipelineConfig:
+    """One `[pipelines.NAME]` table: `factory(**args)` returns the `loadax.Pipeline`."""
+
+    name: str
+    factory: str
+    args: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+
+    @property
+    def key(self) -> str:
+        return f"[pipelines.{_show_name(self.name)}]"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class WorkerConfig:
+    """A parsed config; `source` is the file it came from, for error messages."""
+
+    source: str
+    pipelines: tuple[PipelineConfig, ...]
+    grpc: str | None = None
+    zmq: str | None = None
+    threads: int = 4
+    max_in_flight_per_client: int = 16
+
+    def error(self, message: str) -> ConfigError:
+        return ConfigError(f"{self.source}: {message}")
+
+
+def load_config(
+    path: str | Path, *, grpc: str | None = None, zmq: str | None = None
+) -> WorkerConfig:
+    """The config in `path`; `grpc` and `zmq` (the CLI's overrides) replace the file's."""
+    source = str(path)
+    try:
+        text = Path(path).read_bytes().decode()
+    except (OSError, UnicodeDecodeError) as error:
+        reason = error.strerror if isinstance(error, OSError) else str(error)
+        raise ConfigError(f"{source}: cannot read the config: {reason}") from error
+    try:
+        document = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as error:
+        raise ConfigError(f"{source}: invalid TOML: {error}") from error
+    return _parse(source, document, grpc=grpc, zmq=zmq)
+
+
+def load_factory(config: WorkerConfig, pipeline: PipelineConfig) -> Callable[..., Any]:
+    """Import the callable that `pipeline.factory` ("module:function") names."""
+    key = f"{pipeline.key}.factory"
+    module_name, _, attributes = pipeline.factory.partition(":")
+    try:
+        target: Any = importlib.import_module(module_name)
+    except ModuleNotFoundError as error:
+        if error.name is not None and f"{module_name}.".startswith(f"{error.name}."):
+            raise config.error(
+                f"{key}: module {module_name!r} is not importable: {error}"
+            ) from error
+        raise config.error(f"{key}: importing module {module_name!r} failed: {error!r}") from error
+    except Exception as error:
+        raise config.error(f"{key}: importing module {module_name!r} failed: {error!r}") from error
+    for attribute in attributes.split("."):
+        if not hasattr(target, attribute):
+            raise config.error(
+                f"{key}: {getattr(target, '__name__', module_name)!r} has no attribute "
+                f"{attribute!r} (factory {pipeline.factory!r})"
+            )
+        target = getattr(target, attribute)
+    if not callable(target):
+        raise config.error(
+            f"{key}: {pipeline.factory!r} is a {type(target).__name__}, not a callable"
+        )
+    factory: Callable[..., Any] = target
+    return factory
+
+
+def build_pipelines(config: WorkerConfig) -> dict[str, Pipeline[Any, Any]]:
+    """Import every factory and call it with its args."""
+    pipelines: dict[str, Pipeline[Any, Any]] = {}
+    for pipeline in config.pipelines:
+        factory = load_factory(config, pipeline)
+        try:
+            built = factory(**pipeline.args)
+        except Exception as error:
+            raise config.error(
+                f"{pipeline.key}.factory: {pipeline.factory}(**{_show(dict(pipeline.args))}) "
+                f"raised {type(error).__name__}: {error}"
+            ) from error
+        if not isinstance(built, Pipeline):
+            raise config.error(
+                f"{pipeline.key}.factory: {pipeline.factory} must return a loadax.Pipeline, "
+                f"got {type(built).__name__}: {built!r:.80}"
+            )
+        pipelines[pipeline.name] = built
+    return pipelines
+
+
+def _parse(
+    source: str, document: dict[str, Any], *, grpc: str | None, zmq: str | None
+) -> WorkerConfig:
+    def fail(message: str) -> ConfigError:
+        return ConfigError(f"{source}: {message}")
+
+    _check_keys(source, document, ("server", "pipelines"), "")
+    server = document.get("server", {})
+    if not isinstance(server, dict):
+        raise fail(f"[server] must be a table, got {_show(server)}")
+    _check_keys(source, server, _SERVER_KEYS, "[server].")
+
+    grpc = _grpc_address(source, "--grpc", grpc) if grpc is not None else None
+    zmq = _zmq_endpoint(source, "--zmq", zmq) if zmq is not None else None
+    if grpc is None and "grpc" in server:
+        grpc = _grpc_address(source, "[server].grpc", server["grpc"])
+    if zmq is None and "zmq" in server:
+        zmq = _zmq_endpoint(source, "[server].zmq", server["zmq"])
+    if grpc is None and zmq is None:
+        raise fail("[server] needs grpc (a host:port) or zmq (a tcp://host:port), or both")
+
+    pipelines = document.get("pipelines")
+    if pipelines is None or pipelines == {}:
+        raise fail("no pipelines: add at least one [pipelines.NAME] table with a factory")
+    if not isinstance(pipelines, dict):
+        raise fail(f"pipelines must be tables [pipelines.NAME], got {_show(pipelines)}")
+    return WorkerConfig(
+        source=source,
+        pipelines=tuple(_pipeline(source, name, table) for name, table in pipelines.items()),
+        grpc=grpc,
+        zmq=zmq,
+        threads=_positive_int(source, server, "threads", 4),
+        max_in_flight_per_client=_positive_int(source, server, "max_in_flight_per_client", 16),
+    )
+
+
+def _pipeline(source: str, name: str, table: Any) -> PipelineConfig:
+    key = f"[pipelines.{_show_name(name)}]"
+    if not name:
+        raise ConfigError(f"{source}: {key}: a pipeline name must not be empty")
+    if not isinstance(table, dict):
+        raise ConfigError(f"{source}: {key} must be a table, got {_show(table)}")
+    _check_keys(source, table, _PIPELINE_KEYS, f"{key}.")
+    factory = table.get("factory")
+    if factory is None:
+        raise ConfigError(f"{source}: {key}.factory is missing: name a module:function")
+    if not isinstance(factory, str) or not _FACTORY.match(factory):
+        raise ConfigError(
+            f'{source}: {key}.factory must be "module:function" '
+            f'(e.g. "my_project.data:images"), got {_show(factory)}'
+        )
+    args = table.get("args", {})
+    if not isinstance(args, dict):
+        raise ConfigError(f"{source}: {key}.args must be a table, got {_show(args)}")
+    return PipelineConfig(name=name, factory=factory, args=args)
+
+
+def _check_keys(source: str, table: Mapping[str, Any], known: tuple[str, ...], prefix: str) -> None:
+    """Typos must not pass unnoticed: every key of `table` must be one of `known`."""
+    for key in table:
+        if key not in known:
+            close = difflib.get_close_matches(key, known, n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise ConfigError(
+                f"{source}: unknown key {prefix}{key}{hint}; expected one of: {', '.join(known)}"
+            )
+
+
+def _positive_int(source: str, server: Mapping[str, Any], key: str, default: int) -> int:
+    value = server.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigError(f"{source}: [server].{key} must be an int >= 1, got {_show(value)}")
+    return value
+
+
+def _grpc_address(source: str, key: str, value: Any) -> str:
+    if not isinstance(value, str) or not _host_port(value):
+        raise ConfigError(
+            f'{source}: {key} must be "host:port" (port 0: any free port), got {_show(value)}'
+        )
+    return value
+
+
+def _zmq_endpoint(source: str, key: str, value: Any) -> str:
+    if (
+        isinstance(value, str)
+        and value.startswith("tcp://")
+        and _host_port(value.removeprefix("tcp://"), wildcard=True)
+    ):
+        return value
+    raise ConfigError(
+        f'{source}: {key} must be "tcp://host:port" (port 0: any free port), got {_show(value)}'
+    )
+
+
+def _host_port(address: str, *, wildcard: bool = False) -> bool:
+    host, separator, port = address.rpartition(":")
+    return (
+        bool(separator)
+        and (bool(_HOST.match(host)) or (wildcard and host == "*"))
+        and port.isdigit()
+        and port.isascii()
+        and int(port) <= 65535
+    )
+
+
+def _show(value: Any) -> str:
+    """A config value as TOML-ish text: strings in double quotes."""
+    return json.dumps(value, default=repr)
+
+
+def _show_name(name: str) -> str:
+    return name if re.fullmatch(r"[A-Za-z0-9_-]+", name) else json.dumps(name)

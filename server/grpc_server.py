@@ -1,0 +1,193 @@
+"""The worker over gRPC: the `loadax.wire.v1.Worker` service, health checks and reflection.
+
+Every refused or failed request becomes a gRPC status naming what is wrong; the server keeps
+serving. Memory stays bounded: few batches load at once, and each client has few calls in flight.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from concurrent import futures
+from typing import Any, TypeVar
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from loadax.errors import WorkerError
+from loadax.server.worker import Worker
+from loadax.wire.v1 import worker_pb2 as wire
+from loadax.wire.v1 import worker_pb2_grpc
+
+SERVICE = wire.DESCRIPTOR.services_by_name["Worker"].full_name
+MAX_SEND_BYTES = 1 << 30
+"""The largest reply: a batch (or the rows of it one request asks for) of up to 1 GiB."""
+MAX_RECEIVE_BYTES = 4 << 20
+"""Requests are small: plan parameters, a step and row numbers."""
+MAX_DETAILS = 4000
+"""Status details travel in a header: keep them well under the client's metadata limit."""
+
+log = logging.getLogger("loadax.server")
+R = TypeVar("R")
+
+
+class GrpcServer:
+    """Serves `worker` on `address` ("host:port"; port 0 picks a free port).
+
+    `threads` batches load at once; a client (a connection, by `context.peer()`) may have
+    `max_in_flight_per_client` LoadBatch calls in flight, and the server holds at most
+    `max_concurrent_rpcs` calls; beyond either, calls get RESOURCE_EXHAUSTED.
+    """
+
+    def __init__(
+        self,
+        worker: Worker,
+        address: str,
+        *,
+        threads: int,
+        max_in_flight_per_client: int,
+        max_concurrent_rpcs: int = 128,
+    ) -> None:
+        for name, value in (
+            ("threads", threads),
+            ("max_in_flight_per_client", max_in_flight_per_client),
+            ("max_concurrent_rpcs", max_concurrent_rpcs),
+        ):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+        self._address = address
+        # One handler thread per admitted call, so that a call is counted against its client
+        # as soon as it arrives rather than when a busy pool gets round to it.
+        self._executor = futures.ThreadPoolExecutor(
+            max_concurrent_rpcs, thread_name_prefix="loadax-grpc"
+        )
+        self._server = grpc.server(
+            self._executor,
+            maximum_concurrent_rpcs=max_concurrent_rpcs,
+            options=[
+                ("grpc.max_send_message_length", MAX_SEND_BYTES),
+                ("grpc.max_receive_message_length", MAX_RECEIVE_BYTES),
+                # Two workers must not silently share a port.
+                ("grpc.so_reuseport", 0),
+            ],
+        )
+        worker_pb2_grpc.add_WorkerServicer_to_server(
+            WorkerServicer(worker, threads, max_in_flight_per_client), self._server
+        )
+        self._health = health.HealthServicer()
+        health_pb2_grpc.add_HealthServicer_to_server(self._health, self._server)
+        health_service = health_pb2.DESCRIPTOR.services_by_name["Health"].full_name
+        reflection.enable_server_reflection(
+            (SERVICE, health_service, reflection.SERVICE_NAME), self._server
+        )
+        self._started = False
+
+    def start(self) -> str:
+        """Listen and serve; returns the bound "host:port" (with the port that was picked)."""
+        if self._started:
+            raise RuntimeError("the gRPC server is started already")
+        host = self._address.rpartition(":")[0]
+        try:
+            port = self._server.add_insecure_port(self._address)
+        except RuntimeError as error:
+            raise OSError(f"gRPC cannot listen on {self._address}: {error}") from error
+        if not port:
+            raise OSError(f"gRPC cannot listen on {self._address}")
+        self._server.start()
+        self._started = True
+        for service in ("", SERVICE):
+            self._health.set(service, health_pb2.HealthCheckResponse.SERVING)
+        return f"{host}:{port}"
+
+    def stop(self, grace: float) -> None:
+        """Report NOT_SERVING, refuse new calls, let calls in flight finish (up to `grace`
+        seconds; later ones are cancelled), then return once no handler runs any more."""
+        self._health.enter_graceful_shutdown()
+        self._server.stop(grace).wait()
+        self._executor.shutdown(wait=True)
+
+
+class WorkerServicer:
+    """The `loadax.wire.v1.Worker` service: `Worker` calls, with errors mapped to statuses."""
+
+    def __init__(self, worker: Worker, threads: int, max_in_flight_per_client: int) -> None:
+        self._worker = worker
+        self._loading = threading.BoundedSemaphore(threads)
+        self._limit = max_in_flight_per_client
+        self._lock = threading.Lock()
+        self._in_flight: dict[str, int] = {}
+
+    def Handshake(self, request: wire.HandshakeRequest, context: Any) -> wire.HandshakeResponse:
+        return _answer("Handshake", context, lambda: self._worker.handshake(request))
+
+    def Info(self, request: wire.InfoRequest, context: Any) -> wire.InfoResponse:
+        return _answer("Info", context, lambda: self._worker.info(request))
+
+    def LoadBatch(self, request: wire.BatchRequest, context: Any) -> wire.BatchResponse:
+        peer = context.peer()
+        with self._lock:
+            count = self._in_flight.get(peer, 0)
+            if count < self._limit:
+                self._in_flight[peer] = count + 1
+        if count >= self._limit:
+            return _answer("LoadBatch", context, lambda: self._refuse(count))
+        try:
+            return _answer("LoadBatch", context, lambda: self._load(request, context))
+        finally:
+            with self._lock:
+                self._in_flight[peer] -= 1
+                if not self._in_flight[peer]:
+                    del self._in_flight[peer]
+
+    def _refuse(self, count: int) -> wire.BatchResponse:
+        raise WorkerError(
+            "RESOURCE_EXHAUSTED",
+            f"this client has {count} LoadBatch calls in flight already, the most this worker "
+            f"allows (max_in_flight_per_client = {self._limit}); retry when one has finished",
+        )
+
+    def _load(self, request: wire.BatchRequest, context: Any) -> wire.BatchResponse:
+        with self._loading:
+            if not context.is_active():  # the client gave up while the call waited its turn
+                raise WorkerError("CANCELLED", f"step {request.step} was cancelled by the client")
+            response = self._worker.load_batch(request)
+        if len(response.payload) > MAX_SEND_BYTES - 1024:
+            raise WorkerError(
+                "RESOURCE_EXHAUSTED",
+                f"the batch of step {request.step} encodes to {len(response.payload)} bytes, "
+                f"more than the {MAX_SEND_BYTES} a reply may hold; ask for fewer rows",
+            )
+        return response
+
+
+def _answer(method: str, context: Any, call: Callable[[], R]) -> R:
+    """`call()`'s reply; a WorkerError or a failure becomes the call's status instead."""
+    try:
+        return call()
+    except WorkerError as error:
+        status = grpc.StatusCode.__members__.get(error.code, grpc.StatusCode.UNKNOWN)
+        message = error.message
+        log.warning(
+            "%s from %s refused: %s %s", method, context.peer(), error.code, _first_line(message)
+        )
+    except Exception as error:
+        status = grpc.StatusCode.INTERNAL
+        message = f"the worker failed: {type(error).__name__}: {error}"
+        log.exception("%s from %s failed: INTERNAL %s", method, context.peer(), error)
+    # Outside the except blocks: abort raises, and must not chain the handled error.
+    context.abort(status, _shorten(message))
+    raise AssertionError("context.abort returned")  # pragma: no cover
+
+
+def _first_line(message: str) -> str:
+    return message.partition("\n")[0]
+
+
+def _shorten(message: str) -> str:
+    if len(message) <= MAX_DETAILS:
+        return message
+    head, tail = MAX_DETAILS * 2 // 5, MAX_DETAILS * 3 // 5
+    left_out = len(message) - head - tail
+    return f"{message[:head]}\n... ({left_out} characters left out) ...\n{message[-tail:]}"

@@ -1,0 +1,216 @@
+"""`loadax-worker`: serve the pipelines of a TOML config over gRPC and/or ZeroMQ until signalled.
+
+Stdout carries one JSON line when ready (`{"event": "ready", ...}`) and one when stopped; logs go
+to stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import faulthandler
+import json
+import logging
+import os
+import signal
+import sys
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
+
+from loadax.server.config import ConfigError, WorkerConfig, load_config
+from loadax.server.grpc_server import GrpcServer
+from loadax.server.worker import Worker
+from loadax.server.zmq_server import ZmqServer
+from loadax.wire.v1 import worker_pb2 as wire
+
+log = logging.getLogger("loadax.server")
+
+EXIT_CONFIG = 2
+"""The exit status for a config that cannot be used (and for bad command-line arguments)."""
+EXIT_START = 1
+"""The exit status when the worker cannot listen (e.g. the port is taken)."""
+_STOPPED = 0
+"""What the shutdown thread writes to wake the main thread (signal numbers are never 0)."""
+
+
+class _Server(Protocol):
+    def start(self) -> str: ...
+
+    def stop(self, grace: float) -> None: ...
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Run the worker (or, with --check, validate its config) as the command line says."""
+    args = _parser().parse_args(argv)
+    logging.basicConfig(
+        level=args.log_level,
+        stream=sys.stderr,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    try:
+        config = load_config(args.config, grpc=args.grpc, zmq=args.zmq)
+        worker = Worker.from_config(config)
+    except ConfigError as error:
+        print(f"loadax-worker: {error}", file=sys.stderr)
+        raise SystemExit(EXIT_CONFIG) from None
+    if args.check:
+        _summarise(config, worker)
+        worker.close()
+        return
+    _serve(config, worker, args.grace)
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="loadax-worker",
+        description=(
+            "Serve loadax pipelines to RemoteDataLoaders over gRPC and/or ZeroMQ. When ready, "
+            'prints one JSON line {"event": "ready", "grpc": ..., "zmq": ..., "pipelines": [...]} '
+            "to stdout. On SIGTERM or SIGINT it reports NOT_SERVING, refuses new requests, "
+            'finishes those in flight, prints {"event": "stopped"} and exits 0; a second signal '
+            "exits at once. SIGUSR1 dumps every thread's stack to stderr. Exit status 2: the "
+            "config or the arguments are invalid; 1: the worker cannot listen."
+        ),
+    )
+    parser.add_argument(
+        "--config",
+        required=True,
+        metavar="PATH",
+        help="the worker's TOML config: [server] addresses and limits, [pipelines.NAME] factories",
+    )
+    parser.add_argument(
+        "--check",
+        action="store_true",
+        help="validate the config (parse it, import and call every factory), print one line "
+        "per pipeline and exit 0; exit 2 on an error",
+    )
+    parser.add_argument(
+        "--grpc",
+        metavar="ADDRESS",
+        help="gRPC listen address host:port, replacing [server].grpc (port 0: any free port)",
+    )
+    parser.add_argument(
+        "--zmq",
+        metavar="ENDPOINT",
+        help="ZeroMQ endpoint tcp://host:port, replacing [server].zmq (port 0: any free port)",
+    )
+    parser.add_argument(
+        "--grace",
+        type=float,
+        default=30.0,
+        metavar="SECONDS",
+        help="on SIGTERM/SIGINT, how long requests in flight may take to finish (default 30)",
+    )
+    parser.add_argument(
+        "--log-level",
+        default="INFO",
+        type=str.upper,
+        choices=["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"],
+        help="the level of the logs written to stderr (default INFO)",
+    )
+    return parser
+
+
+def _summarise(config: WorkerConfig, worker: Worker) -> None:
+    info = {pipeline.name: pipeline for pipeline in worker.info(wire.InfoRequest()).pipelines}
+    for pipeline in config.pipelines:
+        served = info[pipeline.name]
+        args = json.dumps(dict(pipeline.args), default=repr)
+        print(
+            f"{pipeline.name}: {pipeline.factory}(**{args}) -> {served.num_records} records, "
+            f"fingerprint {served.fingerprint[:12]}"
+        )
+
+
+def _serve(config: WorkerConfig, worker: Worker, grace: float) -> None:
+    faulthandler.register(signal.SIGUSR1)
+    signals = _Signals()
+    servers: list[_Server] = []
+    bound: dict[str, str | None] = {"grpc": None, "zmq": None}
+    limits = {
+        "threads": config.threads,
+        "max_in_flight_per_client": config.max_in_flight_per_client,
+    }
+    try:
+        if config.grpc is not None:
+            servers.append(GrpcServer(worker, config.grpc, **limits))
+            bound["grpc"] = servers[-1].start()
+        if config.zmq is not None:
+            servers.append(ZmqServer(worker, config.zmq, **limits))
+            bound["zmq"] = servers[-1].start()
+    except Exception as error:
+        log.error("cannot start: %s", error)
+        _shut_down(servers, worker, 0.0)
+        raise SystemExit(EXIT_START) from None
+    names = [pipeline.name for pipeline in config.pipelines]
+    log.info("serving %s on gRPC %s, ZeroMQ %s", names, bound["grpc"], bound["zmq"])
+    _emit({"event": "ready", **bound, "pipelines": names})
+
+    number = signals.wait()
+    log.info(
+        "%s received: finishing the requests in flight (up to %g s)",
+        signal.Signals(number).name,
+        grace,
+    )
+    stopper = threading.Thread(
+        target=_shut_down, args=(servers, worker, grace, signals.wake), name="loadax-stop"
+    )
+    stopper.start()
+    number = signals.wait()
+    if number != _STOPPED:
+        log.warning("%s again: exiting without waiting", signal.Signals(number).name)
+        os._exit(1)
+    stopper.join()
+    log.info("stopped")
+    _emit({"event": "stopped"})
+
+
+def _shut_down(
+    servers: Sequence[_Server],
+    worker: Worker,
+    grace: float,
+    done: Callable[[], None] = lambda: None,
+) -> None:
+    """Stop every server at once (each waits for its calls in flight), then the worker."""
+    try:
+        stoppers = [
+            threading.Thread(target=server.stop, args=(grace,), name="loadax-stop-server")
+            for server in servers
+        ]
+        for stopper in stoppers:
+            stopper.start()
+        for stopper in stoppers:
+            stopper.join()
+        worker.close()
+    finally:
+        done()
+
+
+class _Signals:
+    """SIGTERM and SIGINT, waited for by the main thread whichever thread they land on.
+
+    The C-level handler writes the signal's number to a wakeup pipe, so the main thread wakes
+    even when the kernel delivers the signal to one of the server's threads.
+    """
+
+    def __init__(self) -> None:
+        self._read, self._write = os.pipe()
+        os.set_blocking(self._write, False)
+        signal.set_wakeup_fd(self._write, warn_on_full_buffer=False)
+        for number in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(number, lambda number, frame: None)
+
+    def wait(self) -> int:
+        """Block until a signal arrives (its number) or `wake()` is called (0)."""
+        return os.read(self._read, 1)[0]
+
+    def wake(self) -> None:
+        os.write(self._write, bytes([_STOPPED]))
+
+
+def _emit(event: dict[str, Any]) -> None:
+    print(json.dumps(event), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,272 @@
+"""The worker's ZeroMQ server: a ROUTER socket in front of a `Worker`.
+
+Framing is `loadax.wire.zmq_frames`. One I/O thread owns every socket it polls; a thread pool
+handles requests and hands the replies back to it over an inproc PUSH/PULL pair.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import time
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+
+import zmq
+
+from loadax.errors import WorkerError
+from loadax.server.worker import Worker
+from loadax.wire import zmq_frames
+from loadax.wire.v1 import worker_pb2 as wire
+
+log = logging.getLogger(__name__)
+
+MAX_REQUEST_BYTES = 16 * 2**20
+_BURST = 256  # messages taken from one socket per poll, so neither direction starves the other
+_MIN_FLUSH_S = 0.5  # how long replies sent last may take to leave at stop, grace or not
+_REPLIES = "inproc://loadax-zmq-replies"
+_HEARTBEAT_MS, _HEARTBEAT_TIMEOUT_MS = 1_000, 10_000
+
+
+class ZmqServer:
+    """Serves `worker` on a ROUTER socket bound to `endpoint` ("tcp://host:port", port 0: any).
+
+    At most `max_in_flight_per_client` requests of one peer are handled at a time; more are
+    refused with RESOURCE_EXHAUSTED. A peer that sends a frame larger than `max_request_bytes`
+    is disconnected by ZeroMQ.
+    """
+
+    def __init__(
+        self,
+        worker: Worker,
+        endpoint: str,
+        *,
+        threads: int = 8,
+        max_in_flight_per_client: int = 64,
+        max_request_bytes: int = MAX_REQUEST_BYTES,
+    ) -> None:
+        for name, value in (
+            ("threads", threads),
+            ("max_in_flight_per_client", max_in_flight_per_client),
+            ("max_request_bytes", max_request_bytes),
+        ):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+        self._worker = worker
+        self._endpoint = endpoint.replace("zmq://", "tcp://", 1)
+        self._max_in_flight = max_in_flight_per_client
+        self._max_request_bytes = max_request_bytes
+        self._stopping = threading.Event()
+        self._stop_lock = threading.Lock()  # a second stop() waits for the first
+        self._grace = 0.0
+        self._started = False
+        self._context: zmq.Context[zmq.Socket[bytes]] | None = None
+        self._thread: threading.Thread | None = None
+        # Its threads start with the first request.
+        self._pool = ThreadPoolExecutor(threads, thread_name_prefix="loadax-zmq-handler")
+        # Handler threads share one PUSH socket; the lock is what makes that safe.
+        self._push_lock = threading.Lock()
+        self._push: zmq.Socket[bytes] | None = None
+        # Owned by the I/O thread.
+        self._in_flight: dict[bytes, int] = {}
+        self._in_flight_total = 0
+
+    def start(self) -> str:
+        """Bind and start serving; returns the bound endpoint, e.g. "tcp://127.0.0.1:40123"."""
+        if self._started:
+            raise RuntimeError("a ZeroMQ server starts once")
+        self._started = True
+        context: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+        router = context.socket(zmq.ROUTER)
+        router.setsockopt(zmq.LINGER, 0)
+        # Fail sends to peers that are gone instead of dropping them silently, and never block.
+        router.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        router.setsockopt(zmq.MAXMSGSIZE, self._max_request_bytes)
+        # Bounds what queues per peer: a well-behaved client has at most the in-flight limit.
+        router.setsockopt(zmq.RCVHWM, 2 * self._max_in_flight + 64)
+        router.setsockopt(zmq.SNDHWM, 2 * self._max_in_flight + 64)
+        # Frees what a client that vanished without closing its connection holds.
+        router.setsockopt(zmq.HEARTBEAT_IVL, _HEARTBEAT_MS)
+        router.setsockopt(zmq.HEARTBEAT_TIMEOUT, _HEARTBEAT_TIMEOUT_MS)
+        try:
+            router.bind(self._endpoint)
+        except zmq.ZMQError as error:
+            router.close(linger=0)
+            context.term()
+            raise OSError(f"cannot bind the ZeroMQ server to {self._endpoint}: {error}") from error
+        endpoint = router.getsockopt_string(zmq.LAST_ENDPOINT)
+        replies = context.socket(zmq.PULL)
+        # Replies are bounded by the requests admitted, so the inproc pipe needs no limit.
+        replies.setsockopt(zmq.RCVHWM, 0)
+        replies.bind(_REPLIES)
+        push = context.socket(zmq.PUSH)
+        push.setsockopt(zmq.SNDHWM, 0)
+        push.connect(_REPLIES)
+        self._context, self._push = context, push
+        self._thread = threading.Thread(
+            target=self._serve, args=(router, replies), name="loadax-zmq-server", daemon=True
+        )
+        self._thread.start()
+        log.info("serving ZeroMQ on %s", endpoint)
+        return endpoint
+
+    def stop(self, grace: float) -> None:
+        """Refuse new requests with UNAVAILABLE, let those in flight finish for up to `grace`
+        seconds and send their replies, then close the sockets.
+
+        Replies still queued then get at least half a second to leave. Handlers still running
+        after `grace` are not awaited; their replies are dropped.
+        """
+        with self._stop_lock:
+            if self._thread is None or self._context is None:
+                return
+            self._grace = max(0.0, grace)
+            self._stopping.set()
+            self._wake()
+            self._thread.join()
+            with self._push_lock:
+                if self._push is not None:
+                    self._push.close(linger=0)
+                    self._push = None
+            # Past the grace, handlers may still run: their replies are dropped, not awaited.
+            self._pool.shutdown(wait=self._in_flight_total == 0, cancel_futures=True)
+            self._context.term()
+            self._thread = self._context = None
+
+    def _wake(self) -> None:
+        with self._push_lock:
+            if self._push is not None:
+                self._push.send(b"")
+
+    def _serve(self, router: zmq.Socket[bytes], replies: zmq.Socket[bytes]) -> None:
+        poller = zmq.Poller()
+        poller.register(router, zmq.POLLIN)
+        poller.register(replies, zmq.POLLIN)
+        deadline: float | None = None
+        try:
+            while True:
+                if deadline is None and self._stopping.is_set():
+                    deadline = time.monotonic() + self._grace
+                if deadline is not None and (
+                    self._in_flight_total == 0 or time.monotonic() >= deadline
+                ):
+                    # Answer what is already queued UNAVAILABLE, so that clients retry elsewhere.
+                    self._receive_requests(router)
+                    break
+                timeout_ms = None
+                if deadline is not None:
+                    timeout_ms = max(math.ceil(1000 * (deadline - time.monotonic())), 0)
+                ready = dict(poller.poll(timeout_ms))
+                if replies in ready:
+                    self._forward_replies(replies, router)
+                if router in ready:
+                    self._receive_requests(router)
+        except Exception:
+            log.exception("the ZeroMQ server's I/O thread failed; it stops serving")
+        finally:
+            remaining = 0.0 if deadline is None else deadline - time.monotonic()
+            router.close(linger=int(1000 * max(remaining, _MIN_FLUSH_S)))
+            replies.close(linger=0)
+
+    def _receive_requests(self, router: zmq.Socket[bytes]) -> None:
+        for _ in range(_BURST):
+            try:
+                message = router.recv_multipart(zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                return
+            try:
+                self._admit(router, message)
+            except Exception:
+                # Whatever a client sends, the server keeps serving the others.
+                log.exception("failed to handle a message from a ZeroMQ client")
+
+    def _admit(self, router: zmq.Socket[bytes], message: list[zmq.Frame]) -> None:
+        identity = message[0].bytes
+        frames = [frame.buffer for frame in message[1:]]
+        try:
+            request_id = zmq_frames.parse_request_id(frames[0]) if frames else None
+        except WorkerError:
+            request_id = None
+        if request_id is None:
+            log.warning(
+                "dropped a message of %d frames from client %s: no request id to answer",
+                len(frames),
+                identity.hex(),
+            )
+            return
+        try:
+            request = zmq_frames.parse_request(frames)
+            if self._stopping.is_set():
+                raise WorkerError("UNAVAILABLE", "the worker is shutting down")
+            count = self._in_flight.get(identity, 0)
+            if count >= self._max_in_flight:
+                raise WorkerError(
+                    "RESOURCE_EXHAUSTED",
+                    f"this client already has {count} requests in flight, the most a worker "
+                    "takes from one client",
+                )
+        except WorkerError as error:
+            self._send(router, [identity, *zmq_frames.error_frames(request_id, error)])
+            return
+        self._in_flight[identity] = count + 1
+        self._in_flight_total += 1
+        self._pool.submit(self._handle, identity, request)
+
+    def _handle(self, identity: bytes, request: zmq_frames.Request) -> None:
+        """Runs on a handler thread: the worker's answer goes back to the I/O thread."""
+        request_id = request.request_id
+        try:
+            reply = zmq_frames.reply_frames(request_id, self._call(request.message))
+        except WorkerError as error:
+            reply = zmq_frames.error_frames(request_id, error)
+        except Exception as error:
+            log.exception("request %d failed", request_id)
+            internal = WorkerError("INTERNAL", f"{type(error).__name__}: {error}")
+            reply = zmq_frames.error_frames(request_id, internal)
+        with self._push_lock:
+            if self._push is None:
+                log.warning("dropped the reply to request %d: the server stopped", request_id)
+                return
+            try:
+                # Not copied: the payload is handed to ZeroMQ, which sends it from this buffer.
+                self._push.send_multipart([identity, *reply], copy=False)
+            except zmq.ZMQError:
+                log.exception("dropped the reply to request %d", request_id)
+
+    def _call(self, message: zmq_frames.RequestMessage) -> zmq_frames.ResponseMessage:
+        if isinstance(message, wire.BatchRequest):
+            return self._worker.load_batch(message)
+        if isinstance(message, wire.HandshakeRequest):
+            return self._worker.handshake(message)
+        return self._worker.info(message)
+
+    def _forward_replies(self, replies: zmq.Socket[bytes], router: zmq.Socket[bytes]) -> None:
+        for _ in range(_BURST):
+            try:
+                message = replies.recv_multipart(zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                return
+            if len(message) == 1:
+                continue  # stop()'s wake-up
+            identity = message[0].bytes
+            count = self._in_flight.pop(identity, 1) - 1
+            if count:
+                self._in_flight[identity] = count
+            self._in_flight_total -= 1
+            self._send(router, message)
+
+    def _send(self, router: zmq.Socket[bytes], message: Sequence[zmq.Frame | bytes]) -> None:
+        try:
+            router.send_multipart(message, zmq.NOBLOCK, copy=False)
+        except zmq.Again:
+            log.warning("dropped a reply to client %s: it is not reading", _peer(message))
+        except zmq.ZMQError as error:
+            if error.errno != zmq.EHOSTUNREACH:
+                raise
+            log.debug("dropped a reply to client %s: it disconnected", _peer(message))
+
+
+def _peer(message: Sequence[zmq.Frame | bytes]) -> str:
+    identity = message[0]
+    return (identity.bytes if isinstance(identity, zmq.Frame) else identity).hex()

@@ -1,0 +1,170 @@
+"""RemoteDataLoader gives the local batches in every mode, transport and worker count."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import pathlib
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+import jax
+import numpy as np
+import pipelines
+import pytest
+from helpers import assert_batches_equal, assert_equal_output_after_checkpoint
+from jax.sharding import Mesh
+from workers import WorkerProcess, worker_process
+
+from loadax import DataLoader, WorkerError
+from loadax.client import RemoteDataLoader
+from loadax.server.worker import Worker
+
+IMAGES = """
+[pipelines.images]
+factory = "pipelines:images"
+args = { records = 40, side = 12 }
+"""
+OTHER_IMAGES = """
+[pipelines.images]
+factory = "pipelines:images"
+args = { records = 40, side = 10 }
+"""
+BATCH, SEED, EPOCHS = 8, 5, 2
+
+
+def digests(batches: Iterable[Any]) -> list[str]:
+    """One hash per batch over every leaf's dtype, shape and bytes."""
+    result = []
+    for batch in batches:
+        digest = hashlib.sha256()
+        for leaf in jax.tree.leaves(batch):
+            array = np.asarray(leaf)
+            digest.update(f"{array.dtype.str}{array.shape}".encode())
+            digest.update(np.ascontiguousarray(array).tobytes())
+        result.append(digest.hexdigest())
+    return result
+
+
+def local_loader() -> Any:
+    pipeline = pipelines.images(records=40, side=12)
+    return (
+        DataLoader(pipeline.batcher)
+        .batch_size(BATCH)
+        .shuffle(seed=SEED)
+        .num_epochs(EPOCHS)
+        .workers(2)
+        .build(pipeline.dataset)
+    )
+
+
+def remote_builder(targets: list[Any]) -> RemoteDataLoader:
+    return (
+        RemoteDataLoader(targets, pipeline="images")
+        .batch_size(BATCH)
+        .shuffle(seed=SEED)
+        .num_epochs(EPOCHS)
+        .prefetch(4)
+    )
+
+
+@pytest.fixture(scope="module")
+def reference() -> list[str]:
+    return digests(local_loader())
+
+
+@pytest.fixture(scope="module")
+def workers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[WorkerProcess]]:
+    with contextlib.ExitStack() as stack:
+        yield [
+            stack.enter_context(
+                worker_process(tmp_path_factory.mktemp(f"worker{index}"), IMAGES, zmq=True)
+            )
+            for index in range(3)
+        ]
+
+
+def addresses(workers: list[WorkerProcess], transport: str, count: int) -> list[str]:
+    chosen = [getattr(worker, transport) for worker in workers[:count]]
+    assert all(chosen)
+    return chosen
+
+
+def test_in_process_workers_give_the_local_batches(reference: list[str]) -> None:
+    worker = Worker({"images": pipelines.images(records=40, side=12)}, threads=2)
+    with remote_builder([worker]).build() as loader:
+        assert len(loader) == len(reference)
+        assert digests(loader) == reference
+    worker.close()
+
+
+@pytest.mark.parametrize("transport", ["grpc", "zmq"])
+@pytest.mark.parametrize("count", [1, 2, 3])
+def test_remote_workers_give_the_local_batches(
+    workers: list[WorkerProcess], transport: str, count: int, reference: list[str]
+) -> None:
+    with remote_builder(addresses(workers, transport, count)).build() as loader:
+        assert digests(loader) == reference
+
+
+def test_grpc_and_zmq_targets_mix(workers: list[WorkerProcess], reference: list[str]) -> None:
+    targets = [workers[0].grpc, workers[1].zmq, workers[2].grpc]
+    with remote_builder(targets).build() as loader:
+        assert digests(loader) == reference
+
+
+def test_a_remote_iterator_restores_at_every_step(workers: list[WorkerProcess]) -> None:
+    with remote_builder(addresses(workers, "zmq", 2)).build() as loader:
+        assert_equal_output_after_checkpoint(loader)
+
+
+def test_states_move_between_local_and_remote(workers: list[WorkerProcess]) -> None:
+    local = iter(local_loader())
+    for _ in range(3):
+        next(local)
+    state = json.loads(json.dumps(local.get_state()))
+    with remote_builder(addresses(workers, "grpc", 2)).build() as loader:
+        remote = iter(loader)
+        remote.set_state(state)
+        assert digests(remote) == digests(local)
+        back = iter(loader)
+        for _ in range(5):
+            next(back)
+        restored = iter(local_loader())
+        restored.set_state(back.get_state())
+        assert digests(restored) == digests(back)
+
+
+def test_a_sharded_remote_loader_assembles_global_arrays(workers: list[WorkerProcess]) -> None:
+    mesh = Mesh(np.array(jax.devices()), ("data",))
+    builder = remote_builder(addresses(workers, "zmq", 1)).shard(mesh, "data").device_prefetch(2)
+    with builder.build() as loader:
+        batches = list(loader)
+    assert all(isinstance(leaf, jax.Array) for batch in batches for leaf in jax.tree.leaves(batch))
+    assert_batches_equal(batches, local_loader())
+
+
+def test_an_unknown_pipeline_is_refused_naming_both(workers: list[WorkerProcess]) -> None:
+    with pytest.raises(WorkerError, match=r"NOT_FOUND: unknown pipeline 'videos'.*\['images'\]"):
+        RemoteDataLoader(addresses(workers, "grpc", 1), pipeline="videos").batch_size(4).build()
+
+
+def test_workers_with_different_pipelines_are_refused(
+    workers: list[WorkerProcess], tmp_path: pathlib.Path
+) -> None:
+    with worker_process(tmp_path, OTHER_IMAGES) as other:
+        targets = [workers[0].grpc, other.grpc]
+        with pytest.raises(ValueError, match="differs between workers"):
+            remote_builder(targets).build()
+
+
+def test_bad_targets_are_value_errors() -> None:
+    with pytest.raises(ValueError, match="must start with grpc:// or zmq://"):
+        RemoteDataLoader(["http://localhost:1"], pipeline="images").batch_size(2).build()
+    with pytest.raises(ValueError, match="non-empty list"):
+        RemoteDataLoader([], pipeline="images")
+    with pytest.raises(ValueError, match="non-empty list"):
+        RemoteDataLoader("grpc://localhost:1", pipeline="images")
+    with pytest.raises(ValueError, match="address or a worker object"):
+        RemoteDataLoader([42], pipeline="images").batch_size(2).build()  # type: ignore[list-item]

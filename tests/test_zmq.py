@@ -1,0 +1,518 @@
+"""The ZeroMQ transport: framing, and a real server and client on 127.0.0.1 in this process."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+import zmq
+from helpers import assert_batches_equal
+
+import loadax
+from loadax.client.zmq_transport import ZmqTarget
+from loadax.dataset import DatasetBase
+from loadax.errors import WorkerError
+from loadax.permutation import IndexArray
+from loadax.server.worker import Worker
+from loadax.server.zmq_server import ZmqServer
+from loadax.wire import zmq_frames
+from loadax.wire.plans import plan_to_wire
+from loadax.wire.v1 import worker_pb2 as wire
+
+WAIT_S = 10.0  # the most any test waits for something that should happen at once
+
+
+class GatedDataset(DatasetBase[int]):
+    """Reads block until `gate` opens; `started` tells that a read began."""
+
+    def __init__(self, records: int) -> None:
+        self.started, self.gate = threading.Event(), threading.Event()
+        self._records = records
+
+    def __len__(self) -> int:
+        return self._records
+
+    def read(self, indices: IndexArray, epoch: int) -> list[int]:
+        self.started.set()
+        if not self.gate.wait(WAIT_S):
+            raise TimeoutError("the test never opened the gate")
+        return indices.tolist()
+
+
+NUMBERS = loadax.Pipeline(
+    loadax.RangeDataset(0, 100).map(
+        lambda i: {"x": np.full(3, i, dtype=np.float32), "y": np.int64(2 * i)}
+    ),
+    loadax.Batcher(),
+)
+NUMBERS_PLAN = loadax.Plan(100, 8, seed=3, shuffle=True, num_epochs=2)
+
+
+@pytest.fixture
+def gated() -> Iterator[GatedDataset]:
+    dataset = GatedDataset(16)
+    yield dataset
+    dataset.gate.set()  # before the server stops, so that no handler stays blocked
+
+
+@pytest.fixture
+def worker(gated: GatedDataset) -> Iterator[Worker]:
+    worker = Worker({"numbers": NUMBERS, "slow": loadax.Pipeline(gated, loadax.Batcher())})
+    yield worker
+    worker.close()
+
+
+ServerFactory = Callable[..., str]
+
+
+@pytest.fixture
+def serve(worker: Worker, gated: GatedDataset) -> Iterator[ServerFactory]:
+    """Starts a server for the worker; returns its endpoint."""
+    servers: list[ZmqServer] = []
+
+    def start(**options: Any) -> str:
+        options = {"threads": 4, "max_in_flight_per_client": 64, **options}
+        server = ZmqServer(worker, "tcp://127.0.0.1:0", **options)
+        servers.append(server)
+        return server.start()
+
+    yield start
+    gated.gate.set()
+    for server in servers:
+        server.stop(grace=WAIT_S)
+
+
+@pytest.fixture
+def server(serve: ServerFactory) -> str:
+    return serve()
+
+
+@pytest.fixture
+def connect() -> Iterator[Callable[[str], ZmqTarget]]:
+    targets: list[ZmqTarget] = []
+
+    def open_target(endpoint: str) -> ZmqTarget:
+        target = ZmqTarget(endpoint.replace("tcp://", "zmq://"))
+        targets.append(target)
+        return target
+
+    yield open_target
+    for target in targets:
+        target.close()
+
+
+SocketFactory = Callable[[int], zmq.Socket[bytes]]
+
+
+@pytest.fixture
+def open_socket() -> Iterator[SocketFactory]:
+    """Raw sockets, for messages no ZmqTarget would send and for servers that never answer."""
+    context: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+    sockets: list[zmq.Socket[bytes]] = []
+
+    def open_one(kind: int) -> zmq.Socket[bytes]:
+        socket = context.socket(kind)
+        socket.setsockopt(zmq.LINGER, 0)
+        sockets.append(socket)
+        return socket
+
+    yield open_one
+    for socket in sockets:
+        socket.close(linger=0)
+    context.term()
+
+
+@pytest.fixture
+def raw(open_socket: SocketFactory, server: str) -> zmq.Socket[bytes]:
+    """A DEALER socket connected to the server."""
+    socket = open_socket(zmq.DEALER)
+    socket.connect(server)
+    return socket
+
+
+def handshake(
+    target: ZmqTarget, pipeline: str = "numbers", **changes: Any
+) -> wire.HandshakeResponse:
+    request = wire.HandshakeRequest(
+        library_version=loadax.__version__, pipeline=pipeline, plan=plan_to_wire(NUMBERS_PLAN)
+    )
+    for name, value in changes.items():
+        setattr(request, name, value)
+    return target.handshake(request, timeout=WAIT_S)
+
+
+def batch_request(
+    fingerprint: str,
+    step: int,
+    *,
+    pipeline: str = "numbers",
+    plan: loadax.Plan = NUMBERS_PLAN,
+    rows: list[int] | None = None,
+) -> wire.BatchRequest:
+    return wire.BatchRequest(
+        pipeline=pipeline, fingerprint=fingerprint, plan=plan_to_wire(plan), step=step, rows=rows
+    )
+
+
+def receive(socket: zmq.Socket[bytes]) -> list[bytes]:
+    assert socket.poll(int(WAIT_S * 1000)), "no reply"
+    return socket.recv_multipart()
+
+
+def error_of(reply: list[bytes]) -> wire.ErrorReply:
+    assert reply[1] == zmq_frames.ERROR, reply
+    error = wire.ErrorReply()
+    error.ParseFromString(reply[2])
+    return error
+
+
+# --- framing ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "message",
+    [
+        wire.HandshakeRequest(library_version="0.3.0", pipeline="p", plan=wire.Plan(seed=4)),
+        wire.BatchRequest(pipeline="p", fingerprint="f", step=7, rows=[1, 5]),
+        wire.InfoRequest(),
+    ],
+)
+def test_requests_round_trip(message: zmq_frames.RequestMessage) -> None:
+    frames = zmq_frames.request_frames(2**64 - 1, message)
+    assert len(frames) == 3
+    assert frames[0] == b"\xff" * 8
+    request = zmq_frames.parse_request([memoryview(frame) for frame in frames])
+    assert request.request_id == 2**64 - 1
+    assert request.message == message
+    assert type(request.message) is type(message)
+
+
+def test_replies_round_trip() -> None:
+    response = wire.HandshakeResponse(library_version="0.3.0", pipeline="p", fingerprint="f")
+    frames = zmq_frames.reply_frames(9, response)
+    assert frames[:2] == [(9).to_bytes(8, "big"), b"ok"]
+    reply = zmq_frames.parse_reply(frames, wire.HandshakeResponse)
+    assert (reply.request_id, reply.response) == (9, response)
+
+
+def test_batch_reply_carries_the_payload_in_its_own_frame_uncopied() -> None:
+    payload = loadax.codec.encode({"x": np.arange(6)})
+    frames = zmq_frames.reply_frames(5, wire.BatchResponse(step=3, payload=payload))
+    assert len(frames) == 4
+    assert frames[3] == payload
+    head = wire.BatchResponse()
+    head.ParseFromString(frames[2])
+    assert head.payload == b""
+    reply = zmq_frames.parse_batch_reply(frames)
+    assert (reply.request_id, reply.step) == (5, 3)
+    assert reply.payload.obj is frames[3]
+    assert reply.payload.readonly
+
+
+def test_error_replies_raise_the_workers_error() -> None:
+    frames = zmq_frames.error_frames(1, WorkerError("NOT_FOUND", "no such pipeline"))
+    with pytest.raises(WorkerError, match="no such pipeline") as caught:
+        zmq_frames.parse_reply(frames, wire.InfoResponse)
+    assert caught.value.code == "NOT_FOUND"
+    with pytest.raises(WorkerError) as caught:
+        zmq_frames.parse_batch_reply(frames)
+    assert caught.value.code == "NOT_FOUND"
+
+
+ID = (1).to_bytes(8, "big")
+
+
+@pytest.mark.parametrize(
+    ("frames", "match"),
+    [
+        ([], "3 frames"),
+        ([ID, b"Info"], "3 frames"),
+        ([ID, b"Info", b"", b""], "3 frames"),
+        ([b"\x01", b"Info", b""], "8 bytes, got 1"),
+        ([ID, b"Nope", b""], "unknown method b'Nope'"),
+        ([ID, b"LoadBatch", b"\xff\xff\xff"], "not a valid BatchRequest"),
+    ],
+)
+def test_malformed_requests_are_invalid_arguments(frames: list[bytes], match: str) -> None:
+    with pytest.raises(WorkerError, match=match) as caught:
+        zmq_frames.parse_request(frames)
+    assert caught.value.code == "INVALID_ARGUMENT"
+
+
+@pytest.mark.parametrize(
+    ("frames", "match"),
+    [
+        ([ID, b"ok"], "at least 3 frames"),
+        ([ID, b"maybe", b""], "unknown reply status"),
+        ([ID, b"ok", b"", b"extra"], "3 frames, got 4"),
+        ([ID, b"error", b"\xff\xff"], "not a valid ErrorReply"),
+        ([b"", b"ok", b""], "8 bytes, got 0"),
+    ],
+)
+def test_malformed_replies_are_invalid_arguments(frames: list[bytes], match: str) -> None:
+    with pytest.raises(WorkerError, match=match) as caught:
+        zmq_frames.parse_reply(frames, wire.InfoResponse)
+    assert caught.value.code == "INVALID_ARGUMENT"
+
+
+def test_batch_reply_without_payload_frame_is_invalid() -> None:
+    frames = zmq_frames.reply_frames(1, wire.BatchResponse(step=0, payload=b"x"))[:3]
+    with pytest.raises(WorkerError, match="4 frames, got 3"):
+        zmq_frames.parse_batch_reply(frames)
+
+
+def test_request_ids_are_uint64() -> None:
+    with pytest.raises(ValueError, match="uint64"):
+        zmq_frames.encode_request_id(2**64)
+    with pytest.raises(ValueError, match="uint64"):
+        zmq_frames.encode_request_id(-1)
+
+
+# --- server and client ------------------------------------------------------------------------
+
+
+def test_handshake_answers_fingerprint_and_length(
+    server: str, connect: Callable[[str], ZmqTarget]
+) -> None:
+    target = connect(server)
+    response = handshake(target, "numbers")
+    assert (response.pipeline, response.num_records) == ("numbers", 100)
+    assert response.library_version == loadax.__version__
+    info = target.info(wire.InfoRequest(), timeout=WAIT_S)
+    assert {p.name: p.fingerprint for p in info.pipelines}["numbers"] == response.fingerprint
+
+
+@pytest.mark.parametrize("rows", [None, [0], [1, 3]])
+def test_batches_equal_local_loads(
+    server: str, connect: Callable[[str], ZmqTarget], rows: list[int] | None
+) -> None:
+    target = connect(server)
+    fingerprint = handshake(target, "numbers").fingerprint
+    steps = [0, 5, 12, 24]  # 24: the short last batch of the second epoch
+    futures = [target.load_batch(batch_request(fingerprint, s, rows=rows)) for s in steps]
+    assert_batches_equal(
+        [future.result(WAIT_S) for future in futures],
+        [NUMBERS.load(NUMBERS_PLAN, step, rows) for step in steps],
+    )
+
+
+def test_many_concurrent_requests_resolve_to_their_steps(
+    server: str, connect: Callable[[str], ZmqTarget]
+) -> None:
+    target = connect(server)
+    fingerprint = handshake(target, "numbers").fingerprint
+    steps = [step % 26 for step in range(50)]
+    futures = [target.load_batch(batch_request(fingerprint, step)) for step in steps]
+    assert_batches_equal(
+        [future.result(WAIT_S) for future in futures],
+        [NUMBERS.load(NUMBERS_PLAN, step) for step in steps],
+    )
+
+
+def test_batches_are_read_only_views_of_the_received_frame(
+    server: str, connect: Callable[[str], ZmqTarget]
+) -> None:
+    target = connect(server)
+    fingerprint = handshake(target, "numbers").fingerprint
+    array = target.load_batch(batch_request(fingerprint, 1)).result(WAIT_S)["x"]
+    assert not array.flags.writeable
+    base: Any = array
+    while isinstance(base, np.ndarray):
+        base = base.base
+    assert isinstance(base, memoryview)
+    assert isinstance(base.obj, zmq.Frame)
+    assert np.shares_memory(array, np.frombuffer(base.obj.buffer, dtype=np.uint8))
+
+
+@pytest.mark.parametrize(
+    ("changes", "code"),
+    [
+        ({"pipeline": "nope"}, "NOT_FOUND"),
+        ({"fingerprint": "0" * 64}, "FAILED_PRECONDITION"),
+        ({"step": 26}, "OUT_OF_RANGE"),
+        ({"rows": [3, 2]}, "INVALID_ARGUMENT"),
+    ],
+)
+def test_batch_errors_map_to_worker_error_codes(
+    server: str, connect: Callable[[str], ZmqTarget], changes: dict[str, Any], code: str
+) -> None:
+    target = connect(server)
+    request = batch_request(handshake(target, "numbers").fingerprint, 0)
+    for name, value in changes.items():
+        if name == "rows":
+            request.rows[:] = value
+        else:
+            setattr(request, name, value)
+    error = target.load_batch(request).exception(WAIT_S)
+    assert isinstance(error, WorkerError)
+    assert error.code == code
+
+
+@pytest.mark.parametrize(
+    ("changes", "code"),
+    [({"pipeline": "nope"}, "NOT_FOUND"), ({"library_version": "0.1.0"}, "FAILED_PRECONDITION")],
+)
+def test_handshake_errors_map_to_worker_error_codes(
+    server: str, connect: Callable[[str], ZmqTarget], changes: dict[str, Any], code: str
+) -> None:
+    target = connect(server)
+    with pytest.raises(WorkerError) as caught:
+        handshake(target, **changes)
+    assert caught.value.code == code
+
+
+@pytest.mark.parametrize(
+    "frames",
+    [
+        [ID, b"Info"],
+        [ID, b"Info", b"", b"extra"],
+        [ID, b"Nope", b""],
+        [ID, b"LoadBatch", b"\xff\xff\xff"],
+    ],
+    ids=["too-few-frames", "too-many-frames", "unknown-method", "garbage-body"],
+)
+def test_malformed_messages_get_invalid_argument(
+    raw: zmq.Socket[bytes],
+    server: str,
+    connect: Callable[[str], ZmqTarget],
+    frames: list[bytes],
+) -> None:
+    raw.send_multipart(frames)
+    reply = receive(raw)
+    assert reply[0] == ID
+    assert error_of(reply).code == "INVALID_ARGUMENT"
+    assert handshake(connect(server), "numbers").num_records == 100
+
+
+def test_messages_without_a_request_id_are_dropped(
+    raw: zmq.Socket[bytes], server: str, connect: Callable[[str], ZmqTarget]
+) -> None:
+    raw.send(b"")
+    raw.send_multipart([b"short", b"Info", b""])
+    good = zmq_frames.request_frames(7, wire.InfoRequest())
+    raw.send_multipart(good)
+    # Messages from one peer are handled in order: the first reply is the good request's.
+    reply = receive(raw)
+    assert reply[:2] == [good[0], b"ok"]
+    assert handshake(connect(server), "numbers").num_records == 100
+
+
+def test_oversized_messages_disconnect_only_their_sender(
+    open_socket: SocketFactory, serve: ServerFactory, connect: Callable[[str], ZmqTarget]
+) -> None:
+    endpoint = serve(max_request_bytes=1024)
+    socket = open_socket(zmq.DEALER)
+    socket.connect(endpoint)
+    socket.send_multipart([ID, b"Info", bytes(4096)])
+    assert handshake(connect(endpoint), "numbers").num_records == 100
+
+
+def test_requests_beyond_the_per_client_limit_are_refused(
+    serve: ServerFactory, connect: Callable[[str], ZmqTarget], gated: GatedDataset
+) -> None:
+    endpoint = serve(max_in_flight_per_client=1)
+    target = connect(endpoint)
+    fingerprint = handshake(target, "slow").fingerprint
+    plan = loadax.Plan(16, 4)
+    slow = target.load_batch(batch_request(fingerprint, 0, pipeline="slow", plan=plan))
+    assert gated.started.wait(WAIT_S)
+    with pytest.raises(WorkerError) as caught:
+        target.info(wire.InfoRequest(), timeout=WAIT_S)
+    assert caught.value.code == "RESOURCE_EXHAUSTED"
+    # The limit is per client: another one is served.
+    assert connect(endpoint).info(wire.InfoRequest(), timeout=WAIT_S).pipelines
+    gated.gate.set()
+    np.testing.assert_array_equal(slow.result(WAIT_S), [0, 1, 2, 3])
+
+
+def test_stop_finishes_requests_in_flight_and_refuses_new_ones(
+    worker: Worker, connect: Callable[[str], ZmqTarget], gated: GatedDataset
+) -> None:
+    server = ZmqServer(worker, "tcp://127.0.0.1:0", threads=2, max_in_flight_per_client=8)
+    target = connect(server.start())
+    stopper = threading.Thread(target=server.stop, args=(WAIT_S,))
+    try:
+        fingerprint = handshake(target, "slow").fingerprint
+        plan = loadax.Plan(16, 4)
+        slow = target.load_batch(batch_request(fingerprint, 2, pipeline="slow", plan=plan))
+        assert gated.started.wait(WAIT_S)
+        stopper.start()
+        # Requests are served until stop() takes effect, then refused; each waits for its reply.
+        refused: WorkerError | None = None
+        for _ in range(10_000):
+            try:
+                target.info(wire.InfoRequest(), timeout=WAIT_S)
+            except WorkerError as error:
+                refused = error
+                break
+        assert refused is not None, "the server kept taking requests after stop()"
+        assert refused.code == "UNAVAILABLE"
+        assert stopper.is_alive()
+        gated.gate.set()
+        np.testing.assert_array_equal(slow.result(WAIT_S), [8, 9, 10, 11])
+        stopper.join(WAIT_S)
+        assert not stopper.is_alive()
+    finally:
+        gated.gate.set()
+        server.stop(grace=0)  # waits for the stopper's stop() if that still runs
+
+
+def test_close_fails_pending_requests_with_unavailable(
+    server: str, connect: Callable[[str], ZmqTarget], gated: GatedDataset
+) -> None:
+    target = connect(server)
+    fingerprint = handshake(target, "slow").fingerprint
+    request = batch_request(fingerprint, 0, pipeline="slow", plan=loadax.Plan(16, 4))
+    pending = target.load_batch(request)
+    assert gated.started.wait(WAIT_S)
+    target.close()
+    error = pending.exception(WAIT_S)
+    assert isinstance(error, WorkerError)
+    assert error.code == "UNAVAILABLE"
+    late = target.load_batch(request).exception(WAIT_S)
+    assert isinstance(late, WorkerError)
+    assert late.code == "UNAVAILABLE"
+    with pytest.raises(WorkerError, match="closed"):
+        target.info(wire.InfoRequest())
+
+
+def test_a_lost_connection_fails_its_pending_requests_with_unavailable(
+    worker: Worker, connect: Callable[[str], ZmqTarget], gated: GatedDataset
+) -> None:
+    server = ZmqServer(worker, "tcp://127.0.0.1:0", threads=2, max_in_flight_per_client=8)
+    try:
+        target = connect(server.start())
+        fingerprint = handshake(target, "slow").fingerprint
+        request = batch_request(fingerprint, 0, pipeline="slow", plan=loadax.Plan(16, 4))
+        pending = target.load_batch(request)
+        assert gated.started.wait(WAIT_S)
+        server.stop(grace=0)  # the worker goes away with the request
+        error = pending.exception(WAIT_S)
+        assert isinstance(error, WorkerError)
+        assert error.code == "UNAVAILABLE"
+        assert "lost the connection" in error.message
+    finally:
+        gated.gate.set()
+        server.stop(grace=0)
+
+
+def test_unanswered_handshake_exceeds_its_deadline(
+    open_socket: SocketFactory, connect: Callable[[str], ZmqTarget]
+) -> None:
+    silent = open_socket(zmq.ROUTER)
+    port = silent.bind_to_random_port("tcp://127.0.0.1")
+    target = connect(f"tcp://127.0.0.1:{port}")
+    with pytest.raises(WorkerError) as caught:
+        target.handshake(wire.HandshakeRequest(pipeline="numbers"), timeout=0.2)
+    assert caught.value.code == "DEADLINE_EXCEEDED"
+    assert silent.poll(int(WAIT_S * 1000))  # it was sent, just never answered
+
+
+def test_addresses_must_be_zmq_or_tcp() -> None:
+    with pytest.raises(ValueError, match="zmq://host:port"):
+        ZmqTarget("grpc://127.0.0.1:1")
+    with pytest.raises(ValueError, match="invalid ZeroMQ address"):
+        ZmqTarget("zmq://no port")

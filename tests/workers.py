@@ -1,0 +1,176 @@
+"""Real `loadax-worker` processes for tests: started from a config, always killed at the end."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import IO, Any
+
+TESTS = Path(__file__).resolve().parent
+PIPELINES = """
+[pipelines.numbers]
+factory = "pipelines:numbers"
+
+[pipelines.images]
+factory = "pipelines:images"
+"""
+READY_TIMEOUT_S = 60.0
+
+
+class _Output:
+    """What a process printed, as it arrives; waiters block on a condition, never spin."""
+
+    def __init__(self) -> None:
+        self._condition = threading.Condition()
+        self._chunks: list[str] = []
+        self._open_streams = 2
+        self.ready: dict[str, Any] | None = None
+
+    def read(self, stream: IO[str], is_stdout: bool) -> None:
+        for line in stream:
+            with self._condition:
+                self._chunks.append(line)
+                if is_stdout and self.ready is None and line.startswith('{"event": "ready"'):
+                    self.ready = json.loads(line)
+                self._condition.notify_all()
+        with self._condition:
+            self._open_streams -= 1
+            self._condition.notify_all()
+
+    def text(self) -> str:
+        with self._condition:
+            return "".join(self._chunks)
+
+    def wait(self, predicate: Callable[[], bool], timeout: float) -> bool:
+        """Whether `predicate()` came true before `timeout` or the end of the output."""
+        with self._condition:
+            self._condition.wait_for(lambda: predicate() or not self._open_streams, timeout)
+            return predicate()
+
+
+@dataclasses.dataclass
+class WorkerProcess:
+    """A running worker: its addresses as clients name them, and its process."""
+
+    grpc: str | None  # "grpc://127.0.0.1:PORT"
+    zmq: str | None  # "zmq://127.0.0.1:PORT"
+    pipelines: list[str]
+    process: subprocess.Popen[str]
+    _output: _Output
+
+    @property
+    def grpc_address(self) -> str:
+        """The gRPC "host:port", as `grpc.insecure_channel` takes it."""
+        assert self.grpc is not None, "this worker does not serve gRPC"
+        return self.grpc.removeprefix("grpc://")
+
+    def output(self) -> str:
+        """Everything the process printed so far, on stdout and stderr."""
+        return self._output.text()
+
+    def wait_for_output(self, text: str, timeout: float = 30.0) -> None:
+        """Block until the process has printed `text`."""
+        if not self._output.wait(lambda: text in self._output.text(), timeout):
+            raise AssertionError(f"the worker did not print {text!r}; it printed:\n{self.output()}")
+
+    def terminate(self, timeout: float = 60.0) -> int:
+        """Send SIGTERM and wait for the process to exit; its exit status."""
+        self.process.send_signal(signal.SIGTERM)
+        return self.process.wait(timeout)
+
+
+def write_config(
+    directory: Path,
+    pipelines: str = PIPELINES,
+    *,
+    grpc: bool = True,
+    zmq: bool = False,
+    threads: int = 2,
+    max_in_flight_per_client: int = 16,
+) -> Path:
+    """A worker config listening on free ports of 127.0.0.1."""
+    server = ["[server]"]
+    if grpc:
+        server.append('grpc = "127.0.0.1:0"')
+    if zmq:
+        server.append('zmq = "tcp://127.0.0.1:0"')
+    server += [f"threads = {threads}", f"max_in_flight_per_client = {max_in_flight_per_client}"]
+    path = directory / "worker.toml"
+    path.write_text("\n".join(server) + "\n" + pipelines)
+    return path
+
+
+def worker_env() -> dict[str, str]:
+    """The environment of a worker process: `tests/` importable, for `pipelines:...`."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(TESTS), env.get("PYTHONPATH")]))
+    return env
+
+
+@contextlib.contextmanager
+def worker_process(
+    tmp_path: Path,
+    pipelines: str = PIPELINES,
+    *,
+    grpc: bool = True,
+    zmq: bool = False,
+    threads: int = 2,
+    max_in_flight_per_client: int = 16,
+    args: Sequence[str] = (),
+) -> Iterator[WorkerProcess]:
+    """A worker serving `pipelines` (TOML [pipelines.*] tables), once it is ready."""
+    config = write_config(
+        tmp_path,
+        pipelines,
+        grpc=grpc,
+        zmq=zmq,
+        threads=threads,
+        max_in_flight_per_client=max_in_flight_per_client,
+    )
+    command = [sys.executable, "-m", "loadax.server.main", "--config", str(config), *args]
+    output = _Output()
+    with subprocess.Popen(
+        command,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=worker_env(),
+        cwd=tmp_path,
+    ) as process:
+        assert process.stdout is not None
+        assert process.stderr is not None
+        readers = [
+            threading.Thread(target=output.read, args=(stream, is_stdout), daemon=True)
+            for stream, is_stdout in ((process.stdout, True), (process.stderr, False))
+        ]
+        for reader in readers:
+            reader.start()
+        try:
+            if not output.wait(lambda: output.ready is not None, READY_TIMEOUT_S):
+                raise RuntimeError(
+                    f"the worker was not ready within {READY_TIMEOUT_S} s (exit status "
+                    f"{process.poll()}); it printed:\n{output.text()}"
+                )
+            ready = output.ready
+            assert ready is not None
+            yield WorkerProcess(
+                grpc=None if ready["grpc"] is None else f"grpc://{ready['grpc']}",
+                zmq=None if ready["zmq"] is None else ready["zmq"].replace("tcp://", "zmq://", 1),
+                pipelines=list(ready["pipelines"]),
+                process=process,
+                _output=output,
+            )
+        finally:
+            if process.poll() is None:
+                process.kill()
+            process.wait()
+            for reader in readers:
+                reader.join(timeout=10)
