@@ -9,13 +9,12 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Sequence
-from concurrent.futures import Future
 from typing import Any, Self
 
 import loadax
 from loadax.client.targets import GrpcTarget, InProcessTarget, Target, WorkerLike
 from loadax.client.zmq_transport import ZmqTarget
-from loadax.engine import BatchSource, Pending
+from loadax.engine import BatchSource, FuturePending, Pending
 from loadax.loader import DEFAULT_PREFETCH, Loader, LoaderBuilder, LoaderOptions
 from loadax.permutation import IndexArray
 from loadax.plan import Plan
@@ -105,21 +104,10 @@ class RemoteSource(BatchSource[Any]):
             step=step,
             rows=[] if rows is None else rows.tolist(),
         )
-        return _FuturePending(self._targets[step % len(self._targets)].load_batch(request))
+        return FuturePending(self._targets[step % len(self._targets)].load_batch(request))
 
     def release(self, wait: bool) -> None:
         """The connections belong to the loader, not to one iterator."""
-
-
-class _FuturePending:
-    def __init__(self, future: Future[Any]) -> None:
-        self._future = future
-
-    def result(self) -> Any:
-        return self._future.result()
-
-    def cancel(self) -> None:
-        self._future.cancel()
 
 
 def _handshake(targets: Sequence[Target], pipeline: str, plan: Plan) -> tuple[str, int]:

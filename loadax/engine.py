@@ -12,6 +12,7 @@ import abc
 import weakref
 from collections import deque
 from collections.abc import Iterator
+from concurrent.futures import Future
 from typing import Any, Generic, Protocol
 
 from typing_extensions import TypeVar
@@ -36,6 +37,19 @@ class Pending(Protocol[B_co]):
     def cancel(self) -> None:
         """Drop the batch: work not yet started is not done."""
         ...
+
+
+class FuturePending(Generic[B]):
+    """A batch that a `concurrent.futures.Future` will hold."""
+
+    def __init__(self, future: Future[B]) -> None:
+        self._future = future
+
+    def result(self) -> B:
+        return self._future.result()
+
+    def cancel(self) -> None:
+        self._future.cancel()
 
 
 class BatchSource(abc.ABC, Generic[B]):

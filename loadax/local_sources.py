@@ -14,7 +14,7 @@ from typing import Any, Generic
 import numpy as np
 from typing_extensions import TypeVar
 
-from loadax.engine import BatchSource, Pending
+from loadax.engine import BatchSource, FuturePending, Pending
 from loadax.permutation import IndexArray
 from loadax.pipeline import Pipeline
 from loadax.plan import Plan
@@ -34,7 +34,7 @@ class InlineSource(BatchSource[B]):
             done.set_result(self._pipeline.load(plan, step, rows))
         except Exception as error:
             done.set_exception(error)
-        return _FuturePending(done)
+        return FuturePending(done)
 
     def release(self, wait: bool) -> None:
         """Nothing to release: no threads."""
@@ -59,17 +59,6 @@ class ThreadedSource(BatchSource[B]):
         if self._pool is not None:
             self._pool.shutdown(wait=wait, cancel_futures=True)
             self._pool = None
-
-
-class _FuturePending(Generic[B]):
-    def __init__(self, future: Future[B]) -> None:
-        self._future = future
-
-    def result(self) -> B:
-        return self._future.result()
-
-    def cancel(self) -> None:
-        self._future.cancel()
 
 
 class _ChunkedBatch(Generic[B]):
