@@ -12,29 +12,13 @@ from collections.abc import Sequence
 from typing import Any, Self
 
 import loadax
-from loadax.client.targets import GrpcTarget, InProcessTarget, Target, WorkerLike
-from loadax.client.zmq_transport import ZmqTarget
+from loadax.client.targets import Target, TargetSpec, connect
 from loadax.engine import BatchSource, FuturePending, Pending
 from loadax.loader import DEFAULT_PREFETCH, Loader, LoaderBuilder, LoaderOptions
 from loadax.permutation import IndexArray
 from loadax.plan import Plan
 from loadax.wire.plans import compatible_versions, plan_to_wire
 from loadax.wire.v1 import worker_pb2 as wire
-
-TargetSpec = str | WorkerLike
-
-
-def connect(spec: TargetSpec) -> Target:
-    """A target from "grpc://host:port", "zmq://host:port" or a worker object."""
-    if isinstance(spec, str):
-        if spec.startswith("grpc://"):
-            return GrpcTarget(spec)
-        if spec.startswith("zmq://"):
-            return ZmqTarget(spec)
-        raise ValueError(f"target {spec!r} must start with grpc:// or zmq://")
-    if callable(getattr(spec, "load_batch", None)) and callable(getattr(spec, "handshake", None)):
-        return InProcessTarget(spec)
-    raise ValueError(f"target must be an address or a worker object, got {type(spec).__name__}")
 
 
 class RemoteDataLoader(LoaderBuilder):

@@ -11,6 +11,7 @@ from typing import Any, Protocol
 
 import grpc
 
+from loadax.client.zmq_transport import ZmqTarget
 from loadax.codec import decode
 from loadax.errors import WorkerError
 from loadax.wire.v1 import worker_pb2 as wire
@@ -114,3 +115,19 @@ class InProcessTarget:
 def _worker_error(error: grpc.RpcError) -> WorkerError:
     code = error.code()
     return WorkerError(code.name if code is not None else "UNKNOWN", error.details() or "")
+
+
+TargetSpec = str | WorkerLike
+
+
+def connect(spec: TargetSpec) -> Target:
+    """A target from "grpc://host:port", "zmq://host:port" or a worker object."""
+    if isinstance(spec, str):
+        if spec.startswith("grpc://"):
+            return GrpcTarget(spec)
+        if spec.startswith("zmq://"):
+            return ZmqTarget(spec)
+        raise ValueError(f"target {spec!r} must start with grpc:// or zmq://")
+    if callable(getattr(spec, "load_batch", None)) and callable(getattr(spec, "handshake", None)):
+        return InProcessTarget(spec)
+    raise ValueError(f"target must be an address or a worker object, got {type(spec).__name__}")
