@@ -7,11 +7,17 @@ step order, so the batches and the checkpoint state are exactly the local loader
 
 from __future__ import annotations
 
+import dataclasses
+import ipaddress
+import logging
+import socket
+import threading
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Self
 
 import loadax
+from loadax.client.dispatch import Dispatcher, FailoverOptions
 from loadax.client.targets import Target, TargetSpec, connect
 from loadax.engine import BatchSource, FuturePending, Pending
 from loadax.loader import DEFAULT_PREFETCH, Loader, LoaderBuilder, LoaderOptions
@@ -20,49 +26,147 @@ from loadax.plan import Plan
 from loadax.wire.plans import compatible_versions, plan_to_wire
 from loadax.wire.v1 import worker_pb2 as wire
 
+_log = logging.getLogger("loadax.client")
+
+Resolver = Callable[[str], list[str]]
+"""A host name -> the IP addresses it lists."""
+
+
+def resolve_host(host: str) -> list[str]:
+    """Every address DNS (or /etc/hosts) lists for `host`, sorted."""
+    infos = socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
+    return sorted({str(info[4][0]) for info in infos})
+
 
 class RemoteDataLoader(LoaderBuilder):
     """Builds a loader whose batches are made by workers:
 
     `RemoteDataLoader(["grpc://host:50051"], pipeline="images").batch_size(256).build()`
+
+    A target whose host is a name stands for every address the name lists; the name is looked
+    up again every `resolve_every` seconds and workers are added and removed to match.
     """
 
-    def __init__(self, targets: Sequence[TargetSpec], pipeline: str) -> None:
+    def __init__(
+        self,
+        targets: Sequence[TargetSpec],
+        pipeline: str,
+        *,
+        resolver: Resolver = resolve_host,
+        resolve_every: float = 30.0,
+    ) -> None:
         super().__init__()
         if isinstance(targets, str) or not targets:
             raise ValueError("targets must be a non-empty list of addresses or worker objects")
         if not isinstance(pipeline, str) or not pipeline:
             raise ValueError(f"pipeline must be a pipeline name, got {pipeline!r}")
         self._targets, self._pipeline = list(targets), pipeline
+        self._resolver, self._resolve_every = resolver, resolve_every
+        self._failover = FailoverOptions()
 
     def prefetch(self, batches: int) -> Self:
         """Requests in flight ahead of the training loop. Default 2."""
         return self._with(prefetch=batches)
 
+    def request_timeout(self, seconds: float) -> Self:
+        """How long a worker may take over one batch before it is asked of another. Default 60."""
+        return self._with_failover(request_timeout=seconds)
+
+    def hedge_after(self, seconds: float | None) -> Self:
+        """Also ask another worker once a batch is this late; the first answer wins. Default off."""
+        return self._with_failover(hedge_after=seconds)
+
+    def no_worker_timeout(self, seconds: float) -> Self:
+        """How long every worker may be failing before iteration raises. Default 120."""
+        return self._with_failover(no_worker_timeout=seconds)
+
     def build(self) -> RemoteLoader:
         """Connect and handshake with every target; the dataset's length comes from them."""
-        targets = [connect(spec) for spec in self._targets]
-        try:
-            return RemoteLoader(targets, self._pipeline, self._options)
-        except BaseException:
-            for target in targets:
-                target.close()
-            raise
+        return RemoteLoader(
+            self._targets,
+            self._pipeline,
+            self._options,
+            self._failover,
+            resolver=self._resolver,
+            resolve_every=self._resolve_every,
+        )
+
+    def _with_failover(self, **changes: Any) -> Self:
+        copy = self._with()
+        copy._failover = dataclasses.replace(self._failover, **changes)
+        return copy
 
 
 class RemoteLoader(Loader[Any]):
-    """A loader definition served by workers; `close()` (or collection) closes the connections."""
+    """A loader definition served by workers; `close()` (or collection) closes the connections.
 
-    def __init__(self, targets: list[Target], pipeline: str, options: LoaderOptions) -> None:
-        fingerprint, num_records = _handshake(targets, pipeline, options.plan(1))
-        plan = options.plan(num_records)
-        self.targets = targets
+    Workers can be added and removed while iterators run; the batches do not change.
+    """
+
+    def __init__(
+        self,
+        specs: Sequence[TargetSpec],
+        pipeline: str,
+        options: LoaderOptions,
+        failover: FailoverOptions,
+        *,
+        resolver: Resolver = resolve_host,
+        resolve_every: float = 30.0,
+    ) -> None:
+        self._pipeline, self._resolver = pipeline, resolver
+        self._names = [spec for spec in specs if isinstance(spec, str) and _host_is_name(spec)]
+        self._from_names = {target for name in self._names for target in self._resolve(name)}
+        fixed = [spec for spec in specs if not (isinstance(spec, str) and _host_is_name(spec))]
+        targets = _connect_all([*fixed, *sorted(self._from_names)])
+        try:
+            self._fingerprint, num_records = _handshake(targets, pipeline, options.plan(1))
+        except BaseException:
+            _close_all(targets)
+            raise
+        self._handshake_plan = options.plan(num_records)
+        self._dispatcher = Dispatcher(targets, failover)
+        dispatcher, fingerprint = self._dispatcher, self._fingerprint
 
         def source() -> BatchSource[Any]:
-            return RemoteSource(targets, pipeline, fingerprint)
+            return RemoteSource(dispatcher, pipeline, fingerprint)
 
-        super().__init__(plan, options, source, prefetch=options.prefetch or DEFAULT_PREFETCH)
-        self._finalizer = weakref.finalize(self, _close_all, targets)
+        super().__init__(
+            self._handshake_plan, options, source, prefetch=options.prefetch or DEFAULT_PREFETCH
+        )
+        self._finalizer = weakref.finalize(self, dispatcher.close)
+        if self._names:
+            self._schedule_refresh(resolve_every)
+
+    @property
+    def targets(self) -> list[str]:
+        """The names of the targets in use."""
+        return self._dispatcher.targets
+
+    def add_target(self, spec: TargetSpec) -> None:
+        """Start using another worker, after checking it serves the same pipeline."""
+        (target,) = _connect_all([spec])
+        try:
+            _handshake([target], self._pipeline, self._handshake_plan, self._fingerprint)
+            self._dispatcher.add(target)
+        except BaseException:
+            target.close()
+            raise
+
+    def remove_target(self, name: str) -> None:
+        """Stop using a worker; the requests it held are sent to the others."""
+        self._dispatcher.remove(name)
+
+    def refresh(self) -> None:
+        """Look the target names up again; add the addresses that appeared, drop those gone."""
+        listed = {target for name in self._names for target in self._resolve(name)}
+        for name in sorted(self._from_names - listed):
+            self._from_names.discard(name)
+            if name in self.targets:
+                self.remove_target(name)
+        for name in sorted(listed - self._from_names):
+            if name not in self.targets:
+                self.add_target(name)
+            self._from_names.add(name)
 
     def close(self) -> None:
         self._finalizer()
@@ -73,12 +177,40 @@ class RemoteLoader(Loader[Any]):
     def __exit__(self, *exc_info: object) -> None:
         self.close()
 
+    def _resolve(self, spec: str) -> list[str]:
+        """The targets a spec with a host name stands for: one per address it lists."""
+        scheme, rest = spec.split("://", 1)
+        host, port = rest.rsplit(":", 1)
+        return [
+            f"{scheme}://[{address}]:{port}" if ":" in address else f"{scheme}://{address}:{port}"
+            for address in self._resolver(host)
+        ]
+
+    def _schedule_refresh(self, every: float) -> None:
+        reference = weakref.ref(self)
+
+        def refresh_in_background() -> None:
+            loader = reference()
+            if loader is None or not loader._finalizer.alive:
+                return
+            # Handshakes block: keep them off the dispatcher's timer thread.
+            threading.Thread(target=loader._refresh_logged, daemon=True).start()
+            loader._dispatcher._scheduler.at(every, refresh_in_background)
+
+        self._dispatcher._scheduler.at(every, refresh_in_background)
+
+    def _refresh_logged(self) -> None:
+        try:
+            self.refresh()
+        except Exception as error:  # a failed lookup must not stop training: retried next time
+            _log.warning("re-resolving %s failed: %s", self._names, error)
+
 
 class RemoteSource(BatchSource[Any]):
-    """Sends the request of step `s` to target `s mod n`: every target serves every n-th step."""
+    """Hands each step's request to the dispatcher, which sees it through to one answer."""
 
-    def __init__(self, targets: Sequence[Target], pipeline: str, fingerprint: str) -> None:
-        self._targets, self._pipeline, self._fingerprint = targets, pipeline, fingerprint
+    def __init__(self, dispatcher: Dispatcher, pipeline: str, fingerprint: str) -> None:
+        self._dispatcher, self._pipeline, self._fingerprint = dispatcher, pipeline, fingerprint
 
     def submit(self, plan: Plan, step: int, rows: IndexArray | None) -> Pending[Any]:
         request = wire.BatchRequest(
@@ -88,32 +220,64 @@ class RemoteSource(BatchSource[Any]):
             step=step,
             rows=[] if rows is None else rows.tolist(),
         )
-        return FuturePending(self._targets[step % len(self._targets)].load_batch(request))
+        return FuturePending(self._dispatcher.send(request))
 
     def release(self, wait: bool) -> None:
         """The connections belong to the loader, not to one iterator."""
 
 
-def _handshake(targets: Sequence[Target], pipeline: str, plan: Plan) -> tuple[str, int]:
+def _host_is_name(spec: str) -> bool:
+    if "://" not in spec:
+        return False
+    host = spec.split("://", 1)[1].rsplit(":", 1)[0].strip("[]")
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return True
+    return False
+
+
+def _connect_all(specs: Sequence[TargetSpec]) -> list[Target]:
+    targets: list[Target] = []
+    try:
+        for spec in specs:
+            targets.append(connect(spec))
+    except BaseException:
+        _close_all(targets)
+        raise
+    return targets
+
+
+def _handshake(
+    targets: Sequence[Target], pipeline: str, plan: Plan, expected: str | None = None
+) -> tuple[str, int]:
     """The fingerprint and length every target agrees on, or a ValueError naming both sides."""
     request = wire.HandshakeRequest(
         library_version=loadax.__version__, pipeline=pipeline, plan=plan_to_wire(plan)
     )
     answers = [(target, target.handshake(request)) for target in targets]
-    first_target, first = answers[0]
+    reference_target, reference = answers[0]
+    if expected is not None and reference.fingerprint != expected:
+        raise ValueError(
+            f"{reference_target.name} serves pipeline {pipeline!r} with fingerprint "
+            f"{reference.fingerprint[:12]}, the loader's workers have {expected[:12]}"
+        )
     for target, answer in answers:
         if not compatible_versions(answer.library_version, loadax.__version__):
             raise ValueError(
                 f"{target.name} runs loadax {answer.library_version}, this client "
                 f"{loadax.__version__}: major and minor versions must match"
             )
-        if (answer.fingerprint, answer.num_records) != (first.fingerprint, first.num_records):
+        if (answer.fingerprint, answer.num_records) != (
+            reference.fingerprint,
+            reference.num_records,
+        ):
             raise ValueError(
-                f"pipeline {pipeline!r} differs between workers: {first_target.name} has "
-                f"fingerprint {first.fingerprint[:12]} and {first.num_records} records, "
+                f"pipeline {pipeline!r} differs between workers: {reference_target.name} has "
+                f"fingerprint {reference.fingerprint[:12]} and {reference.num_records} records, "
                 f"{target.name} has {answer.fingerprint[:12]} and {answer.num_records}"
             )
-    return first.fingerprint, first.num_records
+    return reference.fingerprint, reference.num_records
 
 
 def _close_all(targets: Sequence[Target]) -> None:

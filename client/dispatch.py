@@ -1,0 +1,287 @@
+"""Failover for batch requests: deadlines, re-issue, hedging, and targets that come and go.
+
+Any worker can serve any request, so a request that fails, times out or lands on a worker that
+dies is simply sent to another one; the batch is the same wherever it is made. A late answer to
+a request already answered elsewhere is dropped. Failed targets back off and are tried again, so
+a worker restarted on the same address is used again.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import heapq
+import itertools
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future
+from typing import Any
+
+from loadax.client.targets import Target
+from loadax.errors import WorkerError
+from loadax.wire.v1 import worker_pb2 as wire
+
+# Codes that say nothing about the request itself: another worker may well succeed.
+RETRYABLE = frozenset(
+    {"UNAVAILABLE", "DEADLINE_EXCEEDED", "RESOURCE_EXHAUSTED", "CANCELLED", "UNKNOWN", "INTERNAL"}
+)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class FailoverOptions:
+    """How long to wait, when to hedge, and when to give up on every worker (seconds)."""
+
+    request_timeout: float = 60.0
+    hedge_after: float | None = None
+    no_worker_timeout: float = 120.0
+    backoff_initial: float = 0.05
+    backoff_max: float = 2.0
+
+    def __post_init__(self) -> None:
+        for name in ("request_timeout", "no_worker_timeout", "backoff_initial", "backoff_max"):
+            _require_positive(name, getattr(self, name))
+        if self.hedge_after is not None:
+            _require_positive("hedge_after", self.hedge_after)
+
+
+def _require_positive(name: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+        raise ValueError(f"{name} must be a number of seconds > 0, got {value!r}")
+
+
+class Scheduler:
+    """Runs callbacks at given times on one thread, sleeping on a condition in between."""
+
+    def __init__(self) -> None:
+        self._condition = threading.Condition()
+        self._queue: list[tuple[float, int, Callable[[], None]]] = []
+        self._counter = itertools.count()
+        self._stopped = False
+        self._thread = threading.Thread(target=self._run, name="loadax-dispatch", daemon=True)
+        self._thread.start()
+
+    def at(self, delay: float, callback: Callable[[], None]) -> None:
+        with self._condition:
+            heapq.heappush(self._queue, (time.monotonic() + delay, next(self._counter), callback))
+            self._condition.notify()
+
+    def stop(self) -> None:
+        with self._condition:
+            self._stopped = True
+            self._condition.notify()
+        if threading.current_thread() is not self._thread:
+            self._thread.join()
+
+    def _run(self) -> None:
+        while True:
+            with self._condition:
+                while not self._stopped and (
+                    not self._queue or self._queue[0][0] > time.monotonic()
+                ):
+                    timeout = self._queue[0][0] - time.monotonic() if self._queue else None
+                    self._condition.wait(timeout)
+                if self._stopped:
+                    return
+                _, _, callback = heapq.heappop(self._queue)
+            callback()
+
+
+@dataclasses.dataclass
+class _Member:
+    target: Target
+    down_until: float = 0.0
+    failures: int = 0
+    last_error: str = "none"
+
+
+class Dispatcher:
+    """Sends each batch request to a healthy target and sees it through to one answer."""
+
+    def __init__(self, targets: list[Target], options: FailoverOptions) -> None:
+        self.options = options
+        self._lock = threading.Lock()
+        self._members = {target.name: _Member(target) for target in targets}
+        self._scheduler = Scheduler()
+
+    @property
+    def targets(self) -> list[str]:
+        with self._lock:
+            return list(self._members)
+
+    def add(self, target: Target) -> None:
+        with self._lock:
+            if target.name in self._members:
+                raise ValueError(f"{target.name} is a target already")
+            self._members[target.name] = _Member(target)
+
+    def remove(self, name: str) -> None:
+        """Stop using a target; what it still held is re-issued to the others."""
+        with self._lock:
+            member = self._members.pop(name, None)
+        if member is None:
+            raise ValueError(f"{name} is not a target; targets are {self.targets}")
+        member.target.close()
+
+    def send(self, request: wire.BatchRequest) -> Future[Any]:
+        return _Request(self, request).future
+
+    def close(self) -> None:
+        self._scheduler.stop()
+        with self._lock:
+            members, self._members = list(self._members.values()), {}
+        for member in members:
+            member.target.close()
+
+    def _choose(self, step: int, busy: set[str]) -> _Member | None:
+        now = time.monotonic()
+        with self._lock:
+            ready = [
+                member
+                for name, member in self._members.items()
+                if member.down_until <= now and name not in busy
+            ]
+        return ready[step % len(ready)] if ready else None
+
+    def _next_ready_in(self) -> float:
+        now = time.monotonic()
+        with self._lock:
+            waits = [member.down_until - now for member in self._members.values()]
+        return max(min(waits, default=self.options.backoff_max), 0.0)
+
+    def _failed(self, member: _Member, error: str) -> None:
+        with self._lock:
+            member.failures += 1
+            backoff = self.options.backoff_initial * 2 ** (member.failures - 1)
+            member.down_until = time.monotonic() + min(backoff, self.options.backoff_max)
+            member.last_error = error
+
+    def _succeeded(self, member: _Member) -> None:
+        with self._lock:
+            member.failures, member.down_until = 0, 0.0
+
+    def _describe(self) -> str:
+        with self._lock:
+            return (
+                "; ".join(
+                    f"{name} (last error: {member.last_error})"
+                    for name, member in self._members.items()
+                )
+                or "no targets"
+            )
+
+
+class _Request:
+    """One batch request: its attempts on targets, and the future of its single answer."""
+
+    def __init__(self, dispatcher: Dispatcher, request: wire.BatchRequest) -> None:
+        self.future: Future[Any] = Future()
+        self._dispatcher, self._request = dispatcher, request
+        self._lock = threading.RLock()  # callbacks may run inside load_batch
+        self._attempts: dict[str, Future[Any]] = {}
+        self._failing_since: float | None = None  # when the first attempt failed
+        self.future.add_done_callback(self._on_cancelled)
+        self._dispatch()
+
+    def _dispatch(self) -> None:
+        with self._lock:
+            if self.future.done() or self._gave_up():
+                return
+            member = self._dispatcher._choose(self._request.step, set(self._attempts))
+            if member is None:
+                if not self._attempts:
+                    self._retry_later()
+                return
+            attempt = member.target.load_batch(self._request)
+            self._attempts[member.target.name] = attempt
+        options = self._dispatcher.options
+        scheduler = self._dispatcher._scheduler
+        scheduler.at(options.request_timeout, lambda: self._on_deadline(member, attempt))
+        if options.hedge_after is not None:
+            scheduler.at(options.hedge_after, lambda: self._on_hedge(attempt))
+        attempt.add_done_callback(lambda done: self._on_answer(member, done))
+
+    def _gave_up(self) -> bool:
+        """Fail the request once every worker has been failing it for `no_worker_timeout`."""
+        limit = self._dispatcher.options.no_worker_timeout
+        if self._failing_since is None or time.monotonic() - self._failing_since < limit:
+            return False
+        self.future.set_exception(
+            WorkerError(
+                "UNAVAILABLE",
+                f"no worker served step {self._request.step} within {limit:g} s; "
+                f"targets: {self._dispatcher._describe()}",
+            )
+        )
+        return True
+
+    def _retry_later(self) -> None:
+        """Every target is backing off: try again when the first one is ready (or give up)."""
+        failing_since = self._failing_since or time.monotonic()
+        until_limit = failing_since + self._dispatcher.options.no_worker_timeout - time.monotonic()
+        delay = min(self._dispatcher._next_ready_in(), until_limit)
+        self._dispatcher._scheduler.at(max(delay, 0.001), self._dispatch)
+
+    def _failed(self, member: _Member, error: str) -> None:
+        if self._failing_since is None:
+            self._failing_since = time.monotonic()
+        self._dispatcher._failed(member, error)
+
+    def _on_answer(self, member: _Member, attempt: Future[Any]) -> None:
+        with self._lock:
+            current = self._attempts.get(member.target.name) is attempt
+            if current:
+                del self._attempts[member.target.name]
+            if self.future.done():
+                return  # answered elsewhere already: this answer is late
+            error = (
+                WorkerError("CANCELLED", "the attempt was cancelled")
+                if attempt.cancelled()
+                else attempt.exception()
+            )
+            if error is None:
+                # Even an attempt given up at its deadline wins if it answers first.
+                self._failing_since = None
+                self._dispatcher._succeeded(member)
+                self.future.set_result(attempt.result())
+            elif not current:
+                return  # given up at its deadline, and counted as a failure then
+            elif isinstance(error, WorkerError) and error.code in RETRYABLE:
+                self._failed(member, str(error))
+                if not self._attempts:
+                    self._dispatch()
+            else:
+                self.future.set_exception(error)
+
+    def _on_deadline(self, member: _Member, attempt: Future[Any]) -> None:
+        with self._lock:
+            if attempt.done() or self.future.done():
+                return
+            if self._attempts.get(member.target.name) is attempt:
+                del self._attempts[member.target.name]
+            timeout = self._dispatcher.options.request_timeout
+            self._failed(member, f"no answer within {timeout:g} s")
+            attempt.cancel()  # best effort: a hung worker may still answer, and is ignored
+            if not self._attempts:
+                self._dispatch()
+
+    def _on_hedge(self, attempt: Future[Any]) -> None:
+        with self._lock:
+            if not attempt.done() and len(self._attempts) == 1:
+                self._dispatch_extra()
+
+    def _dispatch_extra(self) -> None:
+        member = self._dispatcher._choose(self._request.step, set(self._attempts))
+        if member is None:
+            return
+        extra = member.target.load_batch(self._request)
+        self._attempts[member.target.name] = extra
+        timeout = self._dispatcher.options.request_timeout
+        self._dispatcher._scheduler.at(timeout, lambda: self._on_deadline(member, extra))
+        extra.add_done_callback(lambda done: self._on_answer(member, done))
+
+    def _on_cancelled(self, future: Future[Any]) -> None:
+        if future.cancelled():
+            with self._lock:
+                attempts = list(self._attempts.values())
+            for attempt in attempts:
+                attempt.cancel()

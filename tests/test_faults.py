@@ -1,0 +1,230 @@
+"""Nothing lost: dead, hung, restarted, added and removed workers leave the batches unchanged."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import pathlib
+import signal
+import socket
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+import jax
+import numpy as np
+import pipelines
+import pytest
+from workers import WorkerProcess, worker_process
+
+from loadax import DataLoader, WorkerError
+from loadax.client import RemoteDataLoader
+
+RECORDS, BATCH, SEED = 96, 4, 11
+IMAGES = f"""
+[pipelines.images]
+factory = "pipelines:images"
+args = {{ records = {RECORDS}, side = 8 }}
+"""
+
+
+def digests(batches: Iterable[Any]) -> list[str]:
+    result = []
+    for batch in batches:
+        digest = hashlib.sha256()
+        for leaf in jax.tree.leaves(batch):
+            digest.update(np.ascontiguousarray(np.asarray(leaf)).tobytes())
+        result.append(digest.hexdigest())
+    return result
+
+
+@pytest.fixture(scope="module")
+def reference() -> list[str]:
+    pipeline = pipelines.images(records=RECORDS, side=8)
+    loader = DataLoader(pipeline.batcher).batch_size(BATCH).shuffle(seed=SEED).workers(0)
+    return digests(loader.build(pipeline.dataset))
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+@contextlib.contextmanager
+def workers(tmp_path: pathlib.Path, count: int, *, zmq: bool = False) -> Iterator[list[Any]]:
+    directories = [tmp_path / f"w{index}" for index in range(count)]
+    with contextlib.ExitStack() as stack:
+        for directory in directories:
+            directory.mkdir()
+        yield [
+            stack.enter_context(worker_process(directory, IMAGES, zmq=zmq))
+            for directory in directories
+        ]
+
+
+def builder(targets: list[Any], **failover: float | None) -> RemoteDataLoader:
+    loader = (
+        RemoteDataLoader(targets, pipeline="images")
+        .batch_size(BATCH)
+        .shuffle(seed=SEED)
+        .prefetch(6)
+    )
+    for option, value in failover.items():
+        loader = getattr(loader, option)(value)
+    return loader
+
+
+def address(worker: WorkerProcess, transport: str) -> str:
+    chosen = worker.grpc if transport == "grpc" else worker.zmq
+    assert chosen is not None
+    return chosen
+
+
+@pytest.mark.parametrize("transport", ["grpc", "zmq"])
+def test_a_worker_killed_mid_epoch_loses_nothing(
+    tmp_path: pathlib.Path, transport: str, reference: list[str]
+) -> None:
+    with workers(tmp_path, 3, zmq=True) as running:
+        targets = [address(worker, transport) for worker in running]
+        with builder(targets, request_timeout=30).build() as loader:
+            iterator = iter(loader)
+            seen = [next(iterator) for _ in range(5)]
+            running[1].process.kill()  # kill -9, with requests in flight on it
+            seen += list(iterator)
+    assert digests(seen) == reference
+
+
+def test_a_hung_worker_is_passed_over_at_the_deadline(
+    tmp_path: pathlib.Path, reference: list[str]
+) -> None:
+    with workers(tmp_path, 3) as running:
+        targets = [address(worker, "grpc") for worker in running]
+        with builder(targets, request_timeout=1.0).build() as loader:
+            os.kill(running[0].process.pid, signal.SIGSTOP)
+            try:
+                batches = digests(loader)
+            finally:
+                os.kill(running[0].process.pid, signal.SIGCONT)
+    assert batches == reference
+
+
+def test_a_slow_worker_is_hedged_before_its_deadline(
+    tmp_path: pathlib.Path, reference: list[str]
+) -> None:
+    with workers(tmp_path, 2) as running:
+        targets = [address(worker, "grpc") for worker in running]
+        # The deadline never comes within the test: only hedging can get past the stopped worker.
+        with builder(targets, request_timeout=3600, hedge_after=0.2).build() as loader:
+            os.kill(running[0].process.pid, signal.SIGSTOP)
+            try:
+                batches = digests(loader)
+            finally:
+                os.kill(running[0].process.pid, signal.SIGCONT)
+    assert batches == reference
+
+
+def test_a_worker_restarted_on_its_address_is_used_again(
+    tmp_path: pathlib.Path, reference: list[str]
+) -> None:
+    port = free_port()
+    pinned = ["--grpc", f"127.0.0.1:{port}"]
+    (tmp_path / "first").mkdir()
+    (tmp_path / "second").mkdir()
+    (tmp_path / "helper").mkdir()
+    with worker_process(tmp_path / "helper", IMAGES) as helper:
+        with worker_process(tmp_path / "first", IMAGES, args=pinned) as first:
+            loader = builder([f"grpc://127.0.0.1:{port}", address(helper, "grpc")]).build()
+            iterator = iter(loader)
+            seen = [next(iterator) for _ in range(4)]
+            first.process.kill()
+            first.process.wait()
+        with worker_process(tmp_path / "second", IMAGES, args=pinned):
+            # Only the restarted worker is left: the rest must come from it.
+            loader.remove_target(address(helper, "grpc"))
+            seen += list(iterator)
+            assert loader.targets == [f"grpc://127.0.0.1:{port}"]
+        loader.close()
+    assert digests(seen) == reference
+
+
+def test_workers_added_and_removed_mid_epoch_change_nothing(
+    tmp_path: pathlib.Path, reference: list[str]
+) -> None:
+    with workers(tmp_path, 3, zmq=True) as running:
+        with builder([address(running[0], "grpc")]).build() as loader:
+            iterator = iter(loader)
+            seen = [next(iterator) for _ in range(3)]
+            loader.add_target(address(running[1], "zmq"))
+            loader.add_target(address(running[2], "grpc"))
+            seen += [next(iterator) for _ in range(6)]
+            loader.remove_target(address(running[0], "grpc"))
+            seen += list(iterator)
+            assert sorted(loader.targets) == sorted(
+                [address(running[1], "zmq"), address(running[2], "grpc")]
+            )
+    assert digests(seen) == reference
+
+
+def test_a_name_listing_several_addresses_is_looked_up_again(
+    tmp_path: pathlib.Path, reference: list[str]
+) -> None:
+    port = free_port()
+    listed = ["127.0.0.1"]
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    with (
+        worker_process(tmp_path / "a", IMAGES, args=["--grpc", f"127.0.0.1:{port}"]),
+        worker_process(tmp_path / "b", IMAGES, args=["--grpc", f"127.0.0.2:{port}"]),
+    ):
+        loader = RemoteDataLoader(
+            [f"grpc://workers.test:{port}"], pipeline="images", resolver=lambda host: list(listed)
+        )
+        with loader.batch_size(BATCH).shuffle(seed=SEED).build() as remote:
+            assert remote.targets == [f"grpc://127.0.0.1:{port}"]
+            iterator = iter(remote)
+            seen = [next(iterator) for _ in range(3)]
+            listed[:] = ["127.0.0.1", "127.0.0.2"]
+            remote.refresh()
+            assert sorted(remote.targets) == [f"grpc://127.0.0.{i}:{port}" for i in (1, 2)]
+            seen += [next(iterator) for _ in range(3)]
+            listed[:] = ["127.0.0.2"]
+            remote.refresh()
+            assert remote.targets == [f"grpc://127.0.0.2:{port}"]
+            seen += list(iterator)
+    assert digests(seen) == reference
+
+
+def test_with_no_worker_left_iteration_fails_naming_every_target(tmp_path: pathlib.Path) -> None:
+    with workers(tmp_path, 2) as running:
+        targets = [address(worker, "grpc") for worker in running]
+        loader = builder(targets, no_worker_timeout=2.0).build()
+        iterator = iter(loader)
+        next(iterator)
+        for worker in running:
+            worker.process.kill()
+            worker.process.wait()
+        with pytest.raises(WorkerError, match="UNAVAILABLE: no worker served step") as error:
+            list(iterator)
+        for target in targets:
+            assert f"{target} (last error:" in error.value.message
+        loader.close()
+
+
+def test_a_worker_back_within_the_timeout_lets_iteration_continue(
+    tmp_path: pathlib.Path, reference: list[str]
+) -> None:
+    port = free_port()
+    pinned = ["--grpc", f"127.0.0.1:{port}"]
+    (tmp_path / "before").mkdir()
+    (tmp_path / "after").mkdir()
+    with worker_process(tmp_path / "before", IMAGES, args=pinned) as before:
+        loader = builder([f"grpc://127.0.0.1:{port}"], no_worker_timeout=120).build()
+        iterator = iter(loader)
+        seen = [next(iterator) for _ in range(2)]
+        before.process.kill()
+        before.process.wait()
+    with worker_process(tmp_path / "after", IMAGES, args=pinned):
+        seen += list(iterator)
+    loader.close()
+    assert digests(seen) == reference
