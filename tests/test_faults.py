@@ -151,18 +151,20 @@ def test_a_worker_restarted_on_its_address_is_used_again(
 def test_workers_added_and_removed_mid_epoch_change_nothing(
     tmp_path: pathlib.Path, reference: list[str]
 ) -> None:
-    with workers(tmp_path, 3, zmq=True) as running:
-        with builder([address(running[0], "grpc")]).build() as loader:
-            iterator = iter(loader)
-            seen = [next(iterator) for _ in range(3)]
-            loader.add_target(address(running[1], "zmq"))
-            loader.add_target(address(running[2], "grpc"))
-            seen += [next(iterator) for _ in range(6)]
-            loader.remove_target(address(running[0], "grpc"))
-            seen += list(iterator)
-            assert sorted(loader.targets) == sorted(
-                [address(running[1], "zmq"), address(running[2], "grpc")]
-            )
+    with (
+        workers(tmp_path, 3, zmq=True) as running,
+        builder([address(running[0], "grpc")]).build() as loader,
+    ):
+        iterator = iter(loader)
+        seen = [next(iterator) for _ in range(3)]
+        loader.add_target(address(running[1], "zmq"))
+        loader.add_target(address(running[2], "grpc"))
+        seen += [next(iterator) for _ in range(6)]
+        loader.remove_target(address(running[0], "grpc"))
+        seen += list(iterator)
+        assert sorted(loader.targets) == sorted(
+            [address(running[1], "zmq"), address(running[2], "grpc")]
+        )
     assert digests(seen) == reference
 
 

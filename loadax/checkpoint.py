@@ -1,0 +1,96 @@
+"""Orbax integration: a loadax iterator's state saved next to the model by a `CheckpointManager`.
+
+Needs the optional extra (`pip install 'loadax[orbax]'`); nothing else in loadax imports it.
+Every JAX process has its own iterator, so each writes its own `process_<index>.json` in the item
+directory. A loadax state is global (the plan and the next step, equal in every process), so a
+process without a file of its own (the number of processes changed) restores process 0's.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import uuid
+from typing import Any
+
+import jax
+import orbax.checkpoint as ocp  # type: ignore[import-untyped]
+from etils import epath  # type: ignore[import-untyped]
+
+from loadax.engine import LoaderIterator
+
+__all__ = ["LoaderCheckpointHandler", "LoaderRestore", "LoaderSave", "state_file"]
+
+
+def state_file(directory: epath.Path, process_index: int) -> epath.Path:
+    """The file that process `process_index` writes its iterator's state to."""
+    return epath.Path(directory) / f"process_{process_index}.json"
+
+
+class LoaderCheckpointHandler(ocp.CheckpointHandler):  # type: ignore[misc]
+    """Saves and restores a `LoaderIterator`'s state as JSON, one file per JAX process."""
+
+    def save(self, directory: epath.Path, args: LoaderSave) -> None:
+        """Write this process's iterator state atomically: a temporary file, then a rename."""
+        state = args.iterator.get_state()
+        final = state_file(directory, jax.process_index())
+        temporary = final.parent / f".{final.name}.{uuid.uuid4().hex}.tmp"
+        temporary.write_text(json.dumps(state))
+        temporary.replace(final)
+
+    def restore(
+        self, directory: epath.Path, args: LoaderRestore | None = None
+    ) -> LoaderIterator[Any] | dict[str, Any]:
+        """Restore into `args.iterator` and return it; without an iterator, return the state.
+
+        Reads this process's file, or process 0's where this process has none.
+        """
+        directory = epath.Path(directory)
+        if not directory.exists():
+            raise FileNotFoundError(f"no loadax iterator checkpoint at {directory}")
+        own, first = state_file(directory, jax.process_index()), state_file(directory, 0)
+        path = own if own.exists() else first
+        if not path.exists():
+            found = sorted(child.name for child in directory.iterdir())
+            raise FileNotFoundError(
+                f"no loadax iterator state in {directory}: neither {own.name} nor "
+                f"{first.name} exists (it holds {found})"
+            )
+        try:
+            state = json.loads(path.read_text())
+        except json.JSONDecodeError as error:
+            raise ValueError(f"{path} is not a loadax iterator state: {error}") from None
+        if not isinstance(state, dict):
+            raise ValueError(f"{path} holds a {type(state).__name__}, not a loadax iterator state")
+        if args is None or args.iterator is None:
+            return state
+        args.iterator.set_state(state)  # rejects a state of another plan, naming the difference
+        return args.iterator
+
+
+@ocp.args.register_with_handler(LoaderCheckpointHandler, for_save=True)
+@dataclasses.dataclass
+class LoaderSave(ocp.args.CheckpointArgs):  # type: ignore[misc]
+    """Save the state of `iterator`, a local or remote loader's iterator."""
+
+    iterator: LoaderIterator[Any]
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.iterator, LoaderIterator):
+            raise TypeError(_not_an_iterator("LoaderSave", self.iterator))
+
+
+@ocp.args.register_with_handler(LoaderCheckpointHandler, for_restore=True)
+@dataclasses.dataclass
+class LoaderRestore(ocp.args.CheckpointArgs):  # type: ignore[misc]
+    """Restore into `iterator`, which the restore returns; with none, it returns the state."""
+
+    iterator: LoaderIterator[Any] | None = None
+
+    def __post_init__(self) -> None:
+        if self.iterator is not None and not isinstance(self.iterator, LoaderIterator):
+            raise TypeError(_not_an_iterator("LoaderRestore", self.iterator))
+
+
+def _not_an_iterator(where: str, value: object) -> str:
+    return f"{where} needs a loadax iterator (iter(loader)), got {type(value).__name__}"
