@@ -1,5 +1,6 @@
 """The remote client: `RemoteDataLoader` and the transports it reaches workers with."""
 
 from loadax.client.remote import RemoteDataLoader, RemoteLoader
+from loadax.client.security import ClientSecurity
 
-__all__ = ["RemoteDataLoader", "RemoteLoader"]
+__all__ = ["ClientSecurity", "RemoteDataLoader", "RemoteLoader"]

@@ -18,6 +18,7 @@ from typing import Any, Self
 
 import loadax
 from loadax.client.dispatch import Dispatcher, FailoverOptions
+from loadax.client.security import ClientSecurity
 from loadax.client.targets import Target, TargetSpec, connect
 from loadax.engine import BatchSource, FuturePending, Pending
 from loadax.loader import DEFAULT_PREFETCH, Loader, LoaderBuilder, LoaderOptions
@@ -45,6 +46,7 @@ class RemoteDataLoader(LoaderBuilder):
 
     A target whose host is a name stands for every address the name lists; the name is looked
     up again every `resolve_every` seconds and workers are added and removed to match.
+    `security` sets TLS, CURVE and a token for every connection (see SECURITY.md).
     """
 
     def __init__(
@@ -54,6 +56,7 @@ class RemoteDataLoader(LoaderBuilder):
         *,
         resolver: Resolver = resolve_host,
         resolve_every: float = 30.0,
+        security: ClientSecurity | None = None,
     ) -> None:
         super().__init__()
         if isinstance(targets, str) or not targets:
@@ -62,6 +65,7 @@ class RemoteDataLoader(LoaderBuilder):
             raise ValueError(f"pipeline must be a pipeline name, got {pipeline!r}")
         self._targets, self._pipeline = list(targets), pipeline
         self._resolver, self._resolve_every = resolver, resolve_every
+        self._security = security
         self._failover = FailoverOptions()
 
     def prefetch(self, batches: int) -> Self:
@@ -89,6 +93,7 @@ class RemoteDataLoader(LoaderBuilder):
             self._failover,
             resolver=self._resolver,
             resolve_every=self._resolve_every,
+            security=self._security,
         )
 
     def _with_failover(self, **changes: Any) -> Self:
@@ -112,12 +117,13 @@ class RemoteLoader(Loader[Any]):
         *,
         resolver: Resolver = resolve_host,
         resolve_every: float = 30.0,
+        security: ClientSecurity | None = None,
     ) -> None:
-        self._pipeline, self._resolver = pipeline, resolver
+        self._pipeline, self._resolver, self._security = pipeline, resolver, security
         self._names = [spec for spec in specs if isinstance(spec, str) and _host_is_name(spec)]
         self._from_names = {target for name in self._names for target in self._resolve(name)}
         fixed = [spec for spec in specs if not (isinstance(spec, str) and _host_is_name(spec))]
-        targets = _connect_all([*fixed, *sorted(self._from_names)])
+        targets = _connect_all([*fixed, *sorted(self._from_names)], security)
         try:
             self._fingerprint, num_records = _handshake(targets, pipeline, options.plan(1))
         except BaseException:
@@ -144,7 +150,7 @@ class RemoteLoader(Loader[Any]):
 
     def add_target(self, spec: TargetSpec) -> None:
         """Start using another worker, after checking it serves the same pipeline."""
-        (target,) = _connect_all([spec])
+        (target,) = _connect_all([spec], self._security)
         try:
             _handshake([target], self._pipeline, self._handshake_plan, self._fingerprint)
             self._dispatcher.add(target)
@@ -237,11 +243,11 @@ def _host_is_name(spec: str) -> bool:
     return False
 
 
-def _connect_all(specs: Sequence[TargetSpec]) -> list[Target]:
+def _connect_all(specs: Sequence[TargetSpec], security: ClientSecurity | None) -> list[Target]:
     targets: list[Target] = []
     try:
         for spec in specs:
-            targets.append(connect(spec))
+            targets.append(connect(spec, security))
     except BaseException:
         _close_all(targets)
         raise

@@ -11,6 +11,7 @@ from typing import Any, Protocol
 
 import grpc
 
+from loadax.client.security import ClientSecurity
 from loadax.client.zmq_transport import ZmqTarget
 from loadax.codec import decode
 from loadax.errors import WorkerError
@@ -46,13 +47,28 @@ class WorkerLike(Protocol):
 
 
 class GrpcTarget:
-    """A worker reached over gRPC at "grpc://host:port"."""
+    """A worker reached over gRPC at "grpc://host:port"; over TLS when `security.ca_cert` is
+    set, with `security.token` in every call's metadata."""
 
-    def __init__(self, address: str) -> None:
+    def __init__(self, address: str, security: ClientSecurity | None = None) -> None:
         self.name = address
-        self._channel = grpc.insecure_channel(
-            address.removeprefix("grpc://"),
-            options=[("grpc.max_receive_message_length", _MAX_BATCH_BYTES)],
+        security = security or ClientSecurity()
+        options: list[tuple[str, Any]] = [("grpc.max_receive_message_length", _MAX_BATCH_BYTES)]
+        target = address.removeprefix("grpc://")
+        if security.ca_cert is None:
+            self._channel = grpc.insecure_channel(target, options=options)
+        else:
+            if security.tls_server_name is not None:
+                options.append(("grpc.ssl_target_name_override", security.tls_server_name))
+            key, cert = security.client_key, security.client_cert
+            credentials = grpc.ssl_channel_credentials(
+                root_certificates=security.ca_cert.read_bytes(),
+                private_key=None if key is None else key.read_bytes(),
+                certificate_chain=None if cert is None else cert.read_bytes(),
+            )
+            self._channel = grpc.secure_channel(target, credentials, options=options)
+        self._metadata = (
+            None if security.token is None else (("authorization", f"Bearer {security.token}"),)
         )
         self._stub = worker_pb2_grpc.WorkerStub(self._channel)
 
@@ -61,7 +77,7 @@ class GrpcTarget:
     ) -> wire.HandshakeResponse:
         try:
             response: wire.HandshakeResponse = self._stub.Handshake(
-                request, timeout=timeout, wait_for_ready=True
+                request, timeout=timeout, wait_for_ready=True, metadata=self._metadata
             )
         except grpc.RpcError as error:
             raise _worker_error(error) from None
@@ -69,7 +85,8 @@ class GrpcTarget:
 
     def load_batch(self, request: wire.BatchRequest) -> Future[Any]:
         batch: Future[Any] = Future()
-        call = self._stub.LoadBatch.future(request, wait_for_ready=True)
+        # Fail fast on a lost connection: the dispatcher sends the request elsewhere.
+        call = self._stub.LoadBatch.future(request, wait_for_ready=False, metadata=self._metadata)
 
         def done(finished: Any) -> None:
             if batch.cancelled():
@@ -120,13 +137,18 @@ def _worker_error(error: grpc.RpcError) -> WorkerError:
 TargetSpec = str | WorkerLike
 
 
-def connect(spec: TargetSpec) -> Target:
-    """A target from "grpc://host:port", "zmq://host:port" or a worker object."""
+def connect(spec: TargetSpec, security: ClientSecurity | None = None) -> Target:
+    """A target from "grpc://host:port", "zmq://host:port" or a worker object.
+
+    `security` applies to the addresses; a worker object is called directly, without it.
+    """
+    if security is not None and not isinstance(security, ClientSecurity):
+        raise ValueError(f"security must be a ClientSecurity, got {type(security).__name__}")
     if isinstance(spec, str):
         if spec.startswith("grpc://"):
-            return GrpcTarget(spec)
+            return GrpcTarget(spec, security)
         if spec.startswith("zmq://"):
-            return ZmqTarget(spec)
+            return ZmqTarget(spec, security)
         raise ValueError(f"target {spec!r} must start with grpc:// or zmq://")
     if callable(getattr(spec, "load_batch", None)) and callable(getattr(spec, "handshake", None)):
         return InProcessTarget(spec)

@@ -16,7 +16,9 @@ from concurrent.futures import Future
 from typing import Any, Generic, TypeVar
 
 import zmq
+from zmq.utils.monitor import parse_monitor_message
 
+from loadax.client.security import ClientSecurity
 from loadax.codec import CodecError, decode
 from loadax.errors import WorkerError
 from loadax.wire import zmq_frames
@@ -28,6 +30,13 @@ DEFAULT_TIMEOUT_S = 30.0
 _BURST = 256  # replies taken per poll, so that submissions are not starved
 _WAKE = "inproc://loadax-zmq-wake"
 _HEARTBEAT_MS, _HEARTBEAT_TIMEOUT_MS = 1_000, 10_000
+_EVENTS = (
+    zmq.EVENT_DISCONNECTED
+    | zmq.EVENT_HANDSHAKE_SUCCEEDED
+    | zmq.EVENT_HANDSHAKE_FAILED_AUTH
+    | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+    | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
+)
 
 T = TypeVar("T")
 Frames = Sequence[memoryview]
@@ -44,14 +53,35 @@ class ZmqTarget:
 
     Requests are multiplexed on one connection and matched to replies by request id; ZeroMQ
     reconnects by itself, and requests sent before a connection exists wait for it.
+
+    With `security.curve_server_key` the connection is CURVE-encrypted, and `security.token`
+    goes with every request. A worker that refuses the security handshake (a CURVE key it does
+    not allow, or CURVE on one side only) fails every request with UNAUTHENTICATED, for good:
+    ZeroMQ does not retry such a connection.
     """
 
-    def __init__(self, address: str, *, max_reply_bytes: int | None = None) -> None:
+    def __init__(
+        self,
+        address: str,
+        security: ClientSecurity | None = None,
+        *,
+        max_reply_bytes: int | None = None,
+    ) -> None:
         self.name = address
         endpoint = _endpoint(address)
+        security = security or ClientSecurity()
+        self._token = security.token
+        self._curve = security.curve_server_key is not None
         self._context: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
         self._dealer = self._context.socket(zmq.DEALER)
         self._dealer.setsockopt(zmq.LINGER, 0)
+        if security.curve_server_key is not None:
+            public, secret = security.curve_client_keypair or tuple(
+                key.decode("ascii") for key in zmq.curve_keypair()
+            )
+            self._dealer.setsockopt(zmq.CURVE_SERVERKEY, security.curve_server_key.encode())
+            self._dealer.setsockopt(zmq.CURVE_PUBLICKEY, public.encode())
+            self._dealer.setsockopt(zmq.CURVE_SECRETKEY, secret.encode())
         # Replies are bounded by the requests in flight; refusing them would only lose them.
         self._dealer.setsockopt(zmq.RCVHWM, 0)
         if max_reply_bytes is not None:
@@ -61,7 +91,8 @@ class ZmqTarget:
         self._dealer.setsockopt(zmq.HEARTBEAT_IVL, _HEARTBEAT_MS)
         self._dealer.setsockopt(zmq.HEARTBEAT_TIMEOUT, _HEARTBEAT_TIMEOUT_MS)
         # A lost connection loses the requests it carried: they are failed, to be retried.
-        self._monitor = self._dealer.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+        # A refused security handshake fails them for good.
+        self._monitor = self._dealer.get_monitor_socket(_EVENTS)
         self._wake_in = self._context.socket(zmq.PULL)
         self._wake_in.setsockopt(zmq.LINGER, 0)
         self._wake_in.setsockopt(zmq.RCVHWM, 0)
@@ -70,7 +101,7 @@ class ZmqTarget:
         self._wake_out.setsockopt(zmq.LINGER, 0)
         self._wake_out.setsockopt(zmq.SNDHWM, 0)
         self._wake_out.connect(_WAKE)
-        # `_lock` guards `_pending`, `_closed` and `_wake_out`, which any thread may use.
+        # `_lock` guards `_pending`, `_closed`, `_refused` and `_wake_out`, which any thread uses.
         self._lock = threading.Lock()
         try:
             self._dealer.connect(endpoint)
@@ -79,6 +110,11 @@ class ZmqTarget:
             raise ValueError(f"invalid ZeroMQ address {address!r}: {error}") from None
         self._pending: dict[int, _Pending[Any]] = {}
         self._closed = False
+        self._refused: WorkerError | None = None
+        # Owned by the I/O thread: whether the current connection finished its handshake.
+        self._handshaked = False
+        # Connections whose handshake failed without a reason (e.g. a wrong CURVE server key).
+        self._handshake_failures = 0
         self._outbox: queue.SimpleQueue[tuple[int, list[bytes]] | None] = queue.SimpleQueue()
         self._ids = itertools.count(1)
         self._thread = threading.Thread(target=self._serve, name="loadax-zmq-client", daemon=True)
@@ -136,19 +172,30 @@ class ZmqTarget:
         except TimeoutError:
             future.cancel()
             method = zmq_frames.method_of(request).decode()
-            raise WorkerError(
-                "DEADLINE_EXCEEDED", f"{self.name} did not answer {method} within {timeout} s"
-            ) from None
+            message = f"{self.name} did not answer {method} within {timeout} s"
+            if self._handshake_failures:
+                message += (
+                    f"; {self._handshake_failures} connections failed their security handshake: "
+                    + (
+                        "is curve_server_key the worker's public key?"
+                        if self._curve
+                        else "does the worker require CURVE (ClientSecurity.curve_server_key)?"
+                    )
+                )
+            raise WorkerError("DEADLINE_EXCEEDED", message) from None
 
     def _submit(
         self, request: zmq_frames.RequestMessage, complete: Callable[[Frames], T]
     ) -> Future[T]:
         future: Future[T] = Future()
         request_id = next(self._ids)
-        frames = zmq_frames.request_frames(request_id, request)
+        frames = zmq_frames.request_frames(request_id, request, self._token)
         with self._lock:
             if self._closed:
                 future.set_exception(WorkerError("UNAVAILABLE", f"{self.name} is closed"))
+                return future
+            if self._refused is not None:
+                future.set_exception(self._refused)
                 return future
             self._pending[request_id] = _Pending(future, complete)
             self._outbox.put((request_id, frames))
@@ -187,7 +234,7 @@ class ZmqTarget:
                 if self._dealer in ready:
                     self._receive_replies()
                 if self._monitor in ready:
-                    self._on_disconnect()
+                    self._on_monitor_events()
         except Exception:
             log.exception("the ZeroMQ I/O thread of %s failed", self.name)
         finally:
@@ -246,18 +293,62 @@ class ZmqTarget:
                 if entry.future.set_running_or_notify_cancel():
                     entry.future.set_result(result)
 
-    def _on_disconnect(self) -> None:
+    def _on_monitor_events(self) -> None:
+        refused: WorkerError | None = None
+        lost = False
         while True:
             try:
-                self._monitor.recv_multipart(zmq.NOBLOCK)
+                event = parse_monitor_message(self._monitor.recv_multipart(zmq.NOBLOCK))
             except zmq.Again:
                 break
+            kind, value = event["event"], event["value"]
+            if kind == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+                self._handshaked = True
+            elif kind == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
+                refused = WorkerError(
+                    "UNAUTHENTICATED",
+                    f"{self.name} refused this client's CURVE key (ZAP status {value}): it is "
+                    "not on the worker's allowed_clients",
+                )
+            elif kind == zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL:
+                refused = WorkerError("UNAUTHENTICATED", self._protocol_failure(value))
+            elif kind == zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL:
+                self._handshake_failures += 1
+            elif kind == zmq.EVENT_DISCONNECTED:
+                # Requests leave only once a handshake is done: before, they wait in ZeroMQ's
+                # queue for the next connection, and a lost connection loses none of them.
+                lost = lost or self._handshaked
+                self._handshaked = False
+        if refused is not None:
+            # ZeroMQ gives up on the connection: nothing pending will ever be sent.
+            log.error("%s", refused)
+            with self._lock:
+                self._refused = refused
+                pending, self._pending = list(self._pending.values()), {}
+            for entry in pending:
+                _fail(entry.future, refused)
+            return
+        if not lost:
+            return
         with self._lock:
             pending, self._pending = list(self._pending.values()), {}
         if pending:
             log.warning("lost the connection to %s with %d requests", self.name, len(pending))
         for entry in pending:
             _fail(entry.future, WorkerError("UNAVAILABLE", f"lost the connection to {self.name}"))
+
+    def _protocol_failure(self, code: int) -> str:
+        if code == zmq.PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH:
+            if self._curve:
+                return (
+                    f"{self.name} does not use CURVE, but this client does (curve_server_key "
+                    "is set): the security handshake failed"
+                )
+            return (
+                f"{self.name} requires CURVE: set ClientSecurity.curve_server_key to the "
+                "worker's public key"
+            )
+        return f"the security handshake with {self.name} failed: ZeroMQ protocol error {code:#x}"
 
     def _fail_request(self, request_id: int, message: str) -> None:
         with self._lock:

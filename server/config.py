@@ -10,14 +10,29 @@ import difflib
 import importlib
 import json
 import re
+import ssl
 import tomllib
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
+
+import zmq
 
 from loadax.pipeline import Pipeline
+from loadax.wire.zmq_frames import check_token, curve_key
 
-_SERVER_KEYS = ("grpc", "zmq", "threads", "max_in_flight_per_client")
+_SERVER_KEYS = (
+    "grpc",
+    "zmq",
+    "threads",
+    "max_in_flight_per_client",
+    "token_file",
+    "tls",
+    "curve",
+)
+_TLS_KEYS = ("cert", "key", "client_ca")
+_CURVE_KEYS = ("secret_key_file", "allowed_clients")
+MIN_TOKEN_CHARS = 16
 _PIPELINE_KEYS = ("factory", "args")
 _FACTORY = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
 _HOST = re.compile(r"^(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.-]+)$")
@@ -41,8 +56,31 @@ class PipelineConfig:
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
+class TlsConfig:
+    """`[server.tls]`, as PEM: the worker's certificate chain and key, and the CA that clients'
+    certificates must be signed by (mutual TLS) or None (any client may connect)."""
+
+    cert_chain: bytes
+    private_key: bytes = dataclasses.field(repr=False)
+    client_ca: bytes | None = None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class CurveConfig:
+    """`[server.curve]`: the worker's CURVE keypair (Z85) and the client public keys it admits
+    (None: any client that knows the worker's public key)."""
+
+    public_key: bytes
+    secret_key: bytes = dataclasses.field(repr=False)
+    allowed_clients: frozenset[bytes] | None = None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
 class WorkerConfig:
-    """A parsed config; `source` is the file it came from, for error messages."""
+    """A parsed config; `source` is the file it came from, for error messages.
+
+    `token`, when set, is the shared secret every request must carry.
+    """
 
     source: str
     pipelines: tuple[PipelineConfig, ...]
@@ -50,6 +88,9 @@ class WorkerConfig:
     zmq: str | None = None
     threads: int = 4
     max_in_flight_per_client: int = 16
+    tls: TlsConfig | None = None
+    curve: CurveConfig | None = None
+    token: str | None = dataclasses.field(default=None, repr=False)
 
     def error(self, message: str) -> ConfigError:
         return ConfigError(f"{self.source}: {message}")
@@ -148,6 +189,18 @@ def _parse(
         raise fail("no pipelines: add at least one [pipelines.NAME] table with a factory")
     if not isinstance(pipelines, dict):
         raise fail(f"pipelines must be tables [pipelines.NAME], got {_show(pipelines)}")
+    base = Path(source).parent
+    tls = curve = token = None
+    if "tls" in server:
+        if grpc is None:
+            raise fail("[server.tls] secures gRPC, but [server] has no grpc address")
+        tls = _tls(source, base, server["tls"])
+    if "curve" in server:
+        if zmq is None:
+            raise fail("[server.curve] secures ZeroMQ, but [server] has no zmq endpoint")
+        curve = _curve(source, base, server["curve"])
+    if "token_file" in server:
+        token = _token(source, base, server["token_file"])
     return WorkerConfig(
         source=source,
         pipelines=tuple(_pipeline(source, name, table) for name, table in pipelines.items()),
@@ -155,7 +208,153 @@ def _parse(
         zmq=zmq,
         threads=_positive_int(source, server, "threads", 4),
         max_in_flight_per_client=_positive_int(source, server, "max_in_flight_per_client", 16),
+        tls=tls,
+        curve=curve,
+        token=token,
     )
+
+
+def _tls(source: str, base: Path, table: Any) -> TlsConfig:
+    if not isinstance(table, dict):
+        raise ConfigError(f"{source}: [server.tls] must be a table, got {_show(table)}")
+    _check_keys(source, table, _TLS_KEYS, "[server.tls].")
+    for required in ("cert", "key"):
+        if required not in table:
+            raise ConfigError(
+                f"{source}: [server.tls].{required} is missing: name a PEM file "
+                "(the worker's certificate chain as cert, its private key as key)"
+            )
+    cert_path = _path(source, base, "[server.tls].cert", table["cert"])
+    key_path = _path(source, base, "[server.tls].key", table["key"])
+    cert = _read(source, "[server.tls].cert", cert_path)
+    key = _read(source, "[server.tls].key", key_path)
+    _certificates(source, "[server.tls].cert", cert)
+
+    def encrypted() -> NoReturn:
+        raise ConfigError(
+            f"{source}: [server.tls].key: {key_path} is encrypted; gRPC needs an unencrypted key"
+        )
+
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    try:
+        context.load_cert_chain(cert_path, key_path, password=encrypted)
+    except (ssl.SSLError, ValueError) as error:
+        raise ConfigError(
+            f"{source}: [server.tls].key: {key_path} is not a PEM private key that matches "
+            f"[server.tls].cert: {error}"
+        ) from None
+    client_ca = None
+    if "client_ca" in table:
+        path = _path(source, base, "[server.tls].client_ca", table["client_ca"])
+        client_ca = _read(source, "[server.tls].client_ca", path)
+        _certificates(source, "[server.tls].client_ca", client_ca)
+    return TlsConfig(cert_chain=cert, private_key=key, client_ca=client_ca)
+
+
+def _certificates(source: str, key: str, pem: bytes) -> None:
+    """Refuses `pem` unless it holds PEM certificates, and nothing but valid ones."""
+    try:
+        text = pem.decode("ascii")
+        if "-----BEGIN CERTIFICATE-----" not in text:
+            raise ValueError("no PEM certificate (-----BEGIN CERTIFICATE-----) in it")
+        ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT).load_verify_locations(cadata=text)
+    except (UnicodeDecodeError, ValueError, ssl.SSLError) as error:
+        raise ConfigError(f"{source}: {key}: not a PEM certificate file: {error}") from None
+
+
+def _curve(source: str, base: Path, table: Any) -> CurveConfig:
+    if not isinstance(table, dict):
+        raise ConfigError(f"{source}: [server.curve] must be a table, got {_show(table)}")
+    _check_keys(source, table, _CURVE_KEYS, "[server.curve].")
+    if not zmq.has("curve"):
+        raise ConfigError(f"{source}: [server.curve]: this libzmq was built without CURVE")
+    key = "[server.curve].secret_key_file"
+    if "secret_key_file" not in table:
+        raise ConfigError(
+            f"{source}: {key} is missing: name a file holding the worker's Z85 secret key"
+        )
+    path = _path(source, base, key, table["secret_key_file"])
+    public, secret = _curve_keypair(source, key, path, _read(source, key, path))
+    allowed = None
+    if "allowed_clients" in table:
+        keys = table["allowed_clients"]
+        if not isinstance(keys, list) or not keys:
+            raise ConfigError(
+                f"{source}: [server.curve].allowed_clients must be a non-empty list of Z85 "
+                f"client public keys (leave it out to admit any client that knows the worker's "
+                f"public key), got {_show(keys)}"
+            )
+        checked = []
+        for index, value in enumerate(keys):
+            try:
+                checked.append(curve_key(value))
+            except ValueError as error:
+                raise ConfigError(
+                    f"{source}: [server.curve].allowed_clients[{index}]: {error}"
+                ) from None
+        allowed = frozenset(checked)
+    return CurveConfig(public_key=public, secret_key=secret, allowed_clients=allowed)
+
+
+def _curve_keypair(source: str, key: str, path: Path, content: bytes) -> tuple[bytes, bytes]:
+    """(public, secret) from a file that holds a Z85 secret key alone, or a ZeroMQ certificate
+    with a `secret-key` line (as `zmq.auth.create_certificates` writes)."""
+    try:
+        text = content.decode("ascii").strip()
+    except UnicodeDecodeError:
+        raise ConfigError(f"{source}: {key}: {path} is not ASCII text") from None
+    fields: dict[str, str] = {}
+    if text and len(text.split()) == 1:
+        fields["secret-key"] = text
+    for line in text.splitlines():
+        name, separator, value = line.strip().partition("=")
+        if separator and name.strip() in ("public-key", "secret-key"):
+            fields[name.strip()] = value.strip().strip("\"'")
+    if "secret-key" not in fields:
+        raise ConfigError(
+            f"{source}: {key}: {path} holds no secret key: write the Z85 secret key alone, or "
+            'a ZeroMQ certificate with secret-key = "..."'
+        )
+    try:
+        secret = curve_key(fields["secret-key"])
+    except ValueError as error:
+        raise ConfigError(f"{source}: {key}: {path}: the secret key {error}") from None
+    public = zmq.curve_public(secret)
+    if "public-key" in fields and fields["public-key"].encode() != public:
+        raise ConfigError(
+            f"{source}: {key}: {path}: its public-key does not belong to its secret-key"
+        )
+    return public, secret
+
+
+def _token(source: str, base: Path, value: Any) -> str:
+    key = "[server].token_file"
+    path = _path(source, base, key, value)
+    try:
+        token = _read(source, key, path).decode("ascii").strip()
+        check_token(token)
+    except (UnicodeDecodeError, ValueError) as error:
+        raise ConfigError(f"{source}: {key}: {path}: not a usable token: {error}") from None
+    if len(token) < MIN_TOKEN_CHARS:
+        raise ConfigError(
+            f"{source}: {key}: {path}: the token has {len(token)} characters, fewer than "
+            f"{MIN_TOKEN_CHARS}; make one with `openssl rand -hex 32`"
+        )
+    return token
+
+
+def _path(source: str, base: Path, key: str, value: Any) -> Path:
+    """A file path from the config: relative ones are relative to the config file."""
+    if not isinstance(value, str) or not value:
+        raise ConfigError(f"{source}: {key} must be a file path, got {_show(value)}")
+    return base / Path(value).expanduser()
+
+
+def _read(source: str, key: str, path: Path) -> bytes:
+    try:
+        return path.read_bytes()
+    except OSError as error:
+        raise ConfigError(f"{source}: {key}: cannot read {path}: {error.strerror}") from None
 
 
 def _pipeline(source: str, name: str, table: Any) -> PipelineConfig:

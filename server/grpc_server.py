@@ -2,10 +2,13 @@
 
 Every refused or failed request becomes a gRPC status naming what is wrong; the server keeps
 serving. Memory stays bounded: few batches load at once, and each client has few calls in flight.
+Optionally TLS (mutual, with a client CA) secures the connection and a shared token must come
+with every Worker call; health checks and reflection stay open to probes.
 """
 
 from __future__ import annotations
 
+import hmac
 import logging
 import threading
 from collections.abc import Callable
@@ -17,6 +20,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from loadax.errors import WorkerError
+from loadax.server.config import TlsConfig
 from loadax.server.worker import Worker
 from loadax.wire.v1 import worker_pb2 as wire
 from loadax.wire.v1 import worker_pb2_grpc
@@ -39,6 +43,9 @@ class GrpcServer:
     `threads` batches load at once; a client (a connection, by `context.peer()`) may have
     `max_in_flight_per_client` LoadBatch calls in flight, and the server holds at most
     `max_concurrent_rpcs` calls; beyond either, calls get RESOURCE_EXHAUSTED.
+
+    With `tls` the server speaks only TLS; with `token`, Worker calls without the metadata
+    `authorization: Bearer <token>` get UNAUTHENTICATED.
     """
 
     def __init__(
@@ -49,6 +56,8 @@ class GrpcServer:
         threads: int,
         max_in_flight_per_client: int,
         max_concurrent_rpcs: int = 128,
+        tls: TlsConfig | None = None,
+        token: str | None = None,
     ) -> None:
         for name, value in (
             ("threads", threads),
@@ -58,6 +67,7 @@ class GrpcServer:
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be an int >= 1, got {value!r}")
         self._address = address
+        self._tls = tls
         # One handler thread per admitted call, so that a call is counted against its client
         # as soon as it arrives rather than when a busy pool gets round to it.
         self._executor = futures.ThreadPoolExecutor(
@@ -65,6 +75,7 @@ class GrpcServer:
         )
         self._server = grpc.server(
             self._executor,
+            interceptors=[] if token is None else [_TokenCheck(token)],
             maximum_concurrent_rpcs=max_concurrent_rpcs,
             options=[
                 ("grpc.max_send_message_length", MAX_SEND_BYTES),
@@ -90,7 +101,15 @@ class GrpcServer:
             raise RuntimeError("the gRPC server is started already")
         host = self._address.rpartition(":")[0]
         try:
-            port = self._server.add_insecure_port(self._address)
+            if self._tls is None:
+                port = self._server.add_insecure_port(self._address)
+            else:
+                credentials = grpc.ssl_server_credentials(
+                    [(self._tls.private_key, self._tls.cert_chain)],
+                    root_certificates=self._tls.client_ca,
+                    require_client_auth=self._tls.client_ca is not None,
+                )
+                port = self._server.add_secure_port(self._address, credentials)
         except RuntimeError as error:
             raise OSError(f"gRPC cannot listen on {self._address}: {error}") from error
         if not port:
@@ -107,6 +126,42 @@ class GrpcServer:
         self._health.enter_graceful_shutdown()
         self._server.stop(grace).wait()
         self._executor.shutdown(wait=True)
+
+
+class _TokenCheck(grpc.ServerInterceptor):  # type: ignore[misc]
+    """Refuses Worker calls without `authorization: Bearer <token>` before their request is
+    parsed; other services (health, reflection) pass."""
+
+    def __init__(self, token: str) -> None:
+        self._expected = f"Bearer {token}".encode("ascii")
+        self._prefix = f"/{SERVICE}/"
+
+    def intercept_service(self, continuation: Callable[[Any], Any], details: Any) -> Any:
+        if not details.method.startswith(self._prefix):
+            return continuation(details)
+        method = details.method.removeprefix(self._prefix)
+        given = [
+            value for key, value in details.invocation_metadata or () if key == "authorization"
+        ]
+        if not given:
+            return _refusal(
+                method,
+                "this worker requires a token: send the metadata 'authorization: Bearer <token>'",
+            )
+        value = given[0] if isinstance(given[0], bytes) else given[0].encode("utf-8", "replace")
+        if len(given) == 1 and hmac.compare_digest(value, self._expected):
+            return continuation(details)
+        return _refusal(method, "the token is wrong")
+
+
+def _refusal(method: str, message: str) -> Any:
+    """A handler that answers UNAUTHENTICATED; the request stays unparsed bytes."""
+
+    def refuse(request: bytes, context: Any) -> None:
+        log.warning("%s from %s refused: UNAUTHENTICATED %s", method, context.peer(), message)
+        context.abort(grpc.StatusCode.UNAUTHENTICATED, message)
+
+    return grpc.unary_unary_rpc_method_handler(refuse)
 
 
 class WorkerServicer:

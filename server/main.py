@@ -81,8 +81,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--check",
         action="store_true",
-        help="validate the config (parse it, import and call every factory), print one line "
-        "per pipeline and exit 0; exit 2 on an error",
+        help="validate the config (parse it, read the TLS, CURVE and token files, import and "
+        "call every factory), print one line per pipeline and per security setting and exit 0; "
+        "exit 2 on an error",
     )
     parser.add_argument(
         "--grpc",
@@ -120,6 +121,38 @@ def _summarise(config: WorkerConfig, worker: Worker) -> None:
             f"{pipeline.name}: {pipeline.factory}(**{args}) -> {served.num_records} records, "
             f"fingerprint {served.fingerprint[:12]}"
         )
+    for line in _security(config):
+        print(line)
+
+
+def _security(config: WorkerConfig) -> list[str]:
+    """One line per security setting, for --check (nothing when there are none)."""
+    lines = []
+    if config.tls is not None:
+        mutual = "mutual: clients need a certificate signed by client_ca"
+        lines.append(f"grpc: TLS ({mutual if config.tls.client_ca else 'server certificate'})")
+    if config.curve is not None:
+        allowed = config.curve.allowed_clients
+        admits = "any client" if allowed is None else f"{len(allowed)} allowed client keys"
+        lines.append(f"zmq: CURVE ({admits}), public key {config.curve.public_key.decode()}")
+    if config.token is not None:
+        lines.append("token: required on every request")
+    return lines
+
+
+def _warn_about_plaintext(config: WorkerConfig) -> None:
+    if config.token is None:
+        return
+    for name, address, secured in (
+        ("gRPC", config.grpc, config.tls is not None),
+        ("ZeroMQ", config.zmq, config.curve is not None),
+    ):
+        if address is not None and not secured:
+            log.warning(
+                "%s on %s is not encrypted: the token crosses the network in the clear",
+                name,
+                address,
+            )
 
 
 def _serve(config: WorkerConfig, worker: Worker, grace: float) -> None:
@@ -131,12 +164,17 @@ def _serve(config: WorkerConfig, worker: Worker, grace: float) -> None:
         "threads": config.threads,
         "max_in_flight_per_client": config.max_in_flight_per_client,
     }
+    _warn_about_plaintext(config)
     try:
         if config.grpc is not None:
-            servers.append(GrpcServer(worker, config.grpc, **limits))
+            servers.append(
+                GrpcServer(worker, config.grpc, tls=config.tls, token=config.token, **limits)
+            )
             bound["grpc"] = servers[-1].start()
         if config.zmq is not None:
-            servers.append(ZmqServer(worker, config.zmq, **limits))
+            servers.append(
+                ZmqServer(worker, config.zmq, curve=config.curve, token=config.token, **limits)
+            )
             bound["zmq"] = servers[-1].start()
     except Exception as error:
         log.error("cannot start: %s", error)
@@ -144,6 +182,8 @@ def _serve(config: WorkerConfig, worker: Worker, grace: float) -> None:
         raise SystemExit(EXIT_START) from None
     names = [pipeline.name for pipeline in config.pipelines]
     log.info("serving %s on gRPC %s, ZeroMQ %s", names, bound["grpc"], bound["zmq"])
+    for line in _security(config):
+        log.info("security: %s", line)
     _emit({"event": "ready", **bound, "pipelines": names})
 
     number = signals.wait()

@@ -1,11 +1,14 @@
 """The worker's ZeroMQ server: a ROUTER socket in front of a `Worker`.
 
 Framing is `loadax.wire.zmq_frames`. One I/O thread owns every socket it polls; a thread pool
-handles requests and hands the replies back to it over an inproc PUSH/PULL pair.
+handles requests and hands the replies back to it over an inproc PUSH/PULL pair. Optionally
+CURVE encrypts and authenticates connections (with a ZAP allow-list of client keys), and a
+shared token must come with every request.
 """
 
 from __future__ import annotations
 
+import hmac
 import logging
 import math
 import threading
@@ -14,8 +17,10 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 import zmq
+from zmq.auth.thread import ThreadAuthenticator
 
 from loadax.errors import WorkerError
+from loadax.server.config import CurveConfig
 from loadax.server.worker import Worker
 from loadax.wire import zmq_frames
 from loadax.wire.v1 import worker_pb2 as wire
@@ -35,6 +40,10 @@ class ZmqServer:
     At most `max_in_flight_per_client` requests of one peer are handled at a time; more are
     refused with RESOURCE_EXHAUSTED. A peer that sends a frame larger than `max_request_bytes`
     is disconnected by ZeroMQ.
+
+    With `curve` the socket is a CURVE server: only clients that know its public key (and, with
+    an allow-list, whose key is on it) connect. With `token`, requests without it get
+    UNAUTHENTICATED.
     """
 
     def __init__(
@@ -45,6 +54,8 @@ class ZmqServer:
         threads: int = 8,
         max_in_flight_per_client: int = 64,
         max_request_bytes: int = MAX_REQUEST_BYTES,
+        curve: CurveConfig | None = None,
+        token: str | None = None,
     ) -> None:
         for name, value in (
             ("threads", threads),
@@ -57,6 +68,9 @@ class ZmqServer:
         self._endpoint = endpoint.replace("zmq://", "tcp://", 1)
         self._max_in_flight = max_in_flight_per_client
         self._max_request_bytes = max_request_bytes
+        self._curve = curve
+        self._token = None if token is None else token.encode("ascii")
+        self._authenticator: ThreadAuthenticator | None = None
         self._stopping = threading.Event()
         self._stop_lock = threading.Lock()  # a second stop() waits for the first
         self._grace = 0.0
@@ -89,10 +103,13 @@ class ZmqServer:
         # Frees what a client that vanished without closing its connection holds.
         router.setsockopt(zmq.HEARTBEAT_IVL, _HEARTBEAT_MS)
         router.setsockopt(zmq.HEARTBEAT_TIMEOUT, _HEARTBEAT_TIMEOUT_MS)
+        if self._curve is not None:
+            self._secure(context, router, self._curve)
         try:
             router.bind(self._endpoint)
         except zmq.ZMQError as error:
             router.close(linger=0)
+            self._stop_authenticator()
             context.term()
             raise OSError(f"cannot bind the ZeroMQ server to {self._endpoint}: {error}") from error
         endpoint = router.getsockopt_string(zmq.LAST_ENDPOINT)
@@ -110,6 +127,25 @@ class ZmqServer:
         self._thread.start()
         log.info("serving ZeroMQ on %s", endpoint)
         return endpoint
+
+    def _secure(
+        self, context: zmq.Context[zmq.Socket[bytes]], router: zmq.Socket[bytes], curve: CurveConfig
+    ) -> None:
+        """Make `router` a CURVE server; with an allow-list, start the ZAP handler that checks
+        client keys (before binding, so that no client connects unchecked)."""
+        router.setsockopt(zmq.CURVE_SECRETKEY, curve.secret_key)
+        router.setsockopt(zmq.CURVE_PUBLICKEY, curve.public_key)
+        router.setsockopt(zmq.CURVE_SERVER, 1)
+        if curve.allowed_clients is None:
+            return
+        self._authenticator = ThreadAuthenticator(context, log=log.getChild("zap"))
+        self._authenticator.start()
+        self._authenticator.configure_curve_callback("*", _AllowList(curve.allowed_clients))
+
+    def _stop_authenticator(self) -> None:
+        if self._authenticator is not None:
+            self._authenticator.stop()
+            self._authenticator = None
 
     def stop(self, grace: float) -> None:
         """Refuse new requests with UNAVAILABLE, let those in flight finish for up to `grace`
@@ -131,6 +167,7 @@ class ZmqServer:
                     self._push = None
             # Past the grace, handlers may still run: their replies are dropped, not awaited.
             self._pool.shutdown(wait=self._in_flight_total == 0, cancel_futures=True)
+            self._stop_authenticator()
             self._context.term()
             self._thread = self._context = None
 
@@ -197,6 +234,7 @@ class ZmqServer:
             return
         try:
             request = zmq_frames.parse_request(frames)
+            self._authenticate(request)
             if self._stopping.is_set():
                 raise WorkerError("UNAVAILABLE", "the worker is shutting down")
             count = self._in_flight.get(identity, 0)
@@ -207,11 +245,24 @@ class ZmqServer:
                     "takes from one client",
                 )
         except WorkerError as error:
+            if error.code == "UNAUTHENTICATED":
+                log.warning("request from client %s refused: %s", identity.hex(), error)
             self._send(router, [identity, *zmq_frames.error_frames(request_id, error)])
             return
         self._in_flight[identity] = count + 1
         self._in_flight_total += 1
         self._pool.submit(self._handle, identity, request)
+
+    def _authenticate(self, request: zmq_frames.Request) -> None:
+        if self._token is None:
+            return
+        if request.token is None:
+            raise WorkerError(
+                "UNAUTHENTICATED",
+                "this worker requires a token: send a 4th request frame, 'Bearer <token>'",
+            )
+        if not hmac.compare_digest(request.token, self._token):
+            raise WorkerError("UNAUTHENTICATED", "the token is wrong")
 
     def _handle(self, identity: bytes, request: zmq_frames.Request) -> None:
         """Runs on a handler thread: the worker's answer goes back to the I/O thread."""
@@ -265,6 +316,19 @@ class ZmqServer:
             if error.errno != zmq.EHOSTUNREACH:
                 raise
             log.debug("dropped a reply to client %s: it disconnected", _peer(message))
+
+
+class _AllowList:
+    """The ZAP authenticator's CURVE callback: admits the listed client public keys (Z85)."""
+
+    def __init__(self, keys: frozenset[bytes]) -> None:
+        self._keys = keys
+
+    def callback(self, domain: str, key: bytes) -> bool:
+        if key in self._keys:
+            return True
+        log.warning("refused a ZeroMQ client: its CURVE key %s is not allowed", key.decode())
+        return False
 
 
 def _peer(message: Sequence[zmq.Frame | bytes]) -> str:

@@ -15,10 +15,10 @@ import pipelines
 import pytest
 from helpers import assert_batches_equal, assert_equal_output_after_checkpoint
 from jax.sharding import Mesh
-from workers import WorkerProcess, worker_process
+from workers import WorkerProcess, secure_worker_process, worker_process
 
 from loadax import DataLoader, WorkerError
-from loadax.client import RemoteDataLoader
+from loadax.client import ClientSecurity, RemoteDataLoader
 from loadax.server.worker import Worker
 
 IMAGES = """
@@ -168,3 +168,20 @@ def test_bad_targets_are_value_errors() -> None:
         RemoteDataLoader("grpc://localhost:1", pipeline="images")
     with pytest.raises(ValueError, match="address or a worker object"):
         RemoteDataLoader([42], pipeline="images").batch_size(2).build()  # type: ignore[list-item]
+
+
+def test_a_token_guarded_worker_serves_a_loader_that_carries_the_token(
+    tmp_path: pathlib.Path, reference: list[str]
+) -> None:
+    token = "remote-loader-token-0123456789"
+    (tmp_path / "token").write_text(token)
+    with secure_worker_process(tmp_path, 'token_file = "token"', IMAGES, zmq=True) as guarded:
+        with pytest.raises(WorkerError, match="UNAUTHENTICATED"):
+            remote_builder([guarded.grpc]).build()
+        for target in (guarded.grpc, guarded.zmq):
+            builder = RemoteDataLoader(
+                [target], pipeline="images", security=ClientSecurity(token=token)
+            )
+            builder = builder.batch_size(BATCH).shuffle(seed=SEED).num_epochs(EPOCHS)
+            with builder.build() as loader:
+                assert digests(loader) == reference

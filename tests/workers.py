@@ -174,3 +174,17 @@ def worker_process(
             process.wait()
             for reader in readers:
                 reader.join(timeout=10)
+
+
+@contextlib.contextmanager
+def secure_worker_process(
+    tmp_path: Path,
+    server: str,
+    pipelines: str = PIPELINES,
+    **options: Any,
+) -> Iterator[WorkerProcess]:
+    """`worker_process` with more `[server]` settings: `server` (TOML keys, then sub-tables such
+    as `[server.tls]`) is written right after the `[server]` table; paths in it are relative to
+    `tmp_path`, where the config is."""
+    with worker_process(tmp_path, server.strip() + "\n" + pipelines, **options) as worker:
+        yield worker

@@ -1,6 +1,7 @@
 """The ZeroMQ framing of worker requests and replies, shared by the worker and the client.
 
-A request is `[request_id, method, body]`; a reply is `[request_id, b"ok", body]`,
+A request is `[request_id, method, body]`, or `[request_id, method, body, b"Bearer " + token]`
+to a worker that requires a token (a shared secret); a reply is `[request_id, b"ok", body]`,
 `[request_id, b"ok", head, payload]` for a batch, or `[request_id, b"error", ErrorReply]`.
 The request id is 8 bytes, a big-endian uint64 the client chooses; the worker echoes it.
 A batch reply carries its payload in a frame of its own, not inside the protobuf, so that the
@@ -11,11 +12,13 @@ its `head` is a `BatchResponse` whose `payload` is left empty.
 from __future__ import annotations
 
 import dataclasses
+import re
 import struct
 from collections.abc import Sequence
 from typing import Generic, TypeAlias, TypeVar
 
 from google.protobuf.message import DecodeError, Message
+from zmq.utils import z85
 
 from loadax.errors import WorkerError
 from loadax.wire.v1 import worker_pb2 as wire
@@ -37,6 +40,10 @@ REQUEST_TYPES: dict[bytes, type[RequestMessage]] = {
 }
 _METHODS: dict[type[RequestMessage], bytes] = {kind: name for name, kind in REQUEST_TYPES.items()}
 _REQUEST_ID = struct.Struct(">Q")
+MAX_TOKEN_CHARS = 4096
+BEARER = b"Bearer "
+_TOKEN = re.compile(r"[\x21-\x7e]+")  # visible ASCII: it travels in a gRPC header too
+_Z85 = re.compile(r"[0-9a-zA-Z.\-:+=^!/*?&<>()\[\]{}@%$#]{40}")
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -45,6 +52,7 @@ class Request:
 
     request_id: int
     message: RequestMessage
+    token: bytes | None = dataclasses.field(default=None, repr=False)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -84,17 +92,60 @@ def parse_request_id(frame: Buffer) -> int:
     return request_id
 
 
-def request_frames(request_id: int, message: RequestMessage) -> list[bytes]:
-    return [encode_request_id(request_id), method_of(message), message.SerializeToString()]
+def check_token(token: str) -> None:
+    """Raises ValueError unless `token` can be a shared token: visible ASCII, no spaces."""
+    if not isinstance(token, str) or not _TOKEN.fullmatch(token):
+        raise ValueError("a token must be non-empty visible ASCII, without spaces")
+    if len(token) > MAX_TOKEN_CHARS:
+        raise ValueError(f"a token has at most {MAX_TOKEN_CHARS} characters, got {len(token)}")
+
+
+def curve_key(key: object) -> bytes:
+    """`key`, a Z85-encoded CURVE key, as ZeroMQ's socket options take it; else ValueError.
+
+    The message never repeats the key: it may be a secret one.
+    """
+    if not isinstance(key, str):
+        raise ValueError(f"must be a Z85 CURVE key (a string), got {type(key).__name__}")
+    if not _Z85.fullmatch(key):
+        raise ValueError(
+            f"must be a Z85 CURVE key: 40 characters of the Z85 alphabet, got {len(key)} "
+            "characters" + ("" if len(key) != 40 else " with some outside it")
+        )
+    try:
+        z85.decode(key)
+    except (ValueError, KeyError, OverflowError, struct.error) as error:
+        raise ValueError(f"must be a Z85 CURVE key: it does not decode: {error}") from None
+    return key.encode("ascii")
+
+
+def request_frames(
+    request_id: int, message: RequestMessage, token: str | None = None
+) -> list[bytes]:
+    frames = [encode_request_id(request_id), method_of(message), message.SerializeToString()]
+    if token is not None:
+        frames.append(BEARER + token.encode("ascii"))
+    return frames
 
 
 def parse_request(frames: Sequence[Buffer]) -> Request:
     """The request in `frames` (without the ROUTER's identity frame)."""
-    if len(frames) != 3:
+    if len(frames) not in (3, 4):
         raise WorkerError(
             "INVALID_ARGUMENT",
-            f"a request has 3 frames (request id, method, body), got {len(frames)}",
+            "a request has 3 frames (request id, method, body) and a 4th if it carries a "
+            f"token, got {len(frames)}",
         )
+    token = None
+    if len(frames) == 4:
+        token = bytes(frames[3][: len(BEARER) + MAX_TOKEN_CHARS + 1])
+        if not token.startswith(BEARER) or token == BEARER:
+            raise WorkerError(
+                "INVALID_ARGUMENT",
+                "a request has 3 frames (request id, method, body) and a 4th if it carries a "
+                f"token, {BEARER.decode()}<token>; this 4th frame is not one",
+            )
+        token = token.removeprefix(BEARER)
     request_id = parse_request_id(frames[0])
     method = bytes(frames[1])
     kind = REQUEST_TYPES.get(method)
@@ -103,7 +154,7 @@ def parse_request(frames: Sequence[Buffer]) -> Request:
             "INVALID_ARGUMENT",
             f"unknown method {method[:40]!r}: expected one of {sorted(REQUEST_TYPES)}",
         )
-    return Request(request_id, _parse(kind, frames[2], f"a {method.decode()} request"))
+    return Request(request_id, _parse(kind, frames[2], f"a {method.decode()} request"), token)
 
 
 def reply_frames(request_id: int, response: ResponseMessage) -> list[bytes]:
