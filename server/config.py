@@ -26,6 +26,7 @@ _SERVER_KEYS = (
     "zmq",
     "threads",
     "max_in_flight_per_client",
+    "memory_budget_mb",
     "token_file",
     "tls",
     "curve",
@@ -88,6 +89,7 @@ class WorkerConfig:
     zmq: str | None = None
     threads: int = 4
     max_in_flight_per_client: int = 16
+    memory_budget_bytes: int | None = None  # batches being built and encoded, at most
     tls: TlsConfig | None = None
     curve: CurveConfig | None = None
     token: str | None = dataclasses.field(default=None, repr=False)
@@ -208,6 +210,11 @@ def _parse(
         zmq=zmq,
         threads=_positive_int(source, server, "threads", 4),
         max_in_flight_per_client=_positive_int(source, server, "max_in_flight_per_client", 16),
+        memory_budget_bytes=(
+            _positive_int(source, server, "memory_budget_mb", 1) << 20
+            if "memory_budget_mb" in server
+            else None
+        ),
         tls=tls,
         curve=curve,
         token=token,

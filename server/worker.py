@@ -1,14 +1,18 @@
 """The worker's core, independent of transport: handshakes and batch requests in, replies out.
 
 It holds no per-client state: a batch is a pure function of (pipeline, plan, step, rows), so any
-worker can serve any request. Every bad request is a `WorkerError` naming what is wrong.
+worker can serve any request. Every bad request is a `WorkerError` naming what is wrong. An
+optional memory budget bounds the bytes of the batches it builds at once, whatever the request rate.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import logging
+import threading
 import traceback
+from collections import OrderedDict, deque
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -21,9 +25,17 @@ from loadax.dataset import dataset_length
 from loadax.errors import RecordError, WorkerError
 from loadax.local_sources import ThreadedSource
 from loadax.pipeline import Pipeline
+from loadax.plan import Plan
 from loadax.server.config import WorkerConfig, build_pipelines, load_config
 from loadax.wire.plans import compatible_versions, plan_from_wire
 from loadax.wire.v1 import worker_pb2 as wire
+
+log = logging.getLogger("loadax.server")
+
+DEFAULT_MEMORY_WAIT_S = 30.0
+"""How long a batch request waits for room in the memory budget before RESOURCE_EXHAUSTED."""
+_MAX_ESTIMATES = 4096
+"""Size estimates kept (least recently used go first): clients choose the kinds, so bound them."""
 
 
 def fingerprint(name: str, pipeline: Pipeline[Any, Any], origin: Mapping[str, Any]) -> str:
@@ -39,7 +51,20 @@ def fingerprint(name: str, pipeline: Pipeline[Any, Any], origin: Mapping[str, An
 
 
 class Worker:
-    """Serves batches of named pipelines; `threads` read the records of each batch."""
+    """Serves batches of named pipelines; `threads` read the records of each batch.
+
+    With `memory_budget_bytes`, the batches being built and their encodings not yet returned
+    stay within that many bytes: a request waits (in arrival order, up to `memory_wait_s`
+    seconds, then RESOURCE_EXHAUSTED) until the budget has room for it. A request's size is the
+    encoded size last seen for its pipeline and number of rows; the first request of a kind runs
+    alone, and a kind larger than the whole budget is refused with RESOURCE_EXHAUSTED.
+
+    What the budget does not count: its bytes are released when `load_batch` returns, but the
+    transport still holds the reply while it sends it (gRPC a serialized copy, ZeroMQ the payload
+    itself), and building a batch briefly holds the records, the collated batch and its encoding
+    together, about three times its encoded size. The transports' in-flight limits bound the first;
+    leave room for the second when choosing the budget.
+    """
 
     def __init__(
         self,
@@ -47,9 +72,25 @@ class Worker:
         *,
         threads: int = 4,
         origins: Mapping[str, Mapping[str, Any]] | None = None,
+        memory_budget_bytes: int | None = None,
+        memory_wait_s: float = DEFAULT_MEMORY_WAIT_S,
     ) -> None:
         if not pipelines:
             raise ValueError("a worker needs at least one pipeline")
+        if memory_budget_bytes is not None and (
+            isinstance(memory_budget_bytes, bool)
+            or not isinstance(memory_budget_bytes, int)
+            or memory_budget_bytes < 1
+        ):
+            raise ValueError(
+                f"memory_budget_bytes must be None or an int >= 1, got {memory_budget_bytes!r}"
+            )
+        if (
+            isinstance(memory_wait_s, bool)
+            or not isinstance(memory_wait_s, int | float)
+            or not memory_wait_s > 0
+        ):
+            raise ValueError(f"memory_wait_s must be a number > 0, got {memory_wait_s!r}")
         for name, pipeline in pipelines.items():
             if not isinstance(pipeline, Pipeline):
                 raise ValueError(
@@ -63,6 +104,11 @@ class Worker:
             name: fingerprint(name, pipeline, (origins or {}).get(name, {}))
             for name, pipeline in pipelines.items()
         }
+        self._budget = (
+            None
+            if memory_budget_bytes is None
+            else _MemoryBudget(memory_budget_bytes, float(memory_wait_s))
+        )
 
     @classmethod
     def from_config(cls, config: WorkerConfig | str | Path) -> Worker:
@@ -76,7 +122,12 @@ class Worker:
             pipeline.name: {"factory": pipeline.factory, "args": dict(pipeline.args)}
             for pipeline in config.pipelines
         }
-        return cls(build_pipelines(config), threads=config.threads, origins=origins)
+        return cls(
+            build_pipelines(config),
+            threads=config.threads,
+            origins=origins,
+            memory_budget_bytes=config.memory_budget_bytes,
+        )
 
     def handshake(self, request: wire.HandshakeRequest) -> wire.HandshakeResponse:
         if not compatible_versions(request.library_version, loadax.__version__):
@@ -117,16 +168,24 @@ class Worker:
         if total is not None and step >= total:
             raise WorkerError("OUT_OF_RANGE", f"step {step} is beyond the plan's {total} steps")
         rows = self._rows(request, plan.batch_length(step))
+        if self._budget is None:
+            return wire.BatchResponse(step=step, payload=self._build(request, plan, rows))
+        kind = (request.pipeline, plan.batch_length(step) if rows is None else rows.size)
+        reserved = self._budget.reserve(kind, step)
         try:
-            batch = self._sources[request.pipeline].submit(plan, step, rows).result()
-        except RecordError as error:
-            cause = error.__cause__ or error
-            text = "".join(traceback.format_exception(cause))
-            raise WorkerError("DATA_LOSS", f"{error}\n{text}") from error
-        except Exception as error:
-            text = "".join(traceback.format_exception(error))
-            raise WorkerError("INTERNAL", f"step {step} failed: {error!r}\n{text}") from error
-        return wire.BatchResponse(step=step, payload=encode(batch))
+            payload = self._build(request, plan, rows)
+            self._budget.learn(kind, len(payload))
+            if len(payload) > self._budget.limit:
+                raise WorkerError(
+                    "RESOURCE_EXHAUSTED",
+                    f"step {step} of pipeline {request.pipeline!r} encodes to {len(payload)} "
+                    f"bytes ({kind[1]} rows), more than this worker's memory budget of "
+                    f"{self._budget.limit} bytes; ask for fewer rows per request",
+                )
+            return wire.BatchResponse(step=step, payload=payload)
+        finally:
+            # The transport holds the reply a little longer: see the class docstring.
+            self._budget.release(reserved)
 
     def info(self, request: wire.InfoRequest) -> wire.InfoResponse:
         del request  # nothing to ask
@@ -155,6 +214,21 @@ class Worker:
             )
         return self._pipelines[name]
 
+    def _build(
+        self, request: wire.BatchRequest, plan: Plan, rows: np.ndarray[Any, Any] | None
+    ) -> bytes:
+        step = request.step
+        try:
+            batch = self._sources[request.pipeline].submit(plan, step, rows).result()
+            return encode(batch)
+        except RecordError as error:
+            cause = error.__cause__ or error
+            text = "".join(traceback.format_exception(cause))
+            raise WorkerError("DATA_LOSS", f"{error}\n{text}") from error
+        except Exception as error:
+            text = "".join(traceback.format_exception(error))
+            raise WorkerError("INTERNAL", f"step {step} failed: {error!r}\n{text}") from error
+
     @staticmethod
     def _rows(request: wire.BatchRequest, batch_length: int) -> np.ndarray[Any, Any] | None:
         if not request.rows:
@@ -173,3 +247,93 @@ class Worker:
                 f"{rows[:8].tolist()}{'...' if rows.size > 8 else ''}",
             )
         return rows
+
+
+class _MemoryBudget:
+    """Bytes reserved by the batch requests being served, at most `limit`.
+
+    Requests are admitted first come, first served: one that waits for room is not overtaken by
+    smaller ones behind it, so no request starves. Waiters block on a condition.
+    """
+
+    def __init__(self, limit: int, wait_s: float) -> None:
+        self.limit = limit
+        self._wait_s = wait_s
+        self._condition = threading.Condition()
+        self._used = 0
+        self._queue: deque[object] = deque()
+        self._estimates: OrderedDict[tuple[str, int], int] = OrderedDict()
+
+    def reserve(self, kind: tuple[str, int], step: int) -> int:
+        """Wait for room for a request of `kind` (pipeline, rows); the bytes it reserved."""
+        with self._condition:
+            self._refuse_if_too_large(kind)
+            ticket = object()
+            self._queue.append(ticket)
+
+            def admissible() -> bool:
+                # Sizes learnt while waiting count: requests queued behind the first of their
+                # kind need not run alone too.
+                if self._queue[0] is not ticket:
+                    return False
+                return self._too_large(kind) or self._used + self._need(kind) <= self.limit
+
+            try:
+                if not admissible():
+                    log.debug(
+                        "step %d of pipeline %r waits for %d bytes of the memory budget "
+                        "(%d of %d in use)",
+                        step,
+                        kind[0],
+                        self._need(kind),
+                        self._used,
+                        self.limit,
+                    )
+                admitted = self._condition.wait_for(admissible, self._wait_s)
+            finally:
+                self._queue.remove(ticket)
+                self._condition.notify_all()  # the next in line may fit now
+            self._refuse_if_too_large(kind)
+            need = self._need(kind)
+            if not admitted:
+                raise WorkerError(
+                    "RESOURCE_EXHAUSTED",
+                    f"step {step} of pipeline {kind[0]!r} waited {self._wait_s:g} s for "
+                    f"{need} bytes of this worker's memory budget of {self.limit} bytes "
+                    f"({self._used} in use, {len(self._queue)} requests waiting); retry later "
+                    "or on another worker",
+                )
+            self._used += need
+            return need
+
+    def _need(self, kind: tuple[str, int]) -> int:
+        """The bytes a request of `kind` reserves: a kind never seen runs alone."""
+        estimate = self._estimates.get(kind)
+        return self.limit if estimate is None else min(estimate, self.limit)
+
+    def _too_large(self, kind: tuple[str, int]) -> bool:
+        return self._estimates.get(kind, 0) > self.limit
+
+    def _refuse_if_too_large(self, kind: tuple[str, int]) -> None:
+        if kind in self._estimates:
+            self._estimates.move_to_end(kind)
+        if self._too_large(kind):
+            pipeline, rows = kind
+            raise WorkerError(
+                "RESOURCE_EXHAUSTED",
+                f"a batch of {rows} rows of pipeline {pipeline!r} encodes to about "
+                f"{self._estimates[kind]} bytes, more than this worker's memory budget of "
+                f"{self.limit} bytes; ask for fewer rows per request",
+            )
+
+    def learn(self, kind: tuple[str, int], size: int) -> None:
+        with self._condition:
+            self._estimates[kind] = size
+            self._estimates.move_to_end(kind)
+            while len(self._estimates) > _MAX_ESTIMATES:
+                self._estimates.popitem(last=False)
+
+    def release(self, reserved: int) -> None:
+        with self._condition:
+            self._used -= reserved
+            self._condition.notify_all()

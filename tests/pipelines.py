@@ -72,3 +72,16 @@ def not_a_pipeline() -> int:
 
 def exploding() -> loadax.Pipeline[Any, Any]:
     raise RuntimeError("the factory exploded")
+
+
+def blobs(records: int = 256, floats: int = 16384, delay: float = 0.0) -> loadax.Pipeline[Any, Any]:
+    """Record i is {"x": `floats` float32 numbers drawn from seed i, "label": i (int32)}; each
+    takes `delay` seconds more to read, as from a remote store."""
+
+    def record(index: int) -> dict[str, Any]:
+        if delay:
+            time.sleep(delay)  # the wait a remote read has, not synchronisation
+        x = np.random.default_rng(index).random(floats, dtype=np.float32)
+        return {"x": x, "label": np.int32(index)}
+
+    return loadax.Pipeline(loadax.RangeDataset(0, records).map(record), loadax.Batcher())

@@ -15,7 +15,7 @@ import pipelines
 import pytest
 from helpers import assert_batches_equal, assert_equal_output_after_checkpoint
 from jax.sharding import Mesh
-from workers import WorkerProcess, secure_worker_process, worker_process
+from workers import WorkerProcess, worker_process, worker_with_settings
 
 from loadax import DataLoader, WorkerError
 from loadax.client import ClientSecurity, RemoteDataLoader
@@ -175,7 +175,7 @@ def test_a_token_guarded_worker_serves_a_loader_that_carries_the_token(
 ) -> None:
     token = "remote-loader-token-0123456789"
     (tmp_path / "token").write_text(token)
-    with secure_worker_process(tmp_path, 'token_file = "token"', IMAGES, zmq=True) as guarded:
+    with worker_with_settings(tmp_path, 'token_file = "token"', IMAGES, zmq=True) as guarded:
         with pytest.raises(WorkerError, match="UNAUTHENTICATED"):
             remote_builder([guarded.grpc]).build()
         for target in (guarded.grpc, guarded.zmq):

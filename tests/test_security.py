@@ -24,7 +24,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from helpers import assert_batches_equal
-from workers import WorkerProcess, secure_worker_process, worker_env
+from workers import WorkerProcess, worker_env, worker_with_settings
 
 import loadax
 from loadax.client.security import ClientSecurity
@@ -208,7 +208,7 @@ secret_key_file = "curve.key"
 def guarded(tmp_path_factory: pytest.TempPathFactory, pki: Pki) -> Iterator[WorkerProcess]:
     directory = tmp_path_factory.mktemp("guarded")
     copy_secrets(pki, directory)
-    with secure_worker_process(directory, GUARDED, PIPELINE, zmq=True) as worker:
+    with worker_with_settings(directory, GUARDED, PIPELINE, zmq=True) as worker:
         yield worker
 
 
@@ -216,7 +216,7 @@ def guarded(tmp_path_factory: pytest.TempPathFactory, pki: Pki) -> Iterator[Work
 def mutual(tmp_path_factory: pytest.TempPathFactory, pki: Pki) -> Iterator[WorkerProcess]:
     directory = tmp_path_factory.mktemp("mutual")
     copy_secrets(pki, directory)
-    with secure_worker_process(directory, MUTUAL, PIPELINE, zmq=True) as worker:
+    with worker_with_settings(directory, MUTUAL, PIPELINE, zmq=True) as worker:
         yield worker
 
 
@@ -403,7 +403,7 @@ def test_a_curve_client_is_refused_by_a_plaintext_worker_that_warns_about_its_to
     tmp_path: Path, open_target: Callable[..., Target]
 ) -> None:
     (tmp_path / "token").write_text(TOKEN)
-    with secure_worker_process(
+    with worker_with_settings(
         tmp_path, 'token_file = "token"', PIPELINE, grpc=False, zmq=True
     ) as plain:
         plain.wait_for_output("is not encrypted: the token crosses the network in the clear")

@@ -177,7 +177,7 @@ def worker_process(
 
 
 @contextlib.contextmanager
-def secure_worker_process(
+def worker_with_settings(
     tmp_path: Path,
     server: str,
     pipelines: str = PIPELINES,
