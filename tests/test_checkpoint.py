@@ -2,14 +2,9 @@
 
 from __future__ import annotations
 
-import concurrent.futures
 import contextlib
 import json
-import os
 import pathlib
-import socket
-import subprocess
-import sys
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -22,7 +17,8 @@ import pipelines
 import pytest
 from helpers import assert_batches_equal
 from jax.sharding import Mesh
-from workers import WorkerProcess, worker_process
+from processes import run_jax_processes
+from workers import WorkerProcess, worker_processes
 
 from loadax import DataLoader, Loader
 from loadax.checkpoint import LoaderCheckpointHandler, LoaderRestore, LoaderSave
@@ -35,7 +31,6 @@ args = { records = 40, side = 8 }
 """
 BATCH, SEED, EPOCHS = 8, 5, 2  # 10 steps: 5 per epoch, shuffled differently in each
 MULTIHOST_CHECK = pathlib.Path(__file__).parent / "multihost_orbax_check.py"
-MULTIHOST_TIMEOUT_S = 150
 
 
 def model_at(step: int) -> dict[str, jax.Array]:
@@ -201,13 +196,8 @@ def test_args_refuse_what_is_not_a_loadax_iterator() -> None:
 
 @pytest.fixture(scope="module")
 def workers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[WorkerProcess]]:
-    with contextlib.ExitStack() as stack:
-        yield [
-            stack.enter_context(
-                worker_process(tmp_path_factory.mktemp(f"worker{index}"), IMAGES, zmq=True)
-            )
-            for index in range(2)
-        ]
+    with worker_processes(tmp_path_factory.mktemp("workers"), 2, IMAGES, zmq=True) as running:
+        yield running
 
 
 @contextlib.contextmanager
@@ -240,70 +230,15 @@ def test_a_checkpoint_moves_between_worker_counts_transports_and_local_loading(
         assert_resumes(saver, restorer, tmp_path, stops, reference)
 
 
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
-def run_processes(processes: int, devices: int, *extra: str) -> list[str]:
-    """Run the Orbax check in `processes` JAX processes; the output of each."""
-    coordinator = f"127.0.0.1:{free_port()}"
-    env = {
-        **os.environ,
-        "JAX_PLATFORMS": "cpu",
-        "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}",
-    }
-    children = [
-        subprocess.Popen(
-            [
-                sys.executable,
-                str(MULTIHOST_CHECK),
-                f"--process-id={index}",
-                f"--num-processes={processes}",
-                f"--coordinator={coordinator}",
-                *extra,
-            ],
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-        for index in range(processes)
-    ]
-    outputs: dict[int, str] = {}
-
-    def finish(index: int) -> None:
-        outputs[index] = children[index].communicate()[0]
-        if children[index].returncode != 0:
-            raise ChildProcessError(f"process {index} failed")
-
-    with concurrent.futures.ThreadPoolExecutor(processes) as pool:
-        finishing = [pool.submit(finish, index) for index in range(processes)]
-        try:
-            # Once one process fails, the others wait at a barrier for it: stop them at once.
-            concurrent.futures.wait(
-                finishing, MULTIHOST_TIMEOUT_S, return_when=concurrent.futures.FIRST_EXCEPTION
-            )
-        finally:
-            for child in children:  # a failed or hung process must not outlive the test
-                if child.poll() is None:
-                    child.kill()
-    report = "\n".join(
-        f"process {index} of {processes} exited with {child.returncode}:\n{outputs[index]}"
-        for index, child in enumerate(children)
-    )
-    assert all(child.returncode == 0 for child in children), report
-    return [outputs[index] for index in range(processes)]
-
-
 def test_every_jax_process_saves_its_own_state_and_resumes(tmp_path: pathlib.Path) -> None:
     # A checkpoint of one process, restored by two: process 1 falls back to process 0's file.
     single = tmp_path / "single"
     check.save(check.builder().build(check.DATASET), single, check.SINGLE_SAVE_AT)
 
     shared = tmp_path / "shared"
-    outputs = run_processes(2, 4, f"--directory={shared}", f"--single={single}")
+    outputs = run_jax_processes(
+        MULTIHOST_CHECK, 2, 4, f"--directory={shared}", f"--single={single}"
+    )
     for index, output in enumerate(outputs):
         assert f"ok process {index} of 2 saved at step {check.SAVE_AT}" in output, output
         assert f"ok resumed {check.STEPS - check.SAVE_AT} steps" in output, output

@@ -2,20 +2,19 @@
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import os
 import pathlib
 import signal
-import socket
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from typing import Any
 
 import jax
 import numpy as np
 import pipelines
 import pytest
-from workers import WorkerProcess, worker_process
+from processes import free_port
+from workers import WorkerProcess, worker_process, worker_processes
 
 from loadax import DataLoader, WorkerError
 from loadax.client import RemoteDataLoader
@@ -45,24 +44,6 @@ def reference() -> list[str]:
     return digests(loader.build(pipeline.dataset))
 
 
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
-@contextlib.contextmanager
-def workers(tmp_path: pathlib.Path, count: int, *, zmq: bool = False) -> Iterator[list[Any]]:
-    directories = [tmp_path / f"w{index}" for index in range(count)]
-    with contextlib.ExitStack() as stack:
-        for directory in directories:
-            directory.mkdir()
-        yield [
-            stack.enter_context(worker_process(directory, IMAGES, zmq=zmq))
-            for directory in directories
-        ]
-
-
 def builder(targets: list[Any], **failover: float | None) -> RemoteDataLoader:
     loader = (
         RemoteDataLoader(targets, pipeline="images")
@@ -85,7 +66,7 @@ def address(worker: WorkerProcess, transport: str) -> str:
 def test_a_worker_killed_mid_epoch_loses_nothing(
     tmp_path: pathlib.Path, transport: str, reference: list[str]
 ) -> None:
-    with workers(tmp_path, 3, zmq=True) as running:
+    with worker_processes(tmp_path, 3, IMAGES, zmq=True) as running:
         targets = [address(worker, transport) for worker in running]
         with builder(targets, request_timeout=30).build() as loader:
             iterator = iter(loader)
@@ -98,7 +79,7 @@ def test_a_worker_killed_mid_epoch_loses_nothing(
 def test_a_hung_worker_is_passed_over_at_the_deadline(
     tmp_path: pathlib.Path, reference: list[str]
 ) -> None:
-    with workers(tmp_path, 3) as running:
+    with worker_processes(tmp_path, 3, IMAGES) as running:
         targets = [address(worker, "grpc") for worker in running]
         with builder(targets, request_timeout=1.0).build() as loader:
             os.kill(running[0].process.pid, signal.SIGSTOP)
@@ -112,7 +93,7 @@ def test_a_hung_worker_is_passed_over_at_the_deadline(
 def test_a_slow_worker_is_hedged_before_its_deadline(
     tmp_path: pathlib.Path, reference: list[str]
 ) -> None:
-    with workers(tmp_path, 2) as running:
+    with worker_processes(tmp_path, 2, IMAGES) as running:
         targets = [address(worker, "grpc") for worker in running]
         # The deadline never comes within the test: only hedging can get past the stopped worker.
         with builder(targets, request_timeout=3600, hedge_after=0.2).build() as loader:
@@ -152,7 +133,7 @@ def test_workers_added_and_removed_mid_epoch_change_nothing(
     tmp_path: pathlib.Path, reference: list[str]
 ) -> None:
     with (
-        workers(tmp_path, 3, zmq=True) as running,
+        worker_processes(tmp_path, 3, IMAGES, zmq=True) as running,
         builder([address(running[0], "grpc")]).build() as loader,
     ):
         iterator = iter(loader)
@@ -198,7 +179,7 @@ def test_a_name_listing_several_addresses_is_looked_up_again(
 
 
 def test_with_no_worker_left_iteration_fails_naming_every_target(tmp_path: pathlib.Path) -> None:
-    with workers(tmp_path, 2) as running:
+    with worker_processes(tmp_path, 2, IMAGES) as running:
         targets = [address(worker, "grpc") for worker in running]
         loader = builder(targets, no_worker_timeout=2.0).build()
         iterator = iter(loader)

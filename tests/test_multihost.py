@@ -2,61 +2,17 @@
 
 from __future__ import annotations
 
-import os
 import pathlib
-import socket
-import subprocess
-import sys
 
 import pytest
+from processes import run_jax_processes
 
 CHECK = pathlib.Path(__file__).parent / "multihost_check.py"
-TIMEOUT_S = 150
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def run_topology(processes: int, devices: int, *extra: str) -> str:
     """Run the check in `processes` JAX processes of `devices` CPU devices; process 0's output."""
-    coordinator = f"127.0.0.1:{free_port()}"
-    env = {
-        **os.environ,
-        "JAX_PLATFORMS": "cpu",
-        "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}",
-    }
-    children = [
-        subprocess.Popen(
-            [
-                sys.executable,
-                str(CHECK),
-                f"--process-id={index}",
-                f"--num-processes={processes}",
-                f"--coordinator={coordinator}",
-                *extra,
-            ],
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-        for index in range(processes)
-    ]
-    outputs = []
-    try:
-        for child in children:
-            outputs.append(child.communicate(timeout=TIMEOUT_S)[0])
-    finally:
-        for child in children:  # a failed or hung process must not outlive the test
-            if child.poll() is None:
-                child.kill()
-                child.communicate()
-    for index, (child, output) in enumerate(zip(children, outputs, strict=True)):
-        assert child.returncode == 0, f"process {index} of {processes} failed:\n{output}"
-    return outputs[0]
+    return run_jax_processes(CHECK, processes, devices, *extra)[0]
 
 
 def digest(output: str) -> str:

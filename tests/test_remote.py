@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import pathlib
@@ -15,7 +14,7 @@ import pipelines
 import pytest
 from helpers import assert_batches_equal, assert_equal_output_after_checkpoint
 from jax.sharding import Mesh
-from workers import WorkerProcess, worker_process, worker_with_settings
+from workers import WorkerProcess, worker_process, worker_processes, worker_with_settings
 
 from loadax import DataLoader, WorkerError
 from loadax.client import ClientSecurity, RemoteDataLoader
@@ -76,13 +75,8 @@ def reference() -> list[str]:
 
 @pytest.fixture(scope="module")
 def workers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[WorkerProcess]]:
-    with contextlib.ExitStack() as stack:
-        yield [
-            stack.enter_context(
-                worker_process(tmp_path_factory.mktemp(f"worker{index}"), IMAGES, zmq=True)
-            )
-            for index in range(3)
-        ]
+    with worker_processes(tmp_path_factory.mktemp("workers"), 3, IMAGES, zmq=True) as running:
+        yield running
 
 
 def addresses(workers: list[WorkerProcess], transport: str, count: int) -> list[str]:

@@ -188,3 +188,17 @@ def worker_with_settings(
     `tmp_path`, where the config is."""
     with worker_process(tmp_path, server.strip() + "\n" + pipelines, **options) as worker:
         yield worker
+
+
+@contextlib.contextmanager
+def worker_processes(
+    directory: Path, count: int, pipelines: str = PIPELINES, **options: Any
+) -> Iterator[list[WorkerProcess]]:
+    """`count` workers serving `pipelines`, each with its own config under `directory`."""
+    with contextlib.ExitStack() as stack:
+        running = []
+        for index in range(count):
+            home = directory / f"worker{index}"
+            home.mkdir()
+            running.append(stack.enter_context(worker_process(home, pipelines, **options)))
+        yield running
