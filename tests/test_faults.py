@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import pathlib
 import signal
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import jax
@@ -42,6 +43,16 @@ def reference() -> list[str]:
     pipeline = pipelines.images(records=RECORDS, side=8)
     loader = DataLoader(pipeline.batcher).batch_size(BATCH).shuffle(seed=SEED).workers(0)
     return digests(loader.build(pipeline.dataset))
+
+
+@contextlib.contextmanager
+def stopped(worker: WorkerProcess) -> Iterator[None]:
+    """The worker frozen with SIGSTOP (it hangs, holding its connections), then resumed."""
+    os.kill(worker.process.pid, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        os.kill(worker.process.pid, signal.SIGCONT)
 
 
 def builder(targets: list[Any], **failover: float | None) -> RemoteDataLoader:
@@ -81,12 +92,8 @@ def test_a_hung_worker_is_passed_over_at_the_deadline(
 ) -> None:
     with worker_processes(tmp_path, 3, IMAGES) as running:
         targets = [address(worker, "grpc") for worker in running]
-        with builder(targets, request_timeout=1.0).build() as loader:
-            os.kill(running[0].process.pid, signal.SIGSTOP)
-            try:
-                batches = digests(loader)
-            finally:
-                os.kill(running[0].process.pid, signal.SIGCONT)
+        with builder(targets, request_timeout=1.0).build() as loader, stopped(running[0]):
+            batches = digests(loader)
     assert batches == reference
 
 
@@ -96,12 +103,11 @@ def test_a_slow_worker_is_hedged_before_its_deadline(
     with worker_processes(tmp_path, 2, IMAGES) as running:
         targets = [address(worker, "grpc") for worker in running]
         # The deadline never comes within the test: only hedging can get past the stopped worker.
-        with builder(targets, request_timeout=3600, hedge_after=0.2).build() as loader:
-            os.kill(running[0].process.pid, signal.SIGSTOP)
-            try:
-                batches = digests(loader)
-            finally:
-                os.kill(running[0].process.pid, signal.SIGCONT)
+        with (
+            builder(targets, request_timeout=3600, hedge_after=0.2).build() as loader,
+            stopped(running[0]),
+        ):
+            batches = digests(loader)
     assert batches == reference
 
 
