@@ -260,8 +260,11 @@ class ZmqTarget:
             try:
                 self._dealer.send_multipart(frames, zmq.NOBLOCK)
             except zmq.Again:
+                # A DEALER refuses to queue when it has no connection (none yet, or one just
+                # dropped) or its queue is full.
                 self._fail_request(
-                    request_id, f"{self.name} is not reachable: too many requests queued"
+                    request_id,
+                    f"{self.name} is not reachable: no connection, or too many requests queued",
                 )
 
     def _receive_replies(self) -> None:
