@@ -2,11 +2,13 @@
 
 from loadax.batcher import Batcher, stack
 from loadax.dataset import (
+    ConcatenatedDataset,
     Dataset,
     DatasetBase,
     MappedDataset,
     RandomMappedDataset,
     ShuffledDataset,
+    SlicedDataset,
     read_records,
 )
 from loadax.engine import BatchIterator, LoaderIterator
@@ -21,6 +23,7 @@ __version__ = "0.3.0"
 __all__ = [
     "BatchIterator",
     "Batcher",
+    "ConcatenatedDataset",
     "DataLoader",
     "Dataset",
     "DatasetBase",
@@ -34,6 +37,7 @@ __all__ = [
     "RangeDataset",
     "RecordError",
     "ShuffledDataset",
+    "SlicedDataset",
     "WorkerError",
     "__version__",
     "read_records",

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import abc
 import operator
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
@@ -75,6 +75,16 @@ class DatasetBase(Dataset[T], abc.ABC):
     def shuffle(self, seed: int | None = None) -> ShuffledDataset[T]:
         """Visit the records in a keyed random order, different in every epoch."""
         return ShuffledDataset(self, seed)
+
+    def slice(
+        self, start: int | None = None, stop: int | None = None, step: int | None = None
+    ) -> SlicedDataset[T]:
+        """The records of `self[start:stop:step]`, lazily."""
+        return SlicedDataset(self, start, stop, step)
+
+    def concatenate(self, *others: Dataset[T]) -> ConcatenatedDataset[T]:
+        """The records of `self`, then those of each of `others` in turn."""
+        return ConcatenatedDataset([self, *others])
 
     def _normalise(self, index: int) -> int:
         try:
@@ -155,3 +165,69 @@ class ShuffledDataset(DatasetBase[T]):
     def read(self, indices: IndexArray, epoch: int) -> list[T]:
         key = derive_key(KeyPurpose.DATASET_SHUFFLE, self._seed, epoch)
         return read_records(self._dataset, permute(indices, self._length, key), epoch)
+
+
+def _optional_int(name: str, value: int | None) -> int | None:
+    return None if value is None else require_int(name, value)
+
+
+class SlicedDataset(DatasetBase[T]):
+    """`dataset[start:stop:step]` with Python's slicing rules, read lazily in one batched call."""
+
+    def __init__(
+        self,
+        dataset: Dataset[T],
+        start: int | None = None,
+        stop: int | None = None,
+        step: int | None = None,
+    ) -> None:
+        bounds = slice(
+            _optional_int("start", start), _optional_int("stop", stop), _optional_int("step", step)
+        )
+        if bounds.step == 0:
+            raise ValueError("step must not be zero")
+        self._dataset = dataset
+        self._range = range(dataset_length(dataset))[bounds]
+
+    def __len__(self) -> int:
+        return len(self._range)
+
+    def read(self, indices: IndexArray, epoch: int) -> list[T]:
+        parent = self._range.start + indices * self._range.step
+        return read_records(self._dataset, parent.astype(np.int64, copy=False), epoch)
+
+
+class ConcatenatedDataset(DatasetBase[T]):
+    """The records of each of `datasets` in turn; each dataset is read once per batched read."""
+
+    def __init__(self, datasets: Iterable[Dataset[T]]) -> None:
+        self._datasets = tuple(datasets)
+        if not self._datasets:
+            raise ValueError("datasets must not be empty")
+        lengths = []
+        for position, dataset in enumerate(self._datasets):
+            try:
+                lengths.append(dataset_length(dataset))
+            except ValueError as error:
+                raise ValueError(f"datasets[{position}]: {error}") from None
+        # _ends[d] is one past the last global index of dataset d.
+        self._ends = np.cumsum(np.array(lengths, dtype=np.int64))
+        self._starts = self._ends - np.array(lengths, dtype=np.int64)
+
+    def __len__(self) -> int:
+        return int(self._ends[-1])
+
+    def read(self, indices: IndexArray, epoch: int) -> list[T]:
+        if len(indices) == 0:
+            return []
+        owners = np.searchsorted(self._ends, indices, side="right")
+        local = indices - self._starts[owners]
+        # Read each dataset once, with its records grouped, then put them back in request order.
+        order = np.argsort(owners, kind="stable")
+        groups, firsts = np.unique(owners[order], return_index=True)
+        grouped: list[T] = []
+        for owner, chunk in zip(groups.tolist(), np.split(order, firsts[1:]), strict=True):
+            grouped.extend(read_records(self._datasets[owner], local[chunk], epoch))
+        inverse = np.empty_like(order)
+        inverse[order] = np.arange(len(order))
+        return [grouped[position] for position in inverse.tolist()]

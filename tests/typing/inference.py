@@ -31,3 +31,8 @@ for word in words:
 
 mapped = RangeDataset(0, 3).map(str).map(len)
 assert_type(mapped[0], int)
+
+sliced = RangeDataset(0, 5).slice(1, 3)
+assert_type(sliced[0], int)
+joined = RangeDataset(0, 3).concatenate(RangeDataset(5, 7), [9]).map(str)
+assert_type(joined[0], str)
