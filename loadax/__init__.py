@@ -14,9 +14,11 @@ from loadax.dataset import (
 from loadax.engine import BatchIterator, LoaderIterator
 from loadax.errors import RecordError, WorkerError
 from loadax.loader import DataLoader, Loader
+from loadax.numpy_source import NumpyDataset
 from loadax.pipeline import Pipeline
 from loadax.plan import Plan
 from loadax.sources import InMemoryDataset, RangeDataset
+from loadax.sqlite_source import SQLiteDataset
 
 __version__ = "0.3.0"
 
@@ -31,11 +33,13 @@ __all__ = [
     "Loader",
     "LoaderIterator",
     "MappedDataset",
+    "NumpyDataset",
     "Pipeline",
     "Plan",
     "RandomMappedDataset",
     "RangeDataset",
     "RecordError",
+    "SQLiteDataset",
     "ShuffledDataset",
     "SlicedDataset",
     "WorkerError",
