@@ -14,7 +14,9 @@ from loadax.dataset import (
 from loadax.engine import BatchIterator, LoaderIterator
 from loadax.errors import RecordError, WorkerError
 from loadax.loader import DataLoader, Loader
+from loadax.mix import MixedDataset
 from loadax.numpy_source import NumpyDataset
+from loadax.padding import PaddedStack, pad_batcher
 from loadax.pipeline import Pipeline
 from loadax.plan import Plan
 from loadax.sources import InMemoryDataset, RangeDataset
@@ -33,7 +35,9 @@ __all__ = [
     "Loader",
     "LoaderIterator",
     "MappedDataset",
+    "MixedDataset",
     "NumpyDataset",
+    "PaddedStack",
     "Pipeline",
     "Plan",
     "RandomMappedDataset",
@@ -44,6 +48,7 @@ __all__ = [
     "SlicedDataset",
     "WorkerError",
     "__version__",
+    "pad_batcher",
     "read_records",
     "stack",
 ]

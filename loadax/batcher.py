@@ -31,7 +31,28 @@ def stack(records: list[Any]) -> Any:
             )
         for column, leaf in zip(columns, leaves, strict=True):
             column.append(leaf)
-    return jax.tree.unflatten(structure, [np.stack(column) for column in columns])
+    try:
+        return jax.tree.unflatten(structure, [np.stack(column) for column in columns])
+    except ValueError as error:
+        ragged = _ragged_leaf(records[0], columns)
+        if ragged is None:
+            raise
+        raise ValueError(ragged) from error
+
+
+def _ragged_leaf(first: Any, columns: list[list[Any]]) -> str | None:
+    """Which leaf of which record has a shape unlike record 0's, said plainly (None: none)."""
+    paths = [jax.tree_util.keystr(path) for path, _ in jax.tree_util.tree_leaves_with_path(first)]
+    for path, column in zip(paths, columns, strict=True):
+        shapes = [np.shape(value) for value in column]
+        for position, shape in enumerate(shapes):
+            if shape != shapes[0]:
+                return (
+                    f"leaf {path or '(the record itself)'} of record {position} has shape "
+                    f"{shape}, but record 0's has shape {shapes[0]}; pad ragged leaves with "
+                    "loadax.pad_batcher(...)"
+                )
+    return None
 
 
 class Batcher(Generic[T, B]):

@@ -25,6 +25,7 @@ class KeyPurpose(enum.IntEnum):
     PLAN_SHUFFLE = 1
     DATASET_SHUFFLE = 2
     RECORD_RNG = 3
+    MIX = 4
 
 
 def derive_key(purpose: KeyPurpose, seed: int, epoch: int) -> npt.NDArray[np.uint64]:

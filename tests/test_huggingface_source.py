@@ -1,0 +1,197 @@
+"""Tests for loadax/huggingface_source.py: Hugging Face datasets on disk, locally and remotely."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import datasets
+import numpy as np
+import pytest
+import record_pipelines
+from helpers import assert_batches_equal
+from test_numpy_source import BATCH, EPOCHS, SEED, digests, loader
+from workers import worker_process
+
+from loadax import InMemoryDataset
+from loadax.client import RemoteDataLoader
+from loadax.huggingface_source import HuggingFaceDataset
+from loadax.server.worker import Worker
+
+
+@pytest.fixture(autouse=True)
+def offline(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No test may reach the Hub; worker processes inherit this environment."""
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+
+
+def expected_rows() -> list[dict[str, Any]]:
+    return [{"name": f"p{i}", "age": i, "scores": [i / 4, -i / 4]} for i in range(12)]
+
+
+@pytest.fixture
+def saved(tmp_path: Path) -> Path:
+    """12 rows of {"name": str, "age": int, "scores": [float, float]}, saved with save_to_disk."""
+    rows = expected_rows()
+    path = tmp_path / "people"
+    datasets.Dataset.from_dict({key: [row[key] for row in rows] for key in rows[0]}).save_to_disk(
+        str(path)
+    )
+    return path
+
+
+def test_rows_match_the_saved_dataset(saved: Path) -> None:
+    dataset = HuggingFaceDataset.load_from_disk(saved)
+    assert len(dataset) == 12
+    assert dataset.columns == ("name", "age", "scores")
+    assert list(dataset) == expected_rows()
+    assert dataset[-1] == expected_rows()[-1]
+    assert dataset[-12] == expected_rows()[0]
+
+
+def test_a_dataset_object_is_wrapped_as_it_is(saved: Path) -> None:
+    source = datasets.load_from_disk(str(saved))
+    assert isinstance(source, datasets.Dataset)
+    assert list(HuggingFaceDataset(source.select([3, 1]))) == [
+        expected_rows()[3],
+        expected_rows()[1],
+    ]
+
+
+def test_columns_pick_and_order_the_keys(saved: Path) -> None:
+    dataset = HuggingFaceDataset.load_from_disk(saved, columns=["scores", "name"])
+    assert dataset.columns == ("scores", "name")
+    assert dataset[6] == {"scores": [1.5, -1.5], "name": "p6"}
+    assert list(dataset[0]) == ["scores", "name"]
+
+
+def test_getitems_equals_per_index_reads(saved: Path) -> None:
+    dataset = HuggingFaceDataset.load_from_disk(saved)
+    indices = [11, 0, 4, 4, -2, 9]
+    batched = dataset.__getitems__(indices)
+    assert batched == [dataset[index] for index in indices]
+    assert batched == [expected_rows()[index] for index in indices]
+    batched[2]["age"] = -1  # repeated rows are separate dicts
+    assert batched[3]["age"] == 4
+    assert dataset.__getitems__([]) == []
+
+
+def test_numpy_format_gives_arrays_and_numpy_scalars(saved: Path) -> None:
+    dataset = HuggingFaceDataset.load_from_disk(saved, columns=["age", "scores"], format="numpy")
+    first, second = dataset.__getitems__([5, 2])
+    assert isinstance(first["age"], np.integer)
+    assert int(first["age"]) == 5
+    assert isinstance(first["scores"], np.ndarray)
+    np.testing.assert_array_equal(first["scores"], [1.25, -1.25])
+    np.testing.assert_array_equal(second["scores"], [0.5, -0.5])
+    kept = HuggingFaceDataset(datasets.load_from_disk(str(saved)).with_format("numpy"))
+    assert isinstance(kept[0]["scores"], np.ndarray)  # format=None keeps the dataset's
+
+
+def test_out_of_range_indices_raise_index_error(saved: Path) -> None:
+    dataset = HuggingFaceDataset.load_from_disk(saved)
+    for index in (12, -13):
+        with pytest.raises(IndexError, match=f"index {index} is out of range for HuggingFace"):
+            dataset[index]
+
+
+def test_a_dataset_dict_is_refused_naming_its_splits(saved: Path, tmp_path: Path) -> None:
+    source = datasets.load_from_disk(str(saved))
+    both = datasets.DatasetDict({"train": source, "test": source.select([0, 1])})
+    with pytest.raises(ValueError, match=r"DatasetDict with splits \['train', 'test'\]; pick one"):
+        HuggingFaceDataset(both)
+    both.save_to_disk(str(tmp_path / "both"))
+    with pytest.raises(ValueError, match=r"DatasetDict with splits \['train', 'test'\]"):
+        HuggingFaceDataset.load_from_disk(tmp_path / "both")
+    test = HuggingFaceDataset.load_from_disk(tmp_path / "both", split="test")
+    assert list(test) == expected_rows()[:2]
+    with pytest.raises(ValueError, match=r"both.* has no split 'valid'; its splits are"):
+        HuggingFaceDataset.load_from_disk(tmp_path / "both", split="valid")
+    with pytest.raises(ValueError, match=r"people.* holds one split, not 'train'"):
+        HuggingFaceDataset.load_from_disk(saved, split="train")
+
+
+@pytest.mark.parametrize(
+    ("arguments", "message"),
+    [
+        ({"columns": ["age", "height"]}, r"no column 'height'; its columns are \['name', 'age'"),
+        ({"columns": "age"}, "columns must be a sequence of str"),
+        ({"columns": ["age", "age"]}, "name a column twice"),
+        ({"format": "torch"}, r"format must be None or one of \['python', 'numpy'\]"),
+    ],
+)
+def test_bad_arguments_raise_value_error_naming_them(
+    saved: Path, arguments: dict[str, Any], message: str
+) -> None:
+    with pytest.raises(ValueError, match=message):
+        HuggingFaceDataset.load_from_disk(saved, **arguments)
+
+
+def test_objects_that_are_not_datasets_are_refused(saved: Path) -> None:
+    with pytest.raises(ValueError, match=r"must be a datasets\.Dataset, got list"):
+        HuggingFaceDataset(expected_rows())
+    streamed = datasets.load_from_disk(str(saved)).to_iterable_dataset()
+    with pytest.raises(ValueError, match="IterableDataset, which has no random access"):
+        HuggingFaceDataset(streamed)
+    tables = datasets.load_from_disk(str(saved)).with_format("arrow")
+    with pytest.raises(ValueError, match="format 'arrow', which reads tables"):
+        HuggingFaceDataset(tables)
+    assert HuggingFaceDataset(tables, format="python")[0] == expected_rows()[0]
+
+
+def test_missing_and_foreign_directories_are_named(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError, match=r"no saved dataset at .*absent"):
+        HuggingFaceDataset.load_from_disk(tmp_path / "absent")
+    (tmp_path / "notes").mkdir()
+    (tmp_path / "notes" / "readme.txt").write_text("not a dataset")
+    with pytest.raises(ValueError, match=r"notes.* is not a dataset saved by save_to_disk"):
+        HuggingFaceDataset.load_from_disk(tmp_path / "notes")
+
+
+def in_memory_rows(records: int) -> InMemoryDataset[dict[str, Any]]:
+    x, labels = record_pipelines.row_values(records)
+    return InMemoryDataset([{"x": x[i], "label": labels[i]} for i in range(records)])
+
+
+def test_a_threaded_loader_gives_the_in_memory_batches(tmp_path: Path) -> None:
+    path = record_pipelines.write_huggingface_rows(tmp_path, records=45)
+    expected = list(loader(in_memory_rows(45)))
+    assert len(expected) == 2 * 6
+    dataset = HuggingFaceDataset.load_from_disk(path, format="numpy")
+    assert_batches_equal(loader(dataset), expected)
+
+
+def remote(targets: list[Any]) -> RemoteDataLoader:
+    return (
+        RemoteDataLoader(targets, pipeline="huggingface_rows")
+        .batch_size(BATCH)
+        .shuffle(seed=SEED)
+        .num_epochs(EPOCHS)
+        .prefetch(4)
+    )
+
+
+def test_in_process_and_remote_workers_give_the_local_batches(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    data.mkdir()
+    local = loader(record_pipelines.huggingface_rows(str(data)).dataset)
+    reference = digests(local)
+    assert len(reference) == 2 * 5
+    assert reference == digests(loader(in_memory_rows(40)))
+
+    worker = Worker({"huggingface_rows": record_pipelines.huggingface_rows(str(data))}, threads=2)
+    try:
+        with remote([worker]).build() as built:
+            assert digests(built) == reference
+    finally:
+        worker.close()
+
+    config = (
+        "[pipelines.huggingface_rows]\n"
+        'factory = "record_pipelines:huggingface_rows"\n'
+        f"args = {{ directory = {json.dumps(str(data))} }}\n"
+    )
+    with worker_process(tmp_path, config) as process, remote([process.grpc]).build() as built:
+        assert digests(built) == reference
