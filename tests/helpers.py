@@ -52,3 +52,21 @@ def join_loader_threads() -> list[threading.Thread]:
     for thread in loader_threads():
         thread.join(timeout=10)
     return loader_threads()
+
+
+class CountingSource:
+    """A foreign dataset whose batched reads are logged."""
+
+    def __init__(self, items: list[Any]) -> None:
+        self.items = items
+        self.batches: list[list[int]] = []
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def __getitem__(self, index: int) -> Any:
+        raise AssertionError("a batched read fell back to __getitem__")
+
+    def __getitems__(self, indices: list[int]) -> list[Any]:
+        self.batches.append(list(indices))
+        return [self.items[index] for index in indices]

@@ -2,24 +2,19 @@
 
 from __future__ import annotations
 
-import json
 import random
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
 import record_pipelines
 from array_record.python.array_record_module import ArrayRecordWriter
+from equivalence import BATCH, digests, digests_in_every_mode, loader
 from helpers import assert_batches_equal
-from test_numpy_source import BATCH, EPOCHS, SEED, digests, loader
-from workers import worker_process
 
 from loadax import InMemoryDataset
 from loadax.arrayrecord_source import ArrayRecordDataset
-from loadax.client import RemoteDataLoader
-from loadax.server.worker import Worker
 
 
 @pytest.fixture(autouse=True)
@@ -140,38 +135,9 @@ def test_a_threaded_loader_gives_the_in_memory_batches(tmp_path: Path) -> None:
     assert_batches_equal(loader(dataset), expected)
 
 
-def remote(targets: list[Any]) -> RemoteDataLoader:
-    return (
-        RemoteDataLoader(targets, pipeline="arrayrecord_rows")
-        .batch_size(BATCH)
-        .shuffle(seed=SEED)
-        .num_epochs(EPOCHS)
-        .prefetch(4)
-    )
-
-
 def test_in_process_and_remote_workers_give_the_local_batches(tmp_path: Path) -> None:
-    data = tmp_path / "data"
-    data.mkdir()
-    reference = digests(loader(record_pipelines.arrayrecord_rows(str(data)).dataset))
+    reference = digests_in_every_mode(tmp_path, "record_pipelines", "arrayrecord_rows")
     assert len(reference) == 2 * 5
     assert reference == digests(loader(in_memory_rows(40)))
-    np.testing.assert_array_equal(
-        next(iter(loader(record_pipelines.arrayrecord_rows(str(data)).dataset)))["x"].shape,
-        (BATCH, record_pipelines.WIDTH),
-    )
-
-    worker = Worker({"arrayrecord_rows": record_pipelines.arrayrecord_rows(str(data))}, threads=2)
-    try:
-        with remote([worker]).build() as built:
-            assert digests(built) == reference
-    finally:
-        worker.close()
-
-    config = (
-        "[pipelines.arrayrecord_rows]\n"
-        'factory = "record_pipelines:arrayrecord_rows"\n'
-        f"args = {{ directory = {json.dumps(str(data))} }}\n"
-    )
-    with worker_process(tmp_path, config) as process, remote([process.grpc]).build() as built:
-        assert digests(built) == reference
+    first = next(iter(loader(record_pipelines.arrayrecord_rows(str(tmp_path / "data")).dataset)))
+    assert first["x"].shape == (BATCH, record_pipelines.WIDTH)

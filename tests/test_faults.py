@@ -3,17 +3,15 @@
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import os
 import pathlib
 import signal
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
-import jax
-import numpy as np
 import pipelines
 import pytest
+from equivalence import digests
 from processes import free_port
 from workers import WorkerProcess, worker_process, worker_processes
 
@@ -26,16 +24,6 @@ IMAGES = f"""
 factory = "pipelines:images"
 args = {{ records = {RECORDS}, side = 8 }}
 """
-
-
-def digests(batches: Iterable[Any]) -> list[str]:
-    result = []
-    for batch in batches:
-        digest = hashlib.sha256()
-        for leaf in jax.tree.leaves(batch):
-            digest.update(np.ascontiguousarray(np.asarray(leaf)).tobytes())
-        result.append(digest.hexdigest())
-    return result
 
 
 @pytest.fixture(scope="module")

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -10,14 +9,11 @@ import datasets
 import numpy as np
 import pytest
 import record_pipelines
+from equivalence import digests, digests_in_every_mode, loader
 from helpers import assert_batches_equal
-from test_numpy_source import BATCH, EPOCHS, SEED, digests, loader
-from workers import worker_process
 
 from loadax import InMemoryDataset
-from loadax.client import RemoteDataLoader
 from loadax.huggingface_source import HuggingFaceDataset
-from loadax.server.worker import Worker
 
 
 @pytest.fixture(autouse=True)
@@ -163,35 +159,7 @@ def test_a_threaded_loader_gives_the_in_memory_batches(tmp_path: Path) -> None:
     assert_batches_equal(loader(dataset), expected)
 
 
-def remote(targets: list[Any]) -> RemoteDataLoader:
-    return (
-        RemoteDataLoader(targets, pipeline="huggingface_rows")
-        .batch_size(BATCH)
-        .shuffle(seed=SEED)
-        .num_epochs(EPOCHS)
-        .prefetch(4)
-    )
-
-
 def test_in_process_and_remote_workers_give_the_local_batches(tmp_path: Path) -> None:
-    data = tmp_path / "data"
-    data.mkdir()
-    local = loader(record_pipelines.huggingface_rows(str(data)).dataset)
-    reference = digests(local)
+    reference = digests_in_every_mode(tmp_path, "record_pipelines", "huggingface_rows")
     assert len(reference) == 2 * 5
     assert reference == digests(loader(in_memory_rows(40)))
-
-    worker = Worker({"huggingface_rows": record_pipelines.huggingface_rows(str(data))}, threads=2)
-    try:
-        with remote([worker]).build() as built:
-            assert digests(built) == reference
-    finally:
-        worker.close()
-
-    config = (
-        "[pipelines.huggingface_rows]\n"
-        'factory = "record_pipelines:huggingface_rows"\n'
-        f"args = {{ directory = {json.dumps(str(data))} }}\n"
-    )
-    with worker_process(tmp_path, config) as process, remote([process.grpc]).build() as built:
-        assert digests(built) == reference

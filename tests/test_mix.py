@@ -3,15 +3,14 @@
 from __future__ import annotations
 
 import functools
-import hashlib
 from collections import Counter
 from collections.abc import Iterable
 from typing import Any
 
-import jax
 import numpy as np
 import pytest
-from helpers import assert_batches_equal
+from equivalence import digests
+from helpers import CountingSource, assert_batches_equal
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -22,43 +21,12 @@ from loadax.mix import DEFAULT_WINDOW, MixedDataset, window_counts
 from loadax.server.worker import Worker
 
 
-class CountingSource:
-    """A foreign dataset whose batched reads are logged."""
-
-    def __init__(self, items: list[Any]) -> None:
-        self.items = items
-        self.batches: list[list[int]] = []
-
-    def __len__(self) -> int:
-        return len(self.items)
-
-    def __getitem__(self, index: int) -> Any:
-        raise AssertionError("a batched read fell back to __getitem__")
-
-    def __getitems__(self, indices: list[int]) -> list[Any]:
-        self.batches.append(list(indices))
-        return [self.items[index] for index in indices]
-
-
 def _draw(record: int, rng: np.random.Generator) -> tuple[int, int]:
     return record, int(rng.integers(0, 2**62))
 
 
 def _indices(values: Iterable[int]) -> np.ndarray[Any, np.dtype[np.int64]]:
     return np.array(list(values), dtype=np.int64)
-
-
-def digests(batches: Iterable[Any]) -> list[str]:
-    """One hash per batch over every leaf's dtype, shape and bytes."""
-    result = []
-    for batch in batches:
-        digest = hashlib.sha256()
-        for leaf in jax.tree.leaves(batch):
-            array = np.asarray(leaf)
-            digest.update(f"{array.dtype.str}{array.shape}".encode())
-            digest.update(np.ascontiguousarray(array).tobytes())
-        result.append(digest.hexdigest())
-    return result
 
 
 def _tagged(k: int, length: int) -> list[tuple[int, int]]:

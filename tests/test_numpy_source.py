@@ -2,26 +2,18 @@
 
 from __future__ import annotations
 
-import hashlib
-import json
 import zipfile
-from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-import jax
 import numpy as np
 import pytest
 import source_pipelines
+from equivalence import digests_in_every_mode, loader
 from helpers import assert_batches_equal
-from workers import worker_process
 
-from loadax import Batcher, DataLoader, InMemoryDataset
-from loadax.client import RemoteDataLoader
+from loadax import InMemoryDataset
 from loadax.numpy_source import NumpyDataset
-from loadax.server.worker import Worker
-
-BATCH, SEED, EPOCHS = 8, 5, 2
 
 
 def saved(tmp_path: Path, array: np.ndarray[Any, Any], name: str = "data.npy") -> Path:
@@ -136,17 +128,6 @@ def test_transforms_chain(tmp_path: Path) -> None:
     assert list(dataset) == [0, 10, 20, 30, 40]
 
 
-def loader(dataset: Any) -> Any:
-    return (
-        DataLoader(Batcher())
-        .batch_size(BATCH)
-        .shuffle(seed=SEED)
-        .num_epochs(EPOCHS)
-        .workers(4)
-        .build(dataset)
-    )
-
-
 def test_a_threaded_loader_gives_the_in_memory_batches(tmp_path: Path) -> None:
     path = source_pipelines.write_numpy_rows(tmp_path, records=45)
     expected = list(loader(InMemoryDataset(np.load(path))))
@@ -154,47 +135,6 @@ def test_a_threaded_loader_gives_the_in_memory_batches(tmp_path: Path) -> None:
     assert_batches_equal(loader(NumpyDataset(path)), expected)
 
 
-def digests(batches: Iterable[Any]) -> list[str]:
-    """One hash per batch over every leaf's dtype, shape and bytes."""
-    result = []
-    for batch in batches:
-        digest = hashlib.sha256()
-        for leaf in jax.tree.leaves(batch):
-            array = np.asarray(leaf)
-            digest.update(f"{array.dtype.str}{array.shape}".encode())
-            digest.update(np.ascontiguousarray(array).tobytes())
-        result.append(digest.hexdigest())
-    return result
-
-
-def remote(targets: list[Any]) -> RemoteDataLoader:
-    return (
-        RemoteDataLoader(targets, pipeline="numpy_rows")
-        .batch_size(BATCH)
-        .shuffle(seed=SEED)
-        .num_epochs(EPOCHS)
-        .prefetch(4)
-    )
-
-
 def test_in_process_and_remote_workers_give_the_local_batches(tmp_path: Path) -> None:
-    data = tmp_path / "data"
-    data.mkdir()
-    pipeline = source_pipelines.numpy_rows(str(data))
-    reference = digests(loader(pipeline.dataset))
+    reference = digests_in_every_mode(tmp_path, "source_pipelines", "numpy_rows")
     assert len(reference) == 2 * 5
-
-    worker = Worker({"numpy_rows": source_pipelines.numpy_rows(str(data))}, threads=2)
-    try:
-        with remote([worker]).build() as built:
-            assert digests(built) == reference
-    finally:
-        worker.close()
-
-    config = (
-        "[pipelines.numpy_rows]\n"
-        'factory = "source_pipelines:numpy_rows"\n'
-        f"args = {{ directory = {json.dumps(str(data))} }}\n"
-    )
-    with worker_process(tmp_path, config) as process, remote([process.grpc]).build() as built:
-        assert digests(built) == reference

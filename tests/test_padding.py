@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import hashlib
-from collections.abc import Iterable
 from typing import Any
 
-import jax
 import numpy as np
 import pytest
+from equivalence import digests
 from helpers import assert_batches_equal
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -19,19 +17,6 @@ from loadax.client import RemoteDataLoader
 from loadax.mix import MixedDataset
 from loadax.padding import PaddedStack, pad_batcher
 from loadax.server.worker import Worker
-
-
-def digests(batches: Iterable[Any]) -> list[str]:
-    """One hash per batch over every leaf's dtype, shape and bytes."""
-    result = []
-    for batch in batches:
-        digest = hashlib.sha256()
-        for leaf in jax.tree.leaves(batch):
-            array = np.asarray(leaf)
-            digest.update(f"{array.dtype.str}{array.shape}".encode())
-            digest.update(np.ascontiguousarray(array).tobytes())
-        result.append(digest.hexdigest())
-    return result
 
 
 def _tokens(index: int) -> dict[str, Any]:

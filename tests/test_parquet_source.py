@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import random
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
@@ -14,14 +13,11 @@ import pyarrow as pa  # type: ignore[import-untyped]
 import pyarrow.parquet as pq  # type: ignore[import-untyped]
 import pytest
 import table_pipelines
+from equivalence import digests_in_every_mode, loader
 from helpers import assert_batches_equal
-from test_numpy_source import BATCH, EPOCHS, SEED, digests, loader
-from workers import worker_process
 
 from loadax import InMemoryDataset
-from loadax.client import RemoteDataLoader
 from loadax.parquet_source import ParquetDataset
-from loadax.server.worker import Worker
 
 RECORDS = 40
 
@@ -221,36 +217,9 @@ def test_a_threaded_loader_gives_the_in_memory_batches(files: list[Path]) -> Non
     assert_batches_equal(loader(ParquetDataset(files)), expected)
 
 
-def remote(targets: list[Any]) -> RemoteDataLoader:
-    return (
-        RemoteDataLoader(targets, pipeline="parquet_rows")
-        .batch_size(BATCH)
-        .shuffle(seed=SEED)
-        .num_epochs(EPOCHS)
-        .prefetch(4)
-    )
-
-
 def test_in_process_and_remote_workers_give_the_local_batches(tmp_path: Path) -> None:
-    data = tmp_path / "data"
-    data.mkdir()
-    reference = digests(loader(table_pipelines.parquet_rows(str(data)).dataset))
+    reference = digests_in_every_mode(tmp_path, "table_pipelines", "parquet_rows")
     assert len(reference) == 2 * 5
-
-    worker = Worker({"parquet_rows": table_pipelines.parquet_rows(str(data))}, threads=2)
-    try:
-        with remote([worker]).build() as built:
-            assert digests(built) == reference
-    finally:
-        worker.close()
-
-    config = (
-        "[pipelines.parquet_rows]\n"
-        'factory = "table_pipelines:parquet_rows"\n'
-        f"args = {{ directory = {json.dumps(str(data))} }}\n"
-    )
-    with worker_process(tmp_path, config) as process, remote([process.grpc]).build() as built:
-        assert digests(built) == reference
 
 
 def test_many_files_are_read_with_a_bounded_number_open(tmp_path: Path) -> None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import random
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -12,15 +11,12 @@ import numpy as np
 import polars as pl
 import pytest
 import table_pipelines
+from equivalence import digests, digests_in_every_mode, loader
 from helpers import assert_batches_equal
-from test_numpy_source import BATCH, EPOCHS, SEED, digests, loader
 from test_parquet_source import assert_records_equal
-from workers import worker_process
 
 from loadax import InMemoryDataset
-from loadax.client import RemoteDataLoader
 from loadax.polars_source import PolarsDataset
-from loadax.server.worker import Worker
 
 RECORDS = 40
 
@@ -136,35 +132,8 @@ def test_a_threaded_loader_gives_the_in_memory_batches() -> None:
     assert_batches_equal(loader(PolarsDataset(frame().lazy())), expected)
 
 
-def remote(targets: list[Any]) -> RemoteDataLoader:
-    return (
-        RemoteDataLoader(targets, pipeline="polars_rows")
-        .batch_size(BATCH)
-        .shuffle(seed=SEED)
-        .num_epochs(EPOCHS)
-        .prefetch(4)
-    )
-
-
 def test_in_process_and_remote_workers_give_the_local_batches(tmp_path: Path) -> None:
-    data = tmp_path / "data"
-    data.mkdir()
-    reference = digests(loader(table_pipelines.polars_rows(str(data)).dataset))
+    reference = digests_in_every_mode(tmp_path, "table_pipelines", "polars_rows")
     assert len(reference) == 2 * 5
     in_memory = loader(InMemoryDataset(table_pipelines.expected_records(RECORDS)))
     assert digests(in_memory) == reference
-
-    worker = Worker({"polars_rows": table_pipelines.polars_rows(str(data))}, threads=2)
-    try:
-        with remote([worker]).build() as built:
-            assert digests(built) == reference
-    finally:
-        worker.close()
-
-    config = (
-        "[pipelines.polars_rows]\n"
-        'factory = "table_pipelines:polars_rows"\n'
-        f"args = {{ directory = {json.dumps(str(data))} }}\n"
-    )
-    with worker_process(tmp_path, config) as process, remote([process.grpc]).build() as built:
-        assert digests(built) == reference

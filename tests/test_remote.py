@@ -2,16 +2,16 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 import pathlib
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import jax
 import numpy as np
 import pipelines
 import pytest
+from equivalence import digests
 from helpers import assert_batches_equal, assert_equal_output_after_checkpoint
 from jax.sharding import Mesh
 from workers import WorkerProcess, worker_process, worker_processes, worker_with_settings
@@ -31,19 +31,6 @@ factory = "pipelines:images"
 args = { records = 40, side = 10 }
 """
 BATCH, SEED, EPOCHS = 8, 5, 2
-
-
-def digests(batches: Iterable[Any]) -> list[str]:
-    """One hash per batch over every leaf's dtype, shape and bytes."""
-    result = []
-    for batch in batches:
-        digest = hashlib.sha256()
-        for leaf in jax.tree.leaves(batch):
-            array = np.asarray(leaf)
-            digest.update(f"{array.dtype.str}{array.shape}".encode())
-            digest.update(np.ascontiguousarray(array).tobytes())
-        result.append(digest.hexdigest())
-    return result
 
 
 def local_loader() -> Any:

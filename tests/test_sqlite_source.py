@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import random
 import sqlite3
 from collections.abc import Sequence
@@ -13,13 +12,10 @@ from typing import Any
 import numpy as np
 import pytest
 import source_pipelines
+from equivalence import digests_in_every_mode, loader
 from helpers import assert_batches_equal
-from test_numpy_source import BATCH, EPOCHS, SEED, digests, loader
-from workers import worker_process
 
 from loadax import InMemoryDataset
-from loadax.client import RemoteDataLoader
-from loadax.server.worker import Worker
 from loadax.sqlite_source import SQLiteDataset
 
 
@@ -239,37 +235,8 @@ def test_a_threaded_loader_gives_the_in_memory_batches(tmp_path: Path) -> None:
     assert_batches_equal(loader(query), expected)
 
 
-def remote(targets: list[Any]) -> RemoteDataLoader:
-    return (
-        RemoteDataLoader(targets, pipeline="sqlite_rows")
-        .batch_size(BATCH)
-        .shuffle(seed=SEED)
-        .num_epochs(EPOCHS)
-        .prefetch(4)
-    )
-
-
 def test_in_process_and_remote_workers_give_the_local_batches(tmp_path: Path) -> None:
-    data = tmp_path / "data"
-    data.mkdir()
-    reference = digests(loader(source_pipelines.sqlite_rows(str(data)).dataset))
+    reference = digests_in_every_mode(tmp_path, "source_pipelines", "sqlite_rows")
     assert len(reference) == 2 * 5
-    np.testing.assert_array_equal(
-        next(iter(loader(source_pipelines.sqlite_rows(str(data)).dataset)))["label"].dtype,
-        np.dtype(np.int64),
-    )
-
-    worker = Worker({"sqlite_rows": source_pipelines.sqlite_rows(str(data))}, threads=2)
-    try:
-        with remote([worker]).build() as built:
-            assert digests(built) == reference
-    finally:
-        worker.close()
-
-    config = (
-        "[pipelines.sqlite_rows]\n"
-        'factory = "source_pipelines:sqlite_rows"\n'
-        f"args = {{ directory = {json.dumps(str(data))} }}\n"
-    )
-    with worker_process(tmp_path, config) as process, remote([process.grpc]).build() as built:
-        assert digests(built) == reference
+    first = next(iter(loader(source_pipelines.sqlite_rows(str(tmp_path / "data")).dataset)))
+    assert first["label"].dtype == np.dtype(np.int64)
