@@ -108,6 +108,19 @@ def dataset_length(dataset: Dataset[Any]) -> int:
     return require_int(f"len({type(dataset).__name__})", len(dataset), minimum=0)
 
 
+def dataset_lengths(datasets: Sequence[Dataset[Any]]) -> list[int]:
+    """The length of each of a non-empty sequence of datasets; errors name the position."""
+    if not datasets:
+        raise ValueError("datasets must not be empty")
+    lengths = []
+    for position, dataset in enumerate(datasets):
+        try:
+            lengths.append(dataset_length(dataset))
+        except ValueError as error:
+            raise ValueError(f"datasets[{position}]: {error}") from None
+    return lengths
+
+
 def _seed(seed: int | None) -> int:
     # None is the fixed default seed 0, not fresh entropy: a pipeline must be reproducible.
     return 0 if seed is None else require_int("seed", seed, minimum=0)
@@ -202,14 +215,7 @@ class ConcatenatedDataset(DatasetBase[T]):
 
     def __init__(self, datasets: Iterable[Dataset[T]]) -> None:
         self._datasets = tuple(datasets)
-        if not self._datasets:
-            raise ValueError("datasets must not be empty")
-        lengths = []
-        for position, dataset in enumerate(self._datasets):
-            try:
-                lengths.append(dataset_length(dataset))
-            except ValueError as error:
-                raise ValueError(f"datasets[{position}]: {error}") from None
+        lengths = dataset_lengths(self._datasets)
         # _ends[d] is one past the last global index of dataset d.
         self._ends = np.cumsum(np.array(lengths, dtype=np.int64))
         self._starts = self._ends - np.array(lengths, dtype=np.int64)

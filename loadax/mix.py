@@ -18,7 +18,12 @@ import numpy as np
 import numpy.typing as npt
 from typing_extensions import TypeVar
 
-from loadax.dataset import ConcatenatedDataset, Dataset, DatasetBase, dataset_length
+from loadax.dataset import (
+    ConcatenatedDataset,
+    Dataset,
+    DatasetBase,
+    dataset_lengths,
+)
 from loadax.permutation import IndexArray, KeyPurpose, derive_key, permute
 from loadax.validation import require_int
 
@@ -82,14 +87,7 @@ class MixedDataset(DatasetBase[T]):
         window: int | None = None,
     ) -> None:
         self._datasets = tuple(datasets)
-        if not self._datasets:
-            raise ValueError("datasets must not be empty")
-        lengths = []
-        for position, dataset in enumerate(self._datasets):
-            try:
-                lengths.append(dataset_length(dataset))
-            except ValueError as error:
-                raise ValueError(f"datasets[{position}]: {error}") from None
+        lengths = dataset_lengths(self._datasets)
         weights = tuple(weights)
         if len(weights) != len(self._datasets):
             raise ValueError(
