@@ -9,6 +9,7 @@ from typing import Any, cast
 
 import datasets
 
+from loadax.columns import check_columns, choose_columns
 from loadax.dataset import DatasetBase
 from loadax.permutation import IndexArray
 
@@ -31,19 +32,16 @@ class HuggingFaceDataset(DatasetBase[dict[str, Any]]):
         format: str | None = None,
     ) -> None:
         _check_dataset(dataset)
-        if columns is not None and (
-            isinstance(columns, str) or not all(isinstance(c, str) for c in columns)
-        ):
-            raise ValueError(
-                f"HuggingFaceDataset: columns must be a sequence of str, got {columns!r}"
-            )
+        check_columns(columns, "HuggingFaceDataset")
         if format is not None and format not in _FORMATS:
             raise ValueError(
                 f"HuggingFaceDataset: format must be None or one of {list(_FORMATS)}, "
                 f"got {format!r}"
             )
         names = [str(name) for name in cast(list[str], dataset.column_names)]
-        self._columns = _choose(columns, names)
+        self._columns = choose_columns(
+            columns, names, source="HuggingFaceDataset", table="the dataset"
+        )
         if not self._columns:
             raise ValueError("HuggingFaceDataset: the dataset has no columns")
         if format is None:
@@ -159,17 +157,3 @@ def _pick_split(loaded: object, split: str | None, where: str) -> datasets.Datas
             f"HuggingFaceDataset: {where} has no split {split!r}; its splits are {list(loaded)}"
         )
     return cast(datasets.Dataset, loaded[split])
-
-
-def _choose(columns: Sequence[str] | None, names: Sequence[str]) -> tuple[str, ...]:
-    if columns is None:
-        return tuple(names)
-    unknown = [column for column in columns if column not in names]
-    if unknown:
-        raise ValueError(
-            f"HuggingFaceDataset: the dataset has no column {', '.join(map(repr, unknown))}; "
-            f"its columns are {list(names)}"
-        )
-    if len(set(columns)) != len(columns):
-        raise ValueError(f"HuggingFaceDataset: columns {list(columns)} name a column twice")
-    return tuple(columns)

@@ -13,6 +13,7 @@ import numpy as np
 import pyarrow as pa  # type: ignore[import-untyped]
 import pyarrow.parquet as pq  # type: ignore[import-untyped]
 
+from loadax.columns import check_columns, choose_columns
 from loadax.dataset import DatasetBase
 from loadax.permutation import IndexArray
 
@@ -40,10 +41,7 @@ class ParquetDataset(DatasetBase[dict[str, Any]]):
         columns: Sequence[str] | None = None,
     ) -> None:
         self._paths = _paths(paths)
-        if columns is not None and (
-            isinstance(columns, str) or not all(isinstance(c, str) for c in columns)
-        ):
-            raise ValueError(f"ParquetDataset: columns must be a sequence of str, got {columns!r}")
+        check_columns(columns, "ParquetDataset")
         if columns is not None and not columns:
             raise ValueError("ParquetDataset: columns must name at least one column")
         self._columns: tuple[str, ...] = ()
@@ -55,7 +53,9 @@ class ParquetDataset(DatasetBase[dict[str, Any]]):
             try:
                 schema = handle.schema_arrow
                 if position == 0:
-                    self._columns = _choose(columns, schema.names, path)
+                    self._columns = choose_columns(
+                        columns, schema.names, source="ParquetDataset", table=repr(str(path))
+                    )
                     first_types = {name: schema.field(name).type for name in self._columns}
                 else:
                     _check_schema(path, schema, first_types, self._paths[0])
@@ -219,23 +219,6 @@ def _open(path: Path) -> Any:
         raise ValueError(
             f"ParquetDataset: {shown} is not a readable Parquet file: {error}"
         ) from None
-
-
-def _choose(columns: Sequence[str] | None, names: Sequence[str], path: Path) -> tuple[str, ...]:
-    repeated = sorted({name for name in names if names.count(name) > 1})
-    chosen = tuple(names) if columns is None else tuple(columns)
-    unknown = [column for column in chosen if column not in names]
-    if unknown:
-        raise ValueError(
-            f"ParquetDataset: {str(path)!r} has no column {', '.join(map(repr, unknown))}; "
-            f"its columns are {list(names)}"
-        )
-    ambiguous = [column for column in chosen if column in repeated]
-    if ambiguous:
-        raise ValueError(f"ParquetDataset: {str(path)!r} has several columns named {ambiguous}")
-    if len(set(chosen)) != len(chosen):
-        raise ValueError(f"ParquetDataset: columns {list(chosen)} name a column twice")
-    return chosen
 
 
 def _check_schema(path: Path, schema: Any, types: dict[str, Any], first: Path) -> None:

@@ -9,6 +9,7 @@ import numpy as np
 import polars as pl
 from polars.datatypes import DataTypeClass
 
+from loadax.columns import check_columns, choose_columns
 from loadax.dataset import DatasetBase
 from loadax.permutation import IndexArray
 
@@ -33,23 +34,8 @@ class PolarsDataset(DatasetBase[dict[str, Any]]):
                 "PolarsDataset: frame must be a polars.DataFrame or polars.LazyFrame, "
                 f"got {type(frame).__name__}"
             )
-        if columns is not None and (
-            isinstance(columns, str) or not all(isinstance(c, str) for c in columns)
-        ):
-            raise ValueError(f"PolarsDataset: columns must be a sequence of str, got {columns!r}")
-        names = frame.columns
-        if columns is None:
-            chosen = tuple(names)
-        else:
-            chosen = tuple(columns)
-            unknown = [column for column in chosen if column not in names]
-            if unknown:
-                raise ValueError(
-                    f"PolarsDataset: the frame has no column {', '.join(map(repr, unknown))}; "
-                    f"its columns are {names}"
-                )
-            if len(set(chosen)) != len(chosen):
-                raise ValueError(f"PolarsDataset: columns {list(chosen)} name a column twice")
+        check_columns(columns, "PolarsDataset")
+        chosen = choose_columns(columns, frame.columns, source="PolarsDataset", table="the frame")
         if not chosen:
             raise ValueError("PolarsDataset: columns must name at least one column")
         self._columns = chosen

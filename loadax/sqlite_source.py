@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from loadax.columns import check_columns, choose_columns
 from loadax.dataset import DatasetBase
 from loadax.permutation import IndexArray
 
@@ -42,10 +43,7 @@ class SQLiteDataset(DatasetBase[dict[str, Any]]):
             raise FileNotFoundError(f"SQLiteDataset: no SQLite file at {str(self._path)!r}")
         if (table is None) == (query is None):
             raise ValueError("SQLiteDataset: give exactly one of table and query")
-        if columns is not None and (
-            isinstance(columns, str) or not all(isinstance(c, str) for c in columns)
-        ):
-            raise ValueError(f"SQLiteDataset: columns must be a sequence of str, got {columns!r}")
+        check_columns(columns, "SQLiteDataset")
         self._uri = self._path.resolve().as_uri() + "?mode=ro"
         self._local = threading.local()
         self._connections: list[sqlite3.Connection] = []
@@ -108,7 +106,7 @@ class SQLiteDataset(DatasetBase[dict[str, Any]]):
         names = [
             row[0] for row in connection.execute("SELECT name FROM pragma_table_info(?)", (table,))
         ]
-        self._columns = _choose(columns, names, self._where())
+        self._columns = choose_columns(columns, names, source="SQLiteDataset", table=self._where())
         lowered = {name.lower() for name in names}
         # A column may be named rowid; SQLite's other names for the rowid may still be free.
         rowid = next((alias for alias in ("rowid", "_rowid_", "oid") if alias not in lowered), None)
@@ -151,7 +149,7 @@ class SQLiteDataset(DatasetBase[dict[str, Any]]):
             item[0] for item in connection.execute(f"SELECT * FROM ({query}) LIMIT 0").description
         ]
         # SQLite names repeated result columns apart ("id", "id:1"), so keys never collide.
-        self._columns = _choose(columns, names, self._where())
+        self._columns = choose_columns(columns, names, source="SQLiteDataset", table=self._where())
         self._select = f"SELECT {', '.join(map(_quote, self._columns))} FROM ({query})"
         (count,) = connection.execute(f"SELECT COUNT(*) FROM ({query})").fetchone()
         self._rowids = None
@@ -213,17 +211,3 @@ class SQLiteDataset(DatasetBase[dict[str, Any]]):
 def _quote(identifier: str) -> str:
     """`identifier` as an SQL quoted identifier; only names read from the schema reach here."""
     return '"' + identifier.replace('"', '""') + '"'
-
-
-def _choose(columns: Sequence[str] | None, names: Sequence[str], where: str) -> tuple[str, ...]:
-    if columns is None:
-        return tuple(names)
-    unknown = [column for column in columns if column not in names]
-    if unknown:
-        raise ValueError(
-            f"SQLiteDataset: {where} has no column {', '.join(map(repr, unknown))}; "
-            f"its columns are {list(names)}"
-        )
-    if len(set(columns)) != len(columns):
-        raise ValueError(f"SQLiteDataset: columns {list(columns)} name a column twice")
-    return tuple(columns)

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import gc
 import json
+import random
 import threading
 from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import jax
@@ -70,3 +72,29 @@ class CountingSource:
     def __getitems__(self, indices: list[int]) -> list[Any]:
         self.batches.append(list(indices))
         return [self.items[index] for index in indices]
+
+
+def assert_records_equal(got: list[dict[str, Any]], want: list[dict[str, Any]]) -> None:
+    assert len(got) == len(want)
+    for position, (record, expected) in enumerate(zip(got, want, strict=True)):
+        assert list(record) == list(expected), f"record {position}"
+        for name, value in expected.items():
+            assert np.asarray(record[name]).dtype == np.asarray(value).dtype, (position, name)
+            np.testing.assert_array_equal(record[name], value, err_msg=f"{position} {name}")
+
+
+def assert_concurrent_reads_are_right(dataset: Any, expected: list[dict[str, Any]]) -> None:
+    """16 tasks on 8 threads read random batches (negative indices too) and get the right rows."""
+    size = len(expected)
+
+    def read(seed: int) -> None:
+        rng = random.Random(seed)
+        for _ in range(40):
+            indices = [rng.randrange(-size, size) for _ in range(rng.randrange(1, 12))]
+            assert_records_equal(
+                dataset.__getitems__(indices), [expected[index] for index in indices]
+            )
+
+    with ThreadPoolExecutor(8) as pool:
+        for outcome in [pool.submit(read, seed) for seed in range(16)]:
+            outcome.result()

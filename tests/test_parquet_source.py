@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import random
 from collections import Counter
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +13,7 @@ import pyarrow.parquet as pq  # type: ignore[import-untyped]
 import pytest
 import table_pipelines
 from equivalence import digests_in_every_mode, loader
-from helpers import assert_batches_equal
+from helpers import assert_batches_equal, assert_concurrent_reads_are_right, assert_records_equal
 
 from loadax import InMemoryDataset
 from loadax.parquet_source import ParquetDataset
@@ -38,15 +37,6 @@ class CountingParquetDataset(ParquetDataset):
 def files(tmp_path: Path) -> list[Path]:
     """40 rows over 3 files (13, 13, 14 rows), in row groups of 4: 12 row groups."""
     return table_pipelines.write_parquet_rows(tmp_path, RECORDS)
-
-
-def assert_records_equal(got: list[dict[str, Any]], want: list[dict[str, Any]]) -> None:
-    assert len(got) == len(want)
-    for position, (record, expected) in enumerate(zip(got, want, strict=True)):
-        assert list(record) == list(expected), f"record {position}"
-        for name, value in expected.items():
-            assert np.asarray(record[name]).dtype == np.asarray(value).dtype, (position, name)
-            np.testing.assert_array_equal(record[name], value, err_msg=f"{position} {name}")
 
 
 def test_rows_match_the_table_across_files_in_order(files: list[Path]) -> None:
@@ -143,18 +133,7 @@ def test_nulls_and_other_types_are_typed_by_the_column_not_the_batch(tmp_path: P
 def test_concurrent_reader_threads_get_the_right_rows(files: list[Path]) -> None:
     dataset = ParquetDataset(files)
     expected = table_pipelines.expected_records(RECORDS)
-
-    def read(seed: int) -> None:
-        rng = random.Random(seed)
-        for _ in range(40):
-            indices = [rng.randrange(-RECORDS, RECORDS) for _ in range(rng.randrange(1, 12))]
-            assert_records_equal(
-                dataset.__getitems__(indices), [expected[index] for index in indices]
-            )
-
-    with ThreadPoolExecutor(8) as pool:
-        for outcome in [pool.submit(read, seed) for seed in range(16)]:
-            outcome.result()
+    assert_concurrent_reads_are_right(dataset, expected)
     assert len(dataset._states) > 1  # one cache per thread that read
     dataset.close()
     assert_records_equal([dataset[5]], [expected[5]])  # a read after close reopens the file

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import random
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -12,8 +10,7 @@ import polars as pl
 import pytest
 import table_pipelines
 from equivalence import digests, digests_in_every_mode, loader
-from helpers import assert_batches_equal
-from test_parquet_source import assert_records_equal
+from helpers import assert_batches_equal, assert_concurrent_reads_are_right, assert_records_equal
 
 from loadax import InMemoryDataset
 from loadax.polars_source import PolarsDataset
@@ -94,18 +91,7 @@ def test_nulls_and_other_types_are_typed_by_the_column_not_the_batch() -> None:
 def test_concurrent_reader_threads_get_the_right_rows() -> None:
     dataset = PolarsDataset(frame())
     expected = table_pipelines.expected_records(RECORDS)
-
-    def read(seed: int) -> None:
-        rng = random.Random(seed)
-        for _ in range(40):
-            indices = [rng.randrange(-RECORDS, RECORDS) for _ in range(rng.randrange(1, 12))]
-            assert_records_equal(
-                dataset.__getitems__(indices), [expected[index] for index in indices]
-            )
-
-    with ThreadPoolExecutor(8) as pool:
-        for outcome in [pool.submit(read, seed) for seed in range(16)]:
-            outcome.result()
+    assert_concurrent_reads_are_right(dataset, expected)
 
 
 @pytest.mark.parametrize(

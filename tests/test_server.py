@@ -493,13 +493,18 @@ class _BrokenWorker:
         raise WorkerError("UNAVAILABLE", "not now")
 
 
-def test_an_unexpected_failure_is_internal_and_the_server_keeps_serving() -> None:
-    server = GrpcServer(
+def broken_server(address: str = "127.0.0.1:0", max_in_flight_per_client: int = 1) -> GrpcServer:
+    """A gRPC server, not started, around a worker that fails in every way a bug can."""
+    return GrpcServer(
         _BrokenWorker(),  # type: ignore[arg-type]
-        "127.0.0.1:0",
+        address,
         threads=1,
-        max_in_flight_per_client=2,
+        max_in_flight_per_client=max_in_flight_per_client,
     )
+
+
+def test_an_unexpected_failure_is_internal_and_the_server_keeps_serving() -> None:
+    server = broken_server(max_in_flight_per_client=2)
     address = server.start()
     try:
         assert address.startswith("127.0.0.1:")
@@ -518,12 +523,7 @@ def test_an_unexpected_failure_is_internal_and_the_server_keeps_serving() -> Non
 
 
 def test_stop_refuses_new_calls() -> None:
-    server = GrpcServer(
-        _BrokenWorker(),  # type: ignore[arg-type]
-        "127.0.0.1:0",
-        threads=1,
-        max_in_flight_per_client=1,
-    )
+    server = broken_server()
     address = server.start()
     server.stop(grace=5)
     with grpc.insecure_channel(address) as channel:
@@ -532,20 +532,10 @@ def test_stop_refuses_new_calls() -> None:
 
 
 def test_two_workers_cannot_share_a_port() -> None:
-    first = GrpcServer(
-        _BrokenWorker(),  # type: ignore[arg-type]
-        "127.0.0.1:0",
-        threads=1,
-        max_in_flight_per_client=1,
-    )
+    first = broken_server()
     address = first.start()
     try:
-        second = GrpcServer(
-            _BrokenWorker(),  # type: ignore[arg-type]
-            address,
-            threads=1,
-            max_in_flight_per_client=1,
-        )
+        second = broken_server(address)
         with pytest.raises(OSError, match=f"gRPC cannot listen on {address}"):
             second.start()
         second.stop(grace=0)
@@ -554,12 +544,7 @@ def test_two_workers_cannot_share_a_port() -> None:
 
 
 def test_a_taken_port_exits_1(tmp_path: Path) -> None:
-    server = GrpcServer(
-        _BrokenWorker(),  # type: ignore[arg-type]
-        "127.0.0.1:0",
-        threads=1,
-        max_in_flight_per_client=1,
-    )
+    server = broken_server()
     address = server.start()
     try:
         config = write_config(tmp_path, SERVED)
@@ -600,12 +585,7 @@ def test_a_worker_announces_and_stops_its_zeromq_endpoint(tmp_path: Path, grpc_t
 
 
 def test_stopping_reports_not_serving_to_health_watchers() -> None:
-    server = GrpcServer(
-        _BrokenWorker(),  # type: ignore[arg-type]
-        "127.0.0.1:0",
-        threads=1,
-        max_in_flight_per_client=1,
-    )
+    server = broken_server()
     stopper = threading.Thread(target=server.stop, args=(TIMEOUT,))
     with grpc.insecure_channel(server.start()) as channel:
         watch = health_pb2_grpc.HealthStub(channel).Watch(
