@@ -17,20 +17,7 @@ def stack(records: list[Any]) -> Any:
     """Stack a list of pytrees (dicts, lists, tuples of arrays or scalars) leaf-wise with numpy."""
     if not records:
         raise ValueError("cannot stack an empty list of records")
-    columns: list[list[Any]] = []
-    structure = None
-    for position, record in enumerate(records):
-        leaves, record_structure = jax.tree.flatten(record)
-        if structure is None:
-            structure, columns = record_structure, [[leaf] for leaf in leaves]
-            continue
-        if record_structure != structure:
-            raise ValueError(
-                f"record {position} of the batch has structure {record_structure}, "
-                f"but record 0 has {structure}"
-            )
-        for column, leaf in zip(columns, leaves, strict=True):
-            column.append(leaf)
+    structure, columns = leaf_columns(records)
     try:
         return jax.tree.unflatten(structure, [np.stack(column) for column in columns])
     except ValueError as error:
@@ -38,6 +25,26 @@ def stack(records: list[Any]) -> Any:
         if ragged is None:
             raise
         raise ValueError(ragged) from error
+
+
+def leaf_columns(records: list[Any], where: str = "") -> tuple[Any, list[list[Any]]]:
+    """The pytree structure shared by `records`, and the column of each of its leaves.
+
+    A record whose structure differs is a ValueError naming it (and `where`, a path inside it).
+    """
+    structure: Any
+    first, structure = jax.tree.flatten(records[0])
+    columns: list[list[Any]] = [[leaf] for leaf in first]
+    for position, record in enumerate(records[1:], start=1):
+        leaves, record_structure = jax.tree.flatten(record)
+        if record_structure != structure:
+            raise ValueError(
+                f"{where + ' of ' if where else ''}record {position} of the batch has structure "
+                f"{record_structure}, but record 0 has {structure}"
+            )
+        for column, leaf in zip(columns, leaves, strict=True):
+            column.append(leaf)
+    return structure, columns
 
 
 def _ragged_leaf(first: Any, columns: list[list[Any]]) -> str | None:

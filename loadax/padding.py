@@ -8,7 +8,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from loadax.batcher import Batcher
+from loadax.batcher import Batcher, leaf_columns
 from loadax.validation import require_int
 
 _LEAF = jax.tree.structure(0)
@@ -75,11 +75,11 @@ class PaddedStack:
 
     def _pad_tree(self, column: list[Any], where: str) -> tuple[Any, Any]:
         """The padded stack of a column of pytrees, and the mask if the column is of arrays."""
-        structure, leaf_columns = _columns(column, where)
+        structure, columns = leaf_columns(column, where)
         paths = jax.tree_util.tree_flatten_with_path(column[0])[0]
         padded = [
             self._pad(leaves, where + jax.tree_util.keystr(path))
-            for (path, _), leaves in zip(paths, leaf_columns, strict=True)
+            for (path, _), leaves in zip(paths, columns, strict=True)
         ]
         stacked = jax.tree.unflatten(structure, [array for array, _ in padded])
         return stacked, padded[0][1] if structure == _LEAF else None
@@ -125,23 +125,6 @@ def _keys(record: Any) -> str:
     return repr(list(record.keys())) if isinstance(record, Mapping) else type(record).__name__
 
 
-def _columns(column: list[Any], where: str) -> tuple[Any, list[list[Any]]]:
-    """The structure of a column of pytrees and the column of each of its leaves."""
-    structure: Any
-    first, structure = jax.tree.flatten(column[0])
-    leaf_columns: list[list[Any]] = [[leaf] for leaf in first]
-    for position, item in enumerate(column[1:], start=1):
-        leaves, item_structure = jax.tree.flatten(item)
-        if item_structure != structure:
-            raise ValueError(
-                f"{where or 'record'} of record {position} has structure {item_structure}, "
-                f"but record 0's has {structure}"
-            )
-        for leaf_column, leaf in zip(leaf_columns, leaves, strict=True):
-            leaf_column.append(leaf)
-    return structure, leaf_columns
-
-
 def _stack_tree(column: list[Any], where: str) -> Any:
-    structure, leaf_columns = _columns(column, where)
-    return jax.tree.unflatten(structure, [np.stack(leaves) for leaves in leaf_columns])
+    structure, columns = leaf_columns(column, where)
+    return jax.tree.unflatten(structure, [np.stack(leaves) for leaves in columns])

@@ -119,7 +119,7 @@ def test_the_default_stack_names_a_ragged_leaf_and_points_at_padding() -> None:
         (
             pad_batcher(),
             [{"x": {"a": 1}}, {"x": [1]}],
-            r"\['x'\] of record 1 has structure",
+            r"\['x'\] of record 1 of the batch has structure",
         ),
         (pad_batcher(keys=["y"]), [{"x": 1}], r"key 'y' is not in the records' keys \['x'\]"),
         (pad_batcher(keys=["x"]), [[1]], "keys needs dict records, got list"),
