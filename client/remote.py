@@ -24,6 +24,7 @@ from loadax.engine import BatchSource, FuturePending, Pending
 from loadax.loader import DEFAULT_PREFETCH, Loader, LoaderBuilder, LoaderOptions
 from loadax.permutation import IndexArray
 from loadax.plan import Plan
+from loadax.stream import StreamWindow
 from loadax.wire.plans import compatible_versions, plan_to_wire
 from loadax.wire.v1 import worker_pb2 as wire
 
@@ -125,11 +126,12 @@ class RemoteLoader(Loader[Any]):
         fixed = [spec for spec in specs if not (isinstance(spec, str) and _host_is_name(spec))]
         targets = _connect_all([*fixed, *sorted(self._from_names)], security)
         try:
-            self._fingerprint, num_records = _handshake(targets, pipeline, options.plan(1))
+            agreed = _handshake(targets, pipeline, options.plan(1))
         except BaseException:
             _close_all(targets)
             raise
-        self._handshake_plan = options.plan(num_records)
+        self._fingerprint = agreed.fingerprint
+        self._handshake_plan = options.plan(agreed.num_records)
         self._dispatcher = Dispatcher(targets, failover)
         dispatcher, fingerprint = self._dispatcher, self._fingerprint
 
@@ -137,7 +139,11 @@ class RemoteLoader(Loader[Any]):
             return RemoteSource(dispatcher, pipeline, fingerprint)
 
         super().__init__(
-            self._handshake_plan, options, source, prefetch=options.prefetch or DEFAULT_PREFETCH
+            self._handshake_plan,
+            options,
+            source,
+            prefetch=options.prefetch or DEFAULT_PREFETCH,
+            stream_window=agreed.stream_window or None,
         )
         self._finalizer = weakref.finalize(self, dispatcher.close)
         if self._names:
@@ -228,6 +234,17 @@ class RemoteSource(BatchSource[Any]):
         )
         return FuturePending(self._dispatcher.send(request))
 
+    def submit_window(self, plan: Plan, window: StreamWindow) -> Pending[Any]:
+        request = wire.BatchRequest(
+            pipeline=self._pipeline,
+            fingerprint=self._fingerprint,
+            plan=plan_to_wire(plan),
+            # Spreads the windows over the workers as steps are spread.
+            step=window.index * window.shards + window.shard,
+            window=wire.StreamWindow(shards=window.shards, shard=window.shard, index=window.index),
+        )
+        return FuturePending(self._dispatcher.send(request))
+
     def release(self, wait: bool) -> None:
         """The connections belong to the loader, not to one iterator."""
 
@@ -256,8 +273,8 @@ def _connect_all(specs: Sequence[TargetSpec], security: ClientSecurity | None) -
 
 def _handshake(
     targets: Sequence[Target], pipeline: str, plan: Plan, expected: str | None = None
-) -> tuple[str, int]:
-    """The fingerprint and length every target agrees on, or a ValueError naming both sides."""
+) -> wire.HandshakeResponse:
+    """The answer (fingerprint, length) every target agrees on, or a ValueError naming both."""
     request = wire.HandshakeRequest(
         library_version=loadax.__version__, pipeline=pipeline, plan=plan_to_wire(plan)
     )
@@ -283,7 +300,7 @@ def _handshake(
                 f"fingerprint {reference.fingerprint[:12]} and {reference.num_records} records, "
                 f"{target.name} has {answer.fingerprint[:12]} and {answer.num_records}"
             )
-    return reference.fingerprint, reference.num_records
+    return reference
 
 
 def _close_all(targets: Sequence[Target]) -> None:

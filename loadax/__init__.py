@@ -7,6 +7,7 @@ from loadax.dataset import (
     DatasetBase,
     MappedDataset,
     RandomMappedDataset,
+    RepeatedDataset,
     ShuffledDataset,
     SlicedDataset,
     read_records,
@@ -21,6 +22,7 @@ from loadax.pipeline import Pipeline
 from loadax.plan import Plan
 from loadax.sources import InMemoryDataset, RangeDataset
 from loadax.sqlite_source import SQLiteDataset
+from loadax.stream import Stream
 
 __version__ = "0.3.0"
 
@@ -43,9 +45,11 @@ __all__ = [
     "RandomMappedDataset",
     "RangeDataset",
     "RecordError",
+    "RepeatedDataset",
     "SQLiteDataset",
     "ShuffledDataset",
     "SlicedDataset",
+    "Stream",
     "WorkerError",
     "__version__",
     "pad_batcher",

@@ -74,6 +74,11 @@ class Batcher(Generic[T, B]):
             raise ValueError(f"fn must be callable, got {fn!r}")
         self._fn: Callable[[list[T]], B] = stack if fn is None else fn
 
+    @property
+    def stacks(self) -> bool:
+        """True for the default batcher, which stacks records leaf-wise."""
+        return self._fn is stack
+
     def __call__(self, records: list[T]) -> B:
         return self._fn(records)
 

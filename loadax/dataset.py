@@ -16,7 +16,9 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 from typing_extensions import TypeVar
 
+from loadax.packing import PackedRow
 from loadax.permutation import IndexArray, KeyPurpose, derive_key, permute, record_rng
+from loadax.stream import Stream
 from loadax.validation import require_int
 
 T = TypeVar("T", default=Any)
@@ -85,6 +87,20 @@ class DatasetBase(Dataset[T], abc.ABC):
     def concatenate(self, *others: Dataset[T]) -> ConcatenatedDataset[T]:
         """The records of `self`, then those of each of `others` in turn."""
         return ConcatenatedDataset([self, *others])
+
+    def repeat(self, count: int) -> RepeatedDataset[T]:
+        """The records `count` times over; each pass reads as its own epoch (new shuffle, rng)."""
+        return RepeatedDataset(self, count)
+
+    def filter(self, predicate: Callable[[T], bool]) -> Stream[T]:
+        """A stream of the records for which `predicate` is True (no longer random-access)."""
+        return Stream(self).filter(predicate)
+
+    def pack(
+        self, length: int, *, pad_value: int | float = 0, truncate: bool = False
+    ) -> Stream[PackedRow]:
+        """A stream of token sequences first-fit packed into rows of `length` (see Stream.pack)."""
+        return Stream(self).pack(length, pad_value=pad_value, truncate=truncate)
 
     def _normalise(self, index: int) -> int:
         try:
@@ -224,16 +240,42 @@ class ConcatenatedDataset(DatasetBase[T]):
         return int(self._ends[-1])
 
     def read(self, indices: IndexArray, epoch: int) -> list[T]:
-        if len(indices) == 0:
-            return []
         owners = np.searchsorted(self._ends, indices, side="right")
         local = indices - self._starts[owners]
-        # Read each dataset once, with its records grouped, then put them back in request order.
-        order = np.argsort(owners, kind="stable")
-        groups, firsts = np.unique(owners[order], return_index=True)
-        grouped: list[T] = []
-        for owner, chunk in zip(groups.tolist(), np.split(order, firsts[1:]), strict=True):
-            grouped.extend(read_records(self._datasets[owner], local[chunk], epoch))
-        inverse = np.empty_like(order)
-        inverse[order] = np.arange(len(order))
-        return [grouped[position] for position in inverse.tolist()]
+        return _read_grouped(
+            owners, lambda owner, chosen: read_records(self._datasets[owner], local[chosen], epoch)
+        )
+
+
+class RepeatedDataset(DatasetBase[T]):
+    """`dataset` `count` times over; pass p of epoch e reads `dataset` as epoch e * count + p."""
+
+    def __init__(self, dataset: Dataset[T], count: int) -> None:
+        self._dataset, self._length = dataset, dataset_length(dataset)
+        self._count = require_int("count", count, minimum=1)
+
+    def __len__(self) -> int:
+        return self._length * self._count
+
+    def read(self, indices: IndexArray, epoch: int) -> list[T]:
+        passes, local = np.divmod(indices, self._length)
+        return _read_grouped(
+            passes,
+            lambda repeat, chosen: read_records(
+                self._dataset, local[chosen], epoch * self._count + repeat
+            ),
+        )
+
+
+def _read_grouped(groups: IndexArray, read: Callable[[int, IndexArray], list[T]]) -> list[T]:
+    """`read(group, positions)` once per group of `groups`, the records put back in order."""
+    if len(groups) == 0:
+        return []
+    order = np.argsort(groups, kind="stable")
+    keys, firsts = np.unique(groups[order], return_index=True)
+    grouped: list[T] = []
+    for key, chosen in zip(keys.tolist(), np.split(order, firsts[1:]), strict=True):
+        grouped.extend(read(key, chosen))
+    inverse = np.empty_like(order)
+    inverse[order] = np.arange(len(order))
+    return [grouped[position] for position in inverse.tolist()]

@@ -20,20 +20,22 @@ class DeviceIterator(LoaderIterator[Any]):
         self, host_batches: LoaderIterator[Any], sharding: ShardingStrategy, depth: int
     ) -> None:
         self._host_batches, self._sharding, self._depth = host_batches, sharding, depth
-        self._on_device: deque[Any] = deque()
+        # Each batch on the device, with the host iterator's state from before it was loaded.
+        self._on_device: deque[tuple[dict[str, Any], Any]] = deque()
 
     def __next__(self) -> Any:
         self._fill(defer_errors=False)
         if not self._on_device:
             raise StopIteration
-        batch = self._on_device.popleft()
+        _, batch = self._on_device.popleft()
         self._fill(defer_errors=True)
         return batch
 
     def get_state(self) -> dict[str, Any]:
-        state = self._host_batches.get_state()
         # The batches already on the device have not reached the training loop yet.
-        return {**state, "step": state["step"] - len(self._on_device)}
+        if self._on_device:
+            return self._on_device[0][0]
+        return self._host_batches.get_state()
 
     def set_state(self, state: dict[str, Any]) -> None:
         self._host_batches.set_state(state)
@@ -45,6 +47,7 @@ class DeviceIterator(LoaderIterator[Any]):
 
     def _fill(self, defer_errors: bool) -> None:
         while len(self._on_device) <= self._depth:
+            state = self._host_batches.get_state()
             try:
                 batch = next(self._host_batches)
             except StopIteration:
@@ -53,4 +56,4 @@ class DeviceIterator(LoaderIterator[Any]):
                 if defer_errors or self._on_device:
                     return  # it is raised again when the loop reaches the failed step
                 raise
-            self._on_device.append(self._sharding.distribute_global_batch(batch))
+            self._on_device.append((state, self._sharding.distribute_global_batch(batch)))

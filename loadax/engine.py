@@ -20,6 +20,7 @@ from typing_extensions import TypeVar
 from loadax.permutation import IndexArray
 from loadax.plan import Plan
 from loadax.sharding import ShardingStrategy
+from loadax.stream import StreamWindow
 
 B = TypeVar("B", default=Any)
 B_co = TypeVar("B_co", covariant=True, default=Any)
@@ -53,11 +54,15 @@ class FuturePending(Generic[B]):
 
 
 class BatchSource(abc.ABC, Generic[B]):
-    """Starts loading batches; holds whatever threads or connections that takes."""
+    """Starts loading batches (or stream windows); holds the threads or connections it takes."""
 
     @abc.abstractmethod
     def submit(self, plan: Plan, step: int, rows: IndexArray | None) -> Pending[B]:
         """Start loading `rows` (None: all) of the batch of `step`."""
+
+    @abc.abstractmethod
+    def submit_window(self, plan: Plan, window: StreamWindow) -> Pending[Any]:
+        """Start loading the stacked rows (None: no rows) that a window of a stream yields."""
 
     @abc.abstractmethod
     def release(self, wait: bool) -> None:

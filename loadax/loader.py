@@ -11,13 +11,15 @@ from jax.sharding import Mesh
 from typing_extensions import TypeVar
 
 from loadax.batcher import Batcher
-from loadax.dataset import Dataset, dataset_length
+from loadax.dataset import Dataset
 from loadax.delivery import DeviceIterator
 from loadax.engine import BatchIterator, BatchSource, LoaderIterator
 from loadax.local_sources import InlineSource, ThreadedSource
 from loadax.pipeline import Pipeline
 from loadax.plan import Plan
 from loadax.sharding import DataAxis, ShardingStrategy, data_axis_of
+from loadax.stream import Stream
+from loadax.stream_iterator import StreamIterator
 from loadax.validation import require_bool, require_int
 
 T = TypeVar("T", default=Any)
@@ -138,25 +140,39 @@ class DataLoader(LoaderBuilder, Generic[T, B]):
         return self._with(workers=count)
 
     def prefetch(self, batches: int) -> Self:
-        """Batches loaded ahead of the training loop (needs workers >= 1). Default 2."""
+        """Batches (for a stream: windows per data shard) loaded ahead of the training loop.
+
+        Needs workers >= 1. Default 2.
+        """
         return self._with(prefetch=batches)
 
-    def build(self, dataset: Dataset[T]) -> Loader[B]:
-        """The loader of `dataset`: iterate it as many times as you like."""
+    def build(self, dataset: Dataset[T] | Stream[T]) -> Loader[B]:
+        """The loader of `dataset` (or of a stream): iterate it as many times as you like."""
         options = self._options
-        plan = options.plan(dataset_length(dataset))
         pipeline = Pipeline(dataset, self._batcher)
+        plan = options.plan(pipeline.num_records)
         workers = options.workers
 
         def source() -> BatchSource[B]:
             return ThreadedSource(pipeline, workers) if workers else InlineSource(pipeline)
 
         prefetch = 0 if workers == 0 else options.prefetch or DEFAULT_PREFETCH
-        return Loader(plan, options, source, prefetch=prefetch, pipeline=pipeline)
+        stream = pipeline.stream
+        return Loader(
+            plan,
+            options,
+            source,
+            prefetch=prefetch,
+            pipeline=pipeline,
+            stream_window=None if stream is None else stream.window,
+        )
 
 
 class Loader(Generic[B]):
-    """A stateless loader definition: every `iter()` starts a new iterator at step 0."""
+    """A stateless loader definition: every `iter()` starts a new iterator at step 0.
+
+    With `stream_window`, the batches are cut from the windows of a stream of that size.
+    """
 
     def __init__(
         self,
@@ -166,12 +182,13 @@ class Loader(Generic[B]):
         *,
         prefetch: int,
         pipeline: Pipeline[Any, B] | None = None,
+        stream_window: int | None = None,
     ) -> None:
-        self.plan, self.pipeline = plan, pipeline
+        self.plan, self.pipeline, self.stream_window = plan, pipeline, stream_window
         self.sharding_strategy = options.sharding_strategy()
         self.sharding_strategy.check_batch_length(plan.batch_size, "the global batch size")
         short = plan.num_records % plan.batch_size
-        if short and not plan.drop_remainder:
+        if short and not plan.drop_remainder and stream_window is None:
             self.sharding_strategy.check_batch_length(
                 short, "the last batch of each epoch (drop it with .drop_remainder())"
             )
@@ -179,15 +196,30 @@ class Loader(Generic[B]):
         self._device_prefetch = options.device_prefetch
 
     def __iter__(self) -> LoaderIterator[B]:
-        host_batches = BatchIterator(
-            self._source(), self.plan, self.sharding_strategy, prefetch=self._prefetch
-        )
+        host_batches: LoaderIterator[B]
+        if self.stream_window is None:
+            host_batches = BatchIterator(
+                self._source(), self.plan, self.sharding_strategy, prefetch=self._prefetch
+            )
+        else:
+            host_batches = StreamIterator(
+                self._source(),
+                self.plan,
+                self.sharding_strategy,
+                self.stream_window,
+                prefetch=self._prefetch,
+            )
         if self._device_prefetch is None:
             return host_batches
         return DeviceIterator(host_batches, self.sharding_strategy, self._device_prefetch)
 
     def __len__(self) -> int:
         """The number of batches an iterator yields."""
+        if self.stream_window is not None:
+            raise TypeError(
+                "a stream's loader has no length: how many records survive is known only "
+                "once they are read"
+            )
         steps = self.plan.num_steps
         if steps is None:
             raise TypeError("a loader with num_epochs(None) repeats forever and has no length")

@@ -1,13 +1,14 @@
 """Local batch sources: loading in the calling thread, or in chunks on a pool of threads.
 
-With threads, each batch is split into one chunk of records per worker so that every worker
-helps with every batch; the thread that reads the last chunk collates the batch.
+With threads, each batch (or stream window) is split into one chunk of records per worker so that
+every worker helps with every batch; the thread that reads the last chunk collates the batch.
 """
 
 from __future__ import annotations
 
 import contextlib
 import threading
+from collections.abc import Callable
 from concurrent.futures import Future, InvalidStateError, ThreadPoolExecutor
 from typing import Any, Generic
 
@@ -18,6 +19,7 @@ from loadax.engine import BatchSource, FuturePending, Pending
 from loadax.permutation import IndexArray
 from loadax.pipeline import Pipeline
 from loadax.plan import Plan
+from loadax.stream import StreamWindow
 
 B = TypeVar("B", default=Any)
 
@@ -29,15 +31,22 @@ class InlineSource(BatchSource[B]):
         self._pipeline = pipeline
 
     def submit(self, plan: Plan, step: int, rows: IndexArray | None) -> Pending[B]:
-        done: Future[B] = Future()
-        try:
-            done.set_result(self._pipeline.load(plan, step, rows))
-        except Exception as error:
-            done.set_exception(error)
-        return FuturePending(done)
+        return _settled(lambda: self._pipeline.load(plan, step, rows))
+
+    def submit_window(self, plan: Plan, window: StreamWindow) -> Pending[Any]:
+        return _settled(lambda: self._pipeline.load_window(plan, window))
 
     def release(self, wait: bool) -> None:
         """Nothing to release: no threads."""
+
+
+def _settled(load: Callable[[], B]) -> Pending[B]:
+    done: Future[B] = Future()
+    try:
+        done.set_result(load())
+    except Exception as error:
+        done.set_exception(error)
+    return FuturePending(done)
 
 
 class ThreadedSource(BatchSource[B]):
@@ -48,17 +57,35 @@ class ThreadedSource(BatchSource[B]):
         self._pool: ThreadPoolExecutor | None = None
 
     def submit(self, plan: Plan, step: int, rows: IndexArray | None) -> Pending[B]:
-        if self._pool is None:
-            self._pool = ThreadPoolExecutor(self._workers, thread_name_prefix="loadax")
-        indices = plan.indices(step, rows)
+        indices, epoch = plan.indices(step, rows), plan.epoch(step)
         return _ChunkedBatch(
-            self._pool, self._workers, self._pipeline, step, indices, plan.epoch(step)
+            self._started(),
+            [(chunk, np.full(chunk.size, epoch)) for chunk in self._chunks(indices)],
+            self._pipeline.read_at,
+            lambda records: self._pipeline.collate(records, step),
+        )
+
+    def submit_window(self, plan: Plan, window: StreamWindow) -> Pending[Any]:
+        indices, epochs = self._pipeline.window_records(plan, window)
+        return _ChunkedBatch(
+            self._started(),
+            list(zip(self._chunks(indices), self._chunks(epochs), strict=True)),
+            self._pipeline.read_at,
+            lambda records: self._pipeline.finish_window(records, indices, epochs, window),
         )
 
     def release(self, wait: bool) -> None:
         if self._pool is not None:
             self._pool.shutdown(wait=wait, cancel_futures=True)
             self._pool = None
+
+    def _started(self) -> ThreadPoolExecutor:
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(self._workers, thread_name_prefix="loadax")
+        return self._pool
+
+    def _chunks(self, values: IndexArray) -> list[IndexArray]:
+        return np.array_split(values, max(1, min(self._workers, values.size)))
 
 
 class _ChunkedBatch(Generic[B]):
@@ -67,20 +94,17 @@ class _ChunkedBatch(Generic[B]):
     def __init__(
         self,
         pool: ThreadPoolExecutor,
-        workers: int,
-        pipeline: Pipeline[Any, B],
-        step: int,
-        indices: IndexArray,
-        epoch: int,
+        chunks: list[tuple[IndexArray, IndexArray]],
+        read: Callable[[IndexArray, IndexArray], list[Any]],
+        finish: Callable[[list[Any]], B],
     ) -> None:
-        self._pipeline, self._step, self._epoch = pipeline, step, epoch
+        self._read, self._finish = read, finish
         self._batch: Future[B] = Future()
         self._lock = threading.Lock()
-        chunks = np.array_split(indices, max(1, min(workers, indices.size)))
         self._parts: list[list[Any]] = [[] for _ in chunks]
         self._chunks_left = len(chunks)
         self._chunk_tasks = [
-            pool.submit(self._read_chunk, position, chunk) for position, chunk in enumerate(chunks)
+            pool.submit(self._read_chunk, position, *chunk) for position, chunk in enumerate(chunks)
         ]
 
     def result(self) -> B:
@@ -92,11 +116,11 @@ class _ChunkedBatch(Generic[B]):
         # Whoever waits on a dropped batch gets CancelledError instead of waiting forever.
         self._batch.cancel()
 
-    def _read_chunk(self, position: int, chunk: IndexArray) -> None:
+    def _read_chunk(self, position: int, indices: IndexArray, epochs: IndexArray) -> None:
         if self._batch.done():  # another chunk failed already
             return
         try:
-            part = self._pipeline.read(chunk, self._epoch)
+            part = self._read(indices, epochs)
         except BaseException as error:  # anything else would leave the consumer waiting forever
             self._settle(error=error)
             return
@@ -107,7 +131,7 @@ class _ChunkedBatch(Generic[B]):
                 return
         records = [record for part in self._parts for record in part]
         try:
-            batch = self._pipeline.collate(records, self._step)
+            batch = self._finish(records)
         except BaseException as error:
             self._settle(error=error)
             return

@@ -84,6 +84,24 @@ class Plan:
         key = derive_key(KeyPurpose.PLAN_SHUFFLE, self.seed, epoch)
         return permute(positions, self.num_records, key)
 
+    def records_at(self, positions: IndexArray) -> tuple[IndexArray, IndexArray]:
+        """The record index and epoch at each position of the plan's record order.
+
+        The order is every epoch's records back to back (in their shuffled order with
+        `shuffle`), as streams read them; batches play no part in it.
+        """
+        if self.num_records == 0:
+            raise IndexError("a plan over no records has no positions")
+        epochs, offsets = np.divmod(positions, self.num_records)
+        if not self.shuffle:
+            return offsets, epochs
+        indices = np.empty_like(offsets)
+        for epoch in np.unique(epochs).tolist():
+            chosen = epochs == epoch
+            key = derive_key(KeyPurpose.PLAN_SHUFFLE, self.seed, epoch)
+            indices[chosen] = permute(offsets[chosen], self.num_records, key)
+        return indices, epochs
+
     def describe(self) -> dict[str, Any]:
         """A JSON-able fingerprint: two plans with equal descriptions yield the same batches."""
         return {"version": PLAN_VERSION, **dataclasses.asdict(self)}

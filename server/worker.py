@@ -10,7 +10,8 @@ from __future__ import annotations
 import hashlib
 import json
 import traceback
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -18,13 +19,14 @@ import numpy as np
 
 import loadax
 from loadax.codec import encode
-from loadax.dataset import dataset_length
+from loadax.engine import Pending
 from loadax.errors import RecordError, WorkerError
 from loadax.local_sources import ThreadedSource
 from loadax.pipeline import Pipeline
 from loadax.plan import Plan
 from loadax.server.config import WorkerConfig, build_pipelines, load_config
 from loadax.server.memory import MemoryBudget
+from loadax.stream import StreamWindow, window_positions
 from loadax.wire.plans import compatible_versions, plan_from_wire
 from loadax.wire.v1 import worker_pb2 as wire
 
@@ -36,8 +38,9 @@ def fingerprint(name: str, pipeline: Pipeline[Any, Any], origin: Mapping[str, An
     """Identifies what a pipeline serves: its name, length, batcher and where it came from."""
     identity = {
         "name": name,
-        "num_records": dataset_length(pipeline.dataset),
-        "dataset": type(pipeline.dataset).__qualname__,
+        "num_records": pipeline.num_records,
+        "dataset": type(pipeline.records).__qualname__,
+        "stream": None if pipeline.stream is None else repr(pipeline.stream),
         "batcher": repr(pipeline.batcher),
         "origin": origin,
     }
@@ -131,13 +134,14 @@ class Worker:
                 f"{loadax.__version__!r}: major and minor versions must match",
             )
         pipeline = self._pipeline(request.pipeline)
-        num_records = dataset_length(pipeline.dataset)
+        num_records = pipeline.num_records
         plan_from_wire(request.plan, num_records)
         return wire.HandshakeResponse(
             library_version=loadax.__version__,
             pipeline=request.pipeline,
             fingerprint=self._fingerprints[request.pipeline],
             num_records=num_records,
+            stream_window=_stream_window(pipeline),
         )
 
     def load_batch(self, request: wire.BatchRequest) -> wire.BatchResponse:
@@ -149,7 +153,7 @@ class Worker:
                 f"pipeline {request.pipeline!r} has fingerprint {expected[:12]} on this worker, "
                 f"the client expects {request.fingerprint[:12] or 'none'}",
             )
-        num_records = dataset_length(pipeline.dataset)
+        num_records = pipeline.num_records
         if request.plan.num_records != num_records:
             raise WorkerError(
                 "FAILED_PRECONDITION",
@@ -158,22 +162,31 @@ class Worker:
             )
         plan = plan_from_wire(request.plan)
         step = request.step
-        total = plan.num_steps
-        if total is not None and step >= total:
-            raise WorkerError("OUT_OF_RANGE", f"step {step} is beyond the plan's {total} steps")
-        rows = self._rows(request, plan.batch_length(step))
+        work: Callable[[], Pending[Any]]
+        if pipeline.stream is not None or request.HasField("window"):
+            window, size = self._window(request, pipeline, plan)
+            what = f"window {window.index} of data shard {window.shard} of {window.shards}"
+            work = partial(self._sources[request.pipeline].submit_window, plan, window)
+        else:
+            total = plan.num_steps
+            if total is not None and step >= total:
+                raise WorkerError("OUT_OF_RANGE", f"step {step} is beyond the plan's {total} steps")
+            rows = self._rows(request, plan.batch_length(step))
+            size = plan.batch_length(step) if rows is None else rows.size
+            what = f"step {step}"
+            work = partial(self._sources[request.pipeline].submit, plan, step, rows)
         if self._budget is None:
-            return wire.BatchResponse(step=step, payload=self._build(request, plan, rows))
-        kind = (request.pipeline, plan.batch_length(step) if rows is None else rows.size)
+            return wire.BatchResponse(step=step, payload=self._build(work, what))
+        kind = (request.pipeline, size)
         reserved = self._budget.reserve(kind, step)
         try:
-            payload = self._build(request, plan, rows)
+            payload = self._build(work, what)
             self._budget.learn(kind, len(payload))
             if len(payload) > self._budget.limit:
                 raise WorkerError(
                     "RESOURCE_EXHAUSTED",
-                    f"step {step} of pipeline {request.pipeline!r} encodes to {len(payload)} "
-                    f"bytes ({kind[1]} rows), more than this worker's memory budget of "
+                    f"{what} of pipeline {request.pipeline!r} encodes to {len(payload)} "
+                    f"bytes ({size} rows), more than this worker's memory budget of "
                     f"{self._budget.limit} bytes; ask for fewer rows per request",
                 )
             return wire.BatchResponse(step=step, payload=payload)
@@ -189,7 +202,8 @@ class Worker:
                 wire.PipelineInfo(
                     name=name,
                     fingerprint=self._fingerprints[name],
-                    num_records=dataset_length(pipeline.dataset),
+                    num_records=pipeline.num_records,
+                    stream_window=_stream_window(pipeline),
                 )
                 for name, pipeline in self._pipelines.items()
             ],
@@ -208,20 +222,47 @@ class Worker:
             )
         return self._pipelines[name]
 
-    def _build(
-        self, request: wire.BatchRequest, plan: Plan, rows: np.ndarray[Any, Any] | None
-    ) -> bytes:
-        step = request.step
+    @staticmethod
+    def _window(
+        request: wire.BatchRequest, pipeline: Pipeline[Any, Any], plan: Plan
+    ) -> tuple[StreamWindow, int]:
+        """The window a request asks for, and how many records it reads."""
+        stream = pipeline.stream
+        if stream is None:
+            raise WorkerError(
+                "FAILED_PRECONDITION",
+                f"pipeline {request.pipeline!r} is random-access: ask for steps, not windows",
+            )
+        if not request.HasField("window"):
+            raise WorkerError(
+                "FAILED_PRECONDITION",
+                f"pipeline {request.pipeline!r} is a stream (filter, pack): ask for windows",
+            )
+        if request.rows:
+            raise WorkerError("INVALID_ARGUMENT", "a window request has no rows")
+        shards, shard, index = request.window.shards, request.window.shard, request.window.index
         try:
-            batch = self._sources[request.pipeline].submit(plan, step, rows).result()
-            return encode(batch)
+            window = StreamWindow(shards, shard, index)
+            size = window_positions(plan, stream.window, window).size
+        except ValueError as error:
+            raise WorkerError(
+                "INVALID_ARGUMENT", f"window {shards}/{shard}/{index}: {error}"
+            ) from None
+        except IndexError as error:
+            raise WorkerError("OUT_OF_RANGE", str(error)) from None
+        return window, size
+
+    @staticmethod
+    def _build(work: Callable[[], Pending[Any]], what: str) -> bytes:
+        try:
+            return encode(work().result())
         except RecordError as error:
             cause = error.__cause__ or error
             text = "".join(traceback.format_exception(cause))
             raise WorkerError("DATA_LOSS", f"{error}\n{text}") from error
         except Exception as error:
             text = "".join(traceback.format_exception(error))
-            raise WorkerError("INTERNAL", f"step {step} failed: {error!r}\n{text}") from error
+            raise WorkerError("INTERNAL", f"{what} failed: {error!r}\n{text}") from error
 
     @staticmethod
     def _rows(request: wire.BatchRequest, batch_length: int) -> np.ndarray[Any, Any] | None:
@@ -241,3 +282,7 @@ class Worker:
                 f"{rows[:8].tolist()}{'...' if rows.size > 8 else ''}",
             )
         return rows
+
+
+def _stream_window(pipeline: Pipeline[Any, Any]) -> int:
+    return 0 if pipeline.stream is None else pipeline.stream.window

@@ -1,4 +1,4 @@
-"""Tests for SlicedDataset and ConcatenatedDataset: Python slicing and concatenation, lazily."""
+"""Tests for SlicedDataset, ConcatenatedDataset and RepeatedDataset: lazy, batched, epoch-aware."""
 
 from __future__ import annotations
 
@@ -130,6 +130,25 @@ def test_the_epoch_passes_through_a_concatenation() -> None:
     assert joined.read(_indices([7]), 0) != joined.read(_indices([7]), 1)
 
 
+def test_a_repetition_reads_each_pass_as_its_own_epoch() -> None:
+    parent = RangeDataset(0, 5).random_map(_draw, seed=1)
+    repeated = parent.repeat(3)
+    assert len(repeated) == 15
+    wanted = _indices([14, 0, 7, 5, 2])
+    for epoch in range(2):
+        got = repeated.read(wanted, epoch)
+        assert got == [
+            parent.read(_indices([index % 5]), epoch * 3 + index // 5)[0]
+            for index in wanted.tolist()
+        ]
+    shuffled = RangeDataset(0, 6).shuffle(seed=2).repeat(4)
+    passes = [list(shuffled)[6 * p : 6 * p + 6] for p in range(4)]
+    assert all(sorted(one) == list(range(6)) for one in passes)
+    assert len({tuple(one) for one in passes}) == 4, "every pass is shuffled anew"
+    with pytest.raises(ValueError, match="count must be >= 1, got 0"):
+        RangeDataset(0, 3).repeat(0)
+
+
 def test_slice_and_concatenation_compose_with_shuffle_and_map() -> None:
     shuffled = RangeDataset(0, 30).shuffle(seed=4)
     sliced = shuffled.slice(5, 25, 2).map(lambda x: x * 10)
@@ -158,8 +177,9 @@ def _loader(dataset: loadax.Dataset[dict[str, Any]], workers: int) -> Any:
         ConcatenatedDataset(
             [RangeDataset(0, 9).map(_record), [_record(i) for i in range(100, 114)]]
         ),
+        RangeDataset(0, 7).map(_record).slice(None, None, -1).repeat(3),
     ],
-    ids=["slice", "concatenation"],
+    ids=["slice", "concatenation", "repetition"],
 )
 def test_threaded_loaders_give_the_batches_of_the_in_memory_list(
     dataset: loadax.Dataset[dict[str, Any]],
@@ -176,7 +196,7 @@ def test_an_in_process_worker_gives_the_local_batches() -> None:
             lambda record, rng: {**record, "noise": rng.random(2, dtype=np.float32)}, seed=5
         )
     )
-    dataset = images.slice(35, None, -1).concatenate(images.slice(0, 9)).shuffle(seed=2)
+    dataset = images.slice(35, None, -1).concatenate(images.slice(0, 9)).shuffle(seed=2).repeat(2)
     worker = Worker({"p": loadax.Pipeline(dataset, Batcher())}, threads=2)
     try:
         remote = (
@@ -184,7 +204,7 @@ def test_an_in_process_worker_gives_the_local_batches() -> None:
         )
         with remote.build() as loader:
             expected = digests(_loader(dataset, workers=2))
-            assert len(expected) == 24  # 45 records, batches of 4, 2 epochs
+            assert len(expected) == 46  # 90 records, batches of 4, 2 epochs
             assert digests(loader) == expected
     finally:
         worker.close()

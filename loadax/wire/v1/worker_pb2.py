@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1bloadax/wire/v1/worker.proto\x12\x0eloadax.wire.v1\"\x8e\x01\n\x04Plan\x12\x13\n\x0bnum_records\x18\x01 \x01(\x04\x12\x12\n\nbatch_size\x18\x02 \x01(\x04\x12\x0c\n\x04seed\x18\x03 \x01(\x04\x12\x0f\n\x07shuffle\x18\x04 \x01(\x08\x12\x17\n\nnum_epochs\x18\x05 \x01(\x04H\x00\x88\x01\x01\x12\x16\n\x0e\x64rop_remainder\x18\x06 \x01(\x08\x42\r\n\x0b_num_epochs\"a\n\x10HandshakeRequest\x12\x17\n\x0flibrary_version\x18\x01 \x01(\t\x12\x10\n\x08pipeline\x18\x02 \x01(\t\x12\"\n\x04plan\x18\x03 \x01(\x0b\x32\x14.loadax.wire.v1.Plan\"h\n\x11HandshakeResponse\x12\x17\n\x0flibrary_version\x18\x01 \x01(\t\x12\x10\n\x08pipeline\x18\x02 \x01(\t\x12\x13\n\x0b\x66ingerprint\x18\x03 \x01(\t\x12\x13\n\x0bnum_records\x18\x04 \x01(\x04\"u\n\x0c\x42\x61tchRequest\x12\x10\n\x08pipeline\x18\x01 \x01(\t\x12\x13\n\x0b\x66ingerprint\x18\x02 \x01(\t\x12\"\n\x04plan\x18\x03 \x01(\x0b\x32\x14.loadax.wire.v1.Plan\x12\x0c\n\x04step\x18\x04 \x01(\x04\x12\x0c\n\x04rows\x18\x05 \x03(\x04\".\n\rBatchResponse\x12\x0c\n\x04step\x18\x01 \x01(\x04\x12\x0f\n\x07payload\x18\x02 \x01(\x0c\"\r\n\x0bInfoRequest\"F\n\x0cPipelineInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x13\n\x0b\x66ingerprint\x18\x02 \x01(\t\x12\x13\n\x0bnum_records\x18\x03 \x01(\x04\"X\n\x0cInfoResponse\x12\x17\n\x0flibrary_version\x18\x01 \x01(\t\x12/\n\tpipelines\x18\x02 \x03(\x0b\x32\x1c.loadax.wire.v1.PipelineInfo\"+\n\nErrorReply\x12\x0c\n\x04\x63ode\x18\x01 \x01(\t\x12\x0f\n\x07message\x18\x02 \x01(\t2\xe7\x01\n\x06Worker\x12P\n\tHandshake\x12 .loadax.wire.v1.HandshakeRequest\x1a!.loadax.wire.v1.HandshakeResponse\x12H\n\tLoadBatch\x12\x1c.loadax.wire.v1.BatchRequest\x1a\x1d.loadax.wire.v1.BatchResponse\x12\x41\n\x04Info\x12\x1b.loadax.wire.v1.InfoRequest\x1a\x1c.loadax.wire.v1.InfoResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1bloadax/wire/v1/worker.proto\x12\x0eloadax.wire.v1\"\x8e\x01\n\x04Plan\x12\x13\n\x0bnum_records\x18\x01 \x01(\x04\x12\x12\n\nbatch_size\x18\x02 \x01(\x04\x12\x0c\n\x04seed\x18\x03 \x01(\x04\x12\x0f\n\x07shuffle\x18\x04 \x01(\x08\x12\x17\n\nnum_epochs\x18\x05 \x01(\x04H\x00\x88\x01\x01\x12\x16\n\x0e\x64rop_remainder\x18\x06 \x01(\x08\x42\r\n\x0b_num_epochs\"a\n\x10HandshakeRequest\x12\x17\n\x0flibrary_version\x18\x01 \x01(\t\x12\x10\n\x08pipeline\x18\x02 \x01(\t\x12\"\n\x04plan\x18\x03 \x01(\x0b\x32\x14.loadax.wire.v1.Plan\"\x7f\n\x11HandshakeResponse\x12\x17\n\x0flibrary_version\x18\x01 \x01(\t\x12\x10\n\x08pipeline\x18\x02 \x01(\t\x12\x13\n\x0b\x66ingerprint\x18\x03 \x01(\t\x12\x13\n\x0bnum_records\x18\x04 \x01(\x04\x12\x15\n\rstream_window\x18\x05 \x01(\x04\"<\n\x0cStreamWindow\x12\x0e\n\x06shards\x18\x01 \x01(\x04\x12\r\n\x05shard\x18\x02 \x01(\x04\x12\r\n\x05index\x18\x03 \x01(\x04\"\xa3\x01\n\x0c\x42\x61tchRequest\x12\x10\n\x08pipeline\x18\x01 \x01(\t\x12\x13\n\x0b\x66ingerprint\x18\x02 \x01(\t\x12\"\n\x04plan\x18\x03 \x01(\x0b\x32\x14.loadax.wire.v1.Plan\x12\x0c\n\x04step\x18\x04 \x01(\x04\x12\x0c\n\x04rows\x18\x05 \x03(\x04\x12,\n\x06window\x18\x06 \x01(\x0b\x32\x1c.loadax.wire.v1.StreamWindow\".\n\rBatchResponse\x12\x0c\n\x04step\x18\x01 \x01(\x04\x12\x0f\n\x07payload\x18\x02 \x01(\x0c\"\r\n\x0bInfoRequest\"]\n\x0cPipelineInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x13\n\x0b\x66ingerprint\x18\x02 \x01(\t\x12\x13\n\x0bnum_records\x18\x03 \x01(\x04\x12\x15\n\rstream_window\x18\x04 \x01(\x04\"X\n\x0cInfoResponse\x12\x17\n\x0flibrary_version\x18\x01 \x01(\t\x12/\n\tpipelines\x18\x02 \x03(\x0b\x32\x1c.loadax.wire.v1.PipelineInfo\"+\n\nErrorReply\x12\x0c\n\x04\x63ode\x18\x01 \x01(\t\x12\x0f\n\x07message\x18\x02 \x01(\t2\xe7\x01\n\x06Worker\x12P\n\tHandshake\x12 .loadax.wire.v1.HandshakeRequest\x1a!.loadax.wire.v1.HandshakeResponse\x12H\n\tLoadBatch\x12\x1c.loadax.wire.v1.BatchRequest\x1a\x1d.loadax.wire.v1.BatchResponse\x12\x41\n\x04Info\x12\x1b.loadax.wire.v1.InfoRequest\x1a\x1c.loadax.wire.v1.InfoResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -36,19 +36,21 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_HANDSHAKEREQUEST']._serialized_start=192
   _globals['_HANDSHAKEREQUEST']._serialized_end=289
   _globals['_HANDSHAKERESPONSE']._serialized_start=291
-  _globals['_HANDSHAKERESPONSE']._serialized_end=395
-  _globals['_BATCHREQUEST']._serialized_start=397
-  _globals['_BATCHREQUEST']._serialized_end=514
-  _globals['_BATCHRESPONSE']._serialized_start=516
-  _globals['_BATCHRESPONSE']._serialized_end=562
-  _globals['_INFOREQUEST']._serialized_start=564
-  _globals['_INFOREQUEST']._serialized_end=577
-  _globals['_PIPELINEINFO']._serialized_start=579
-  _globals['_PIPELINEINFO']._serialized_end=649
-  _globals['_INFORESPONSE']._serialized_start=651
-  _globals['_INFORESPONSE']._serialized_end=739
-  _globals['_ERRORREPLY']._serialized_start=741
-  _globals['_ERRORREPLY']._serialized_end=784
-  _globals['_WORKER']._serialized_start=787
-  _globals['_WORKER']._serialized_end=1018
+  _globals['_HANDSHAKERESPONSE']._serialized_end=418
+  _globals['_STREAMWINDOW']._serialized_start=420
+  _globals['_STREAMWINDOW']._serialized_end=480
+  _globals['_BATCHREQUEST']._serialized_start=483
+  _globals['_BATCHREQUEST']._serialized_end=646
+  _globals['_BATCHRESPONSE']._serialized_start=648
+  _globals['_BATCHRESPONSE']._serialized_end=694
+  _globals['_INFOREQUEST']._serialized_start=696
+  _globals['_INFOREQUEST']._serialized_end=709
+  _globals['_PIPELINEINFO']._serialized_start=711
+  _globals['_PIPELINEINFO']._serialized_end=804
+  _globals['_INFORESPONSE']._serialized_start=806
+  _globals['_INFORESPONSE']._serialized_end=894
+  _globals['_ERRORREPLY']._serialized_start=896
+  _globals['_ERRORREPLY']._serialized_end=939
+  _globals['_WORKER']._serialized_start=942
+  _globals['_WORKER']._serialized_end=1173
 # @@protoc_insertion_point(module_scope)

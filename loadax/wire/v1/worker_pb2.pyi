@@ -33,30 +33,44 @@ class HandshakeRequest(_message.Message):
     def __init__(self, library_version: _Optional[str] = ..., pipeline: _Optional[str] = ..., plan: _Optional[_Union[Plan, _Mapping]] = ...) -> None: ...
 
 class HandshakeResponse(_message.Message):
-    __slots__ = ("library_version", "pipeline", "fingerprint", "num_records")
+    __slots__ = ("library_version", "pipeline", "fingerprint", "num_records", "stream_window")
     LIBRARY_VERSION_FIELD_NUMBER: _ClassVar[int]
     PIPELINE_FIELD_NUMBER: _ClassVar[int]
     FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
     NUM_RECORDS_FIELD_NUMBER: _ClassVar[int]
+    STREAM_WINDOW_FIELD_NUMBER: _ClassVar[int]
     library_version: str
     pipeline: str
     fingerprint: str
     num_records: int
-    def __init__(self, library_version: _Optional[str] = ..., pipeline: _Optional[str] = ..., fingerprint: _Optional[str] = ..., num_records: _Optional[int] = ...) -> None: ...
+    stream_window: int
+    def __init__(self, library_version: _Optional[str] = ..., pipeline: _Optional[str] = ..., fingerprint: _Optional[str] = ..., num_records: _Optional[int] = ..., stream_window: _Optional[int] = ...) -> None: ...
+
+class StreamWindow(_message.Message):
+    __slots__ = ("shards", "shard", "index")
+    SHARDS_FIELD_NUMBER: _ClassVar[int]
+    SHARD_FIELD_NUMBER: _ClassVar[int]
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    shards: int
+    shard: int
+    index: int
+    def __init__(self, shards: _Optional[int] = ..., shard: _Optional[int] = ..., index: _Optional[int] = ...) -> None: ...
 
 class BatchRequest(_message.Message):
-    __slots__ = ("pipeline", "fingerprint", "plan", "step", "rows")
+    __slots__ = ("pipeline", "fingerprint", "plan", "step", "rows", "window")
     PIPELINE_FIELD_NUMBER: _ClassVar[int]
     FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
     PLAN_FIELD_NUMBER: _ClassVar[int]
     STEP_FIELD_NUMBER: _ClassVar[int]
     ROWS_FIELD_NUMBER: _ClassVar[int]
+    WINDOW_FIELD_NUMBER: _ClassVar[int]
     pipeline: str
     fingerprint: str
     plan: Plan
     step: int
     rows: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, pipeline: _Optional[str] = ..., fingerprint: _Optional[str] = ..., plan: _Optional[_Union[Plan, _Mapping]] = ..., step: _Optional[int] = ..., rows: _Optional[_Iterable[int]] = ...) -> None: ...
+    window: StreamWindow
+    def __init__(self, pipeline: _Optional[str] = ..., fingerprint: _Optional[str] = ..., plan: _Optional[_Union[Plan, _Mapping]] = ..., step: _Optional[int] = ..., rows: _Optional[_Iterable[int]] = ..., window: _Optional[_Union[StreamWindow, _Mapping]] = ...) -> None: ...
 
 class BatchResponse(_message.Message):
     __slots__ = ("step", "payload")
@@ -71,14 +85,16 @@ class InfoRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class PipelineInfo(_message.Message):
-    __slots__ = ("name", "fingerprint", "num_records")
+    __slots__ = ("name", "fingerprint", "num_records", "stream_window")
     NAME_FIELD_NUMBER: _ClassVar[int]
     FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
     NUM_RECORDS_FIELD_NUMBER: _ClassVar[int]
+    STREAM_WINDOW_FIELD_NUMBER: _ClassVar[int]
     name: str
     fingerprint: str
     num_records: int
-    def __init__(self, name: _Optional[str] = ..., fingerprint: _Optional[str] = ..., num_records: _Optional[int] = ...) -> None: ...
+    stream_window: int
+    def __init__(self, name: _Optional[str] = ..., fingerprint: _Optional[str] = ..., num_records: _Optional[int] = ..., stream_window: _Optional[int] = ...) -> None: ...
 
 class InfoResponse(_message.Message):
     __slots__ = ("library_version", "pipelines")

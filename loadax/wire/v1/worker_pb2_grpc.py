@@ -66,7 +66,7 @@ class WorkerServicer:
         raise NotImplementedError('Method not implemented!')
 
     def LoadBatch(self, request, context):
-        """Loads `rows` of the batch of `step` of `plan`.
+        """Loads `rows` of the batch of `step` of `plan`, or the rows one window of a stream yields.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
