@@ -18,6 +18,7 @@ import orbax.checkpoint as ocp  # type: ignore[import-untyped]
 from etils import epath  # type: ignore[import-untyped]
 
 from loadax.engine import LoaderIterator
+from loadax.stream_iterator import merged_state
 
 __all__ = ["LoaderCheckpointHandler", "LoaderRestore", "LoaderSave", "state_file"]
 
@@ -43,7 +44,8 @@ class LoaderCheckpointHandler(ocp.CheckpointHandler):  # type: ignore[misc]
     ) -> LoaderIterator[Any] | dict[str, Any]:
         """Restore into `args.iterator` and return it; without an iterator, return the state.
 
-        Reads this process's file, or process 0's where this process has none.
+        Reads this process's file, or process 0's where this process has none. A stream's
+        state merges the cursors of every process's file, so each process finds its shards.
         """
         directory = epath.Path(directory)
         if not directory.exists():
@@ -56,12 +58,11 @@ class LoaderCheckpointHandler(ocp.CheckpointHandler):  # type: ignore[misc]
                 f"no loadax iterator state in {directory}: neither {own.name} nor "
                 f"{first.name} exists (it holds {found})"
             )
-        try:
-            state = json.loads(path.read_text())
-        except json.JSONDecodeError as error:
-            raise ValueError(f"{path} is not a loadax iterator state: {error}") from None
-        if not isinstance(state, dict):
-            raise ValueError(f"{path} holds a {type(state).__name__}, not a loadax iterator state")
+        state = _read_state(path)
+        if "stream" in state:
+            state = merged_state(
+                [_read_state(file) for file in sorted(directory.glob("process_*.json"))]
+            )
         if args is None or args.iterator is None:
             return state
         args.iterator.set_state(state)  # rejects a state of another plan, naming the difference
@@ -90,6 +91,16 @@ class LoaderRestore(ocp.args.CheckpointArgs):  # type: ignore[misc]
     def __post_init__(self) -> None:
         if self.iterator is not None and not isinstance(self.iterator, LoaderIterator):
             raise TypeError(_not_an_iterator("LoaderRestore", self.iterator))
+
+
+def _read_state(path: epath.Path) -> dict[str, Any]:
+    try:
+        state = json.loads(path.read_text())
+    except json.JSONDecodeError as error:
+        raise ValueError(f"{path} is not a loadax iterator state: {error}") from None
+    if not isinstance(state, dict):
+        raise ValueError(f"{path} holds a {type(state).__name__}, not a loadax iterator state")
+    return state
 
 
 def _not_an_iterator(where: str, value: object) -> str:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import weakref
 from collections import deque
+from collections.abc import Sequence
 from typing import Any
 
 import jax
@@ -200,6 +201,24 @@ class _ShardStream:
         window = StreamWindow(self._shards, self.shard, self._next_submit)
         self._in_flight.append(self._source.submit_window(self._plan, window))
         self._next_submit += 1
+
+
+def merged_state(states: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """One stream state with the cursors of every data shard that any of `states` holds.
+
+    `states` are the states that the processes of one job saved at the same step; the merged
+    state restores in any process, whichever data shards it reads now.
+    """
+    first = states[0]
+    cursors: dict[str, Any] = {}
+    for state in states:
+        if (state.get("step"), state.get("plan")) != (first.get("step"), first.get("plan")):
+            raise ValueError(
+                f"the processes' stream states differ: step {state.get('step')!r} and "
+                f"{first.get('step')!r}; they must come from one checkpoint"
+            )
+        cursors.update(state.get("stream", {}).get("cursors", {}))
+    return {**first, "stream": {**first["stream"], "cursors": cursors}}
 
 
 def _concatenate(parts: list[Any]) -> Any:

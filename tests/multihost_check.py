@@ -2,7 +2,8 @@
 
 For several meshes it loads this process's rows of every step, assembles global jax.Arrays,
 gathers them with a collective and checks they equal the single-process reference batches.
-Process 0 prints a digest of everything gathered, so that topologies can be compared.
+Process 0 prints a digest of everything gathered, so that topologies can be compared; the
+same for a filtered stream, whose data shards each read a stream of their own.
 """
 
 from __future__ import annotations
@@ -45,6 +46,8 @@ def builder(workers: int = 2) -> DataLoader[Any, Any]:
 
 
 DATASET = RangeDataset(0, RECORDS).random_map(make_record, seed=1)
+STREAM = DATASET.filter(lambda record: bool(record["id"] % 3 != 0))
+STREAM_STEPS = 6  # the stream repeats forever: shards would run out at different steps
 
 
 def meshes() -> dict[str, tuple[Mesh, str | tuple[str, ...], Callable[[int], int]]]:
@@ -135,6 +138,44 @@ def run(args: argparse.Namespace) -> None:
         print(f"ok restored {len(restored)} steps", flush=True)
     if jax.process_index() == 0:
         print(f"digest {digest.hexdigest()}", flush=True)
+    check_stream(args)
+
+
+def stream_digests(iterator: Any, strategy: Any, steps: int) -> list[str]:
+    """A digest of each gathered global batch of the next `steps` steps of a stream."""
+    digests = []
+    for _ in range(steps):
+        global_batch = strategy.distribute_global_batch(next(iterator))
+        gathered = multihost_utils.process_allgather(global_batch, tiled=True)
+        digest = hashlib.sha256()
+        for name in ("x", "id"):
+            digest.update(np.ascontiguousarray(gathered[name]).tobytes())
+        digests.append(digest.hexdigest())
+    return digests
+
+
+def check_stream(args: argparse.Namespace) -> None:
+    """The same global stream batches in every topology (8 data shards in each), and a state
+    saved by one process holding every shard restores in processes holding some of them."""
+    ddp_mesh, _ = ddp_sharding()
+    loader = builder().num_epochs(None).shard(ddp_mesh, "data").build(STREAM)
+    with iter(loader) as iterator:
+        digests = stream_digests(iterator, loader.sharding_strategy, STREAM_STEPS)
+    print(f"ok stream: {len(digests)} steps", flush=True)
+    if args.save_state and jax.process_index() == 0:
+        iterator = iter(loader)
+        for _ in range(SAVE_AFTER):
+            next(iterator)
+        pathlib.Path(f"{args.save_state}.stream").write_text(json.dumps(iterator.get_state()))
+        iterator.close()
+    if args.restore_state:
+        with iter(loader) as iterator:
+            iterator.set_state(json.loads(pathlib.Path(f"{args.restore_state}.stream").read_text()))
+            restored = stream_digests(iterator, loader.sharding_strategy, STREAM_STEPS - SAVE_AFTER)
+        assert restored == digests[SAVE_AFTER:], "restored stream batches differ"
+        print(f"ok stream restored {len(restored)} steps", flush=True)
+    if jax.process_index() == 0:
+        print(f"stream digest {hashlib.sha256(''.join(digests).encode()).hexdigest()}", flush=True)
 
 
 def main() -> None:

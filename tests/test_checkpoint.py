@@ -250,3 +250,30 @@ def test_every_jax_process_saves_its_own_state_and_resumes(tmp_path: pathlib.Pat
     assert states[0]["step"] == check.SAVE_AT
     single_item = single / str(check.SINGLE_SAVE_AT) / "loader"
     assert [path.name for path in single_item.glob("*.json")] == ["process_0.json"]
+
+
+def test_a_stream_restores_from_the_cursors_of_every_process_file(tmp_path: pathlib.Path) -> None:
+    mesh = Mesh(np.array(jax.devices()[:2]), ("data",))
+    stream = pipelines.numbers(60).dataset.filter(lambda record: bool(record["y"] % 3))
+    loader = DataLoader(pipelines.numbers().batcher).batch_size(4).shard(mesh, "data").build(stream)
+    expected = list(loader)
+    with iter(loader) as iterator:
+        for _ in range(3):
+            next(iterator)
+        state = iterator.get_state()
+    # As two processes reading one data shard each would have saved it.
+    cursors = state["stream"]["cursors"]
+    assert set(cursors) == {"0", "1"}
+    for process, shard in enumerate(("1", "0")):
+        own = {**state, "stream": {**state["stream"], "cursors": {shard: cursors[shard]}}}
+        (tmp_path / f"process_{process}.json").write_text(json.dumps(own))
+    with iter(loader) as restored:
+        LoaderCheckpointHandler().restore(tmp_path, LoaderRestore(restored))
+        assert_batches_equal(restored, expected[3:])
+    later = {**json.loads((tmp_path / "process_1.json").read_text()), "step": 4}
+    (tmp_path / "process_1.json").write_text(json.dumps(later))
+    with (
+        iter(loader) as restored,
+        pytest.raises(ValueError, match="stream states differ: step 4 and 3"),
+    ):
+        LoaderCheckpointHandler().restore(tmp_path, LoaderRestore(restored))

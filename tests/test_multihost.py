@@ -15,8 +15,8 @@ def run_topology(processes: int, devices: int, *extra: str) -> str:
     return run_jax_processes(CHECK, processes, devices, *extra)[0]
 
 
-def digest(output: str) -> str:
-    lines = [line for line in output.splitlines() if line.startswith("digest ")]
+def digest(output: str, prefix: str = "digest ") -> str:
+    lines = [line for line in output.splitlines() if line.startswith(prefix)]
     assert len(lines) == 1, output
     return lines[0]
 
@@ -35,6 +35,7 @@ def test_one_process_with_eight_devices_matches_the_reference(single_process_out
     for scenario in ("ddp", "fsdp", "interleaved", "model_across_processes", "tuple_axes"):
         assert f"ok {scenario}: 6 steps" in single_process_output
     assert "ok device_prefetch" in single_process_output
+    assert "ok stream: 6 steps" in single_process_output
 
 
 @pytest.mark.parametrize(("processes", "devices"), [(2, 4), (4, 2)])
@@ -46,3 +47,5 @@ def test_every_topology_assembles_the_same_global_batches(
         assert f"ok {scenario}: 6 steps" in output
     assert "ok restored 4 steps" in output
     assert digest(output) == digest(single_process_output)
+    assert "ok stream restored 4 steps" in output
+    assert digest(output, "stream digest ") == digest(single_process_output, "stream digest ")
