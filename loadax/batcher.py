@@ -13,10 +13,15 @@ T = TypeVar("T", default=Any)
 B = TypeVar("B", default=Any)
 
 
+_PLAIN_SCALARS = frozenset({int, float, bool, complex})
+
+
 def stack(records: list[Any]) -> Any:
     """Stack a list of pytrees (dicts, lists, tuples of arrays or scalars) leaf-wise with numpy."""
     if not records:
         raise ValueError("cannot stack an empty list of records")
+    if all(type(record) in _PLAIN_SCALARS for record in records):
+        return np.array(records)  # what stacking them gives, without a pytree walk each
     structure, columns = leaf_columns(records)
     try:
         return jax.tree.unflatten(structure, [np.stack(column) for column in columns])

@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
+import numpy.typing as npt
 from typing_extensions import TypeVar
 
 from loadax.packing import PackedRow
@@ -54,6 +55,18 @@ class DatasetBase(Dataset[T], abc.ABC):
     @abc.abstractmethod
     def read(self, indices: IndexArray, epoch: int) -> list[T]:
         """The records at `indices` (already checked to lie in [0, len)) as read in `epoch`."""
+
+    @property
+    def rows_readable(self) -> bool:
+        """True when the records are the rows of an array, so that `read_rows` works."""
+        return False
+
+    def read_rows(self, indices: IndexArray, epoch: int) -> npt.NDArray[Any]:
+        """The records at `indices` stacked, as one array read (only when `rows_readable`).
+
+        Equal to stacking `read(indices, epoch)`, without touching each record in Python.
+        """
+        raise TypeError(f"{type(self).__name__} records are not the rows of an array")
 
     def __getitem__(self, index: int, /) -> T:
         return self.read(np.array([self._normalise(index)], dtype=np.int64), 0)[0]
@@ -115,6 +128,18 @@ class DatasetBase(Dataset[T], abc.ABC):
         if not 0 <= position < size:
             raise IndexError(f"index {index} is out of range for {type(self).__name__} of {size}")
         return position
+
+
+def rows_readable(dataset: Dataset[Any]) -> bool:
+    """True when `dataset` can read a batch of records as one array (`DatasetBase.read_rows`)."""
+    return isinstance(dataset, DatasetBase) and dataset.rows_readable
+
+
+def read_rows(dataset: Dataset[Any], indices: IndexArray, epoch: int) -> npt.NDArray[Any]:
+    """The records of a `rows_readable` dataset at `indices`, stacked by one array read."""
+    if not isinstance(dataset, DatasetBase):
+        raise TypeError(f"{type(dataset).__name__} records are not the rows of an array")
+    return dataset.read_rows(indices, epoch)
 
 
 def dataset_length(dataset: Dataset[Any]) -> int:
@@ -192,8 +217,18 @@ class ShuffledDataset(DatasetBase[T]):
         return self._length
 
     def read(self, indices: IndexArray, epoch: int) -> list[T]:
+        return read_records(self._dataset, self._parent(indices, epoch), epoch)
+
+    @property
+    def rows_readable(self) -> bool:
+        return rows_readable(self._dataset)
+
+    def read_rows(self, indices: IndexArray, epoch: int) -> npt.NDArray[Any]:
+        return read_rows(self._dataset, self._parent(indices, epoch), epoch)
+
+    def _parent(self, indices: IndexArray, epoch: int) -> IndexArray:
         key = derive_key(KeyPurpose.DATASET_SHUFFLE, self._seed, epoch)
-        return read_records(self._dataset, permute(indices, self._length, key), epoch)
+        return permute(indices, self._length, key)
 
 
 def _optional_int(name: str, value: int | None) -> int | None:
@@ -222,8 +257,18 @@ class SlicedDataset(DatasetBase[T]):
         return len(self._range)
 
     def read(self, indices: IndexArray, epoch: int) -> list[T]:
+        return read_records(self._dataset, self._parent(indices), epoch)
+
+    @property
+    def rows_readable(self) -> bool:
+        return rows_readable(self._dataset)
+
+    def read_rows(self, indices: IndexArray, epoch: int) -> npt.NDArray[Any]:
+        return read_rows(self._dataset, self._parent(indices), epoch)
+
+    def _parent(self, indices: IndexArray) -> IndexArray:
         parent = self._range.start + indices * self._range.step
-        return read_records(self._dataset, parent.astype(np.int64, copy=False), epoch)
+        return parent.astype(np.int64, copy=False)
 
 
 class ConcatenatedDataset(DatasetBase[T]):

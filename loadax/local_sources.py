@@ -57,6 +57,8 @@ class ThreadedSource(BatchSource[B]):
         self._pool: ThreadPoolExecutor | None = None
 
     def submit(self, plan: Plan, step: int, rows: IndexArray | None) -> Pending[B]:
+        if self._pipeline.reads_rows:  # one vectorised read: nothing to split
+            return FuturePending(self._started().submit(self._pipeline.load, plan, step, rows))
         indices, epoch = plan.indices(step, rows), plan.epoch(step)
         return _ChunkedBatch(
             self._started(),

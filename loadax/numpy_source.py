@@ -30,8 +30,15 @@ class NumpyDataset(DatasetBase[Any]):
         return int(self._array.shape[0])
 
     def read(self, indices: IndexArray, epoch: int) -> list[Any]:
+        return list(self.read_rows(indices, epoch))
+
+    @property
+    def rows_readable(self) -> bool:
+        return True
+
+    def read_rows(self, indices: IndexArray, epoch: int) -> np.ndarray[Any, Any]:
         # Fancy indexing copies the rows out of the map, in one pass over the file.
-        return list(self._array[indices])
+        return self._array[indices]
 
     @property
     def path(self) -> Path:

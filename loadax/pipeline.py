@@ -7,13 +7,13 @@ makes the rows that one window of a stream yields, stacked (None when nothing su
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Generic
+from typing import Any, Generic, cast
 
 import numpy as np
 from typing_extensions import TypeVar
 
 from loadax.batcher import Batcher, stack
-from loadax.dataset import Dataset, dataset_length, read_records
+from loadax.dataset import Dataset, dataset_length, read_records, read_rows, rows_readable
 from loadax.errors import RecordError
 from loadax.permutation import IndexArray
 from loadax.plan import Plan, Rows
@@ -91,10 +91,20 @@ class Pipeline(Generic[T, B]):
             error.add_note(f"loadax: while collating the batch of step {step}")
             raise
 
+    @property
+    def reads_rows(self) -> bool:
+        """True when a batch is one array read of the records (`DatasetBase.read_rows`)."""
+        return self.stream is None and self.batcher.stacks and rows_readable(self.records)
+
     def load(self, plan: Plan, step: int, rows: Rows | None = None) -> B:
         """The batch (or the `rows` of it) that `plan` assigns to `step`."""
-        records = self.read(plan.indices(step, rows), plan.epoch(step))
-        return self.collate(records, step)
+        indices, epoch = plan.indices(step, rows), plan.epoch(step)
+        if self.reads_rows:
+            try:
+                return cast(B, read_rows(self.records, indices, epoch))
+            except Exception:  # read record by record below, to name the failing one
+                pass
+        return self.collate(self.read(indices, epoch), step)
 
     def window_records(self, plan: Plan, window: StreamWindow) -> tuple[IndexArray, IndexArray]:
         """The record indices and epochs that `window` of the stream reads, in order."""

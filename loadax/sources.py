@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 from typing_extensions import TypeVar
 
 from loadax.dataset import Dataset, DatasetBase, dataset_length, read_records
@@ -28,6 +29,15 @@ class InMemoryDataset(DatasetBase[T]):
             return list(self._items[indices])
         return read_records(self._items, indices, epoch)
 
+    @property
+    def rows_readable(self) -> bool:
+        return isinstance(self._items, np.ndarray)
+
+    def read_rows(self, indices: IndexArray, epoch: int) -> npt.NDArray[Any]:
+        if not isinstance(self._items, np.ndarray):
+            return super().read_rows(indices, epoch)
+        return self._items[indices]
+
 
 class RangeDataset(DatasetBase[int]):
     """The ints of `range(start, stop, step)`; O(1) memory for any length."""
@@ -39,12 +49,24 @@ class RangeDataset(DatasetBase[int]):
         if step == 0:
             raise ValueError("step must not be zero")
         self._range = range(start, stop, step)
+        # Stacked Python ints are int64: rows are readable only while every int fits in one.
+        first, last = (self._range[0], self._range[-1]) if self._range else (0, 0)
+        self._fits_int64 = all(-(2**63) <= v < 2**63 for v in (first, last, abs(last - first)))
 
     def __len__(self) -> int:
         return len(self._range)
 
     def read(self, indices: IndexArray, epoch: int) -> list[int]:
         return [self._range[index] for index in indices.tolist()]
+
+    @property
+    def rows_readable(self) -> bool:
+        return self._fits_int64
+
+    def read_rows(self, indices: IndexArray, epoch: int) -> npt.NDArray[Any]:
+        if not self.rows_readable:
+            return super().read_rows(indices, epoch)
+        return self._range.start + indices * self._range.step
 
     def __repr__(self) -> str:
         return f"RangeDataset({self._range.start}, {self._range.stop}, {self._range.step})"
