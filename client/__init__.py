@@ -2,5 +2,6 @@
 
 from loadax.client.remote import RemoteDataLoader, RemoteLoader
 from loadax.client.security import ClientSecurity
+from loadax.client.stats import LoaderStats, WorkerStats
 
-__all__ = ["ClientSecurity", "RemoteDataLoader", "RemoteLoader"]
+__all__ = ["ClientSecurity", "LoaderStats", "RemoteDataLoader", "RemoteLoader", "WorkerStats"]

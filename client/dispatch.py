@@ -17,6 +17,7 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
 
+from loadax.client.stats import StatsRecorder
 from loadax.client.targets import Target
 from loadax.errors import WorkerError
 from loadax.wire.v1 import worker_pb2 as wire
@@ -95,10 +96,14 @@ class _Member:
 
 
 class Dispatcher:
-    """Sends each batch request to a healthy target and sees it through to one answer."""
+    """Sends each batch request to a healthy target and sees it through to one answer;
+    counts each target's requests, failures and latency in `stats`."""
 
-    def __init__(self, targets: list[Target], options: FailoverOptions) -> None:
+    def __init__(
+        self, targets: list[Target], options: FailoverOptions, stats: StatsRecorder
+    ) -> None:
         self.options = options
+        self._stats = stats
         self._lock = threading.Lock()
         self._members = {target.name: _Member(target) for target in targets}
         self._scheduler = Scheduler()
@@ -120,6 +125,7 @@ class Dispatcher:
             member = self._members.pop(name, None)
         if member is None:
             raise ValueError(f"{name} is not a target; targets are {self.targets}")
+        self._stats.forget(name)
         member.target.close()
 
     def send(self, request: wire.BatchRequest) -> Future[Any]:
@@ -148,12 +154,17 @@ class Dispatcher:
             waits = [member.down_until - now for member in self._members.values()]
         return max(min(waits, default=self.options.backoff_max), 0.0)
 
+    def _load(self, member: _Member, request: wire.BatchRequest) -> Future[Any]:
+        """`member`'s attempt at `request`, counted in the stats."""
+        return self._stats.track(member.target.name, lambda: member.target.load_batch(request))
+
     def _failed(self, member: _Member, error: str) -> None:
         with self._lock:
             member.failures += 1
             backoff = self.options.backoff_initial * 2 ** (member.failures - 1)
             member.down_until = time.monotonic() + min(backoff, self.options.backoff_max)
             member.last_error = error
+        self._stats.failed(member.target.name, error)
 
     def _succeeded(self, member: _Member) -> None:
         with self._lock:
@@ -191,7 +202,7 @@ class _Request:
                 if not self._attempts:
                     self._retry_later()
                 return
-            attempt = member.target.load_batch(self._request)
+            attempt = self._dispatcher._load(member, self._request)
             self._attempts[member.target.name] = attempt
         options = self._dispatcher.options
         scheduler = self._dispatcher._scheduler
@@ -273,7 +284,7 @@ class _Request:
         member = self._dispatcher._choose(self._request.step, set(self._attempts))
         if member is None:
             return
-        extra = member.target.load_batch(self._request)
+        extra = self._dispatcher._load(member, self._request)
         self._attempts[member.target.name] = extra
         timeout = self._dispatcher.options.request_timeout
         self._dispatcher._scheduler.at(timeout, lambda: self._on_deadline(member, extra))

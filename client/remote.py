@@ -19,8 +19,9 @@ from typing import Any, Self
 import loadax
 from loadax.client.dispatch import Dispatcher, FailoverOptions
 from loadax.client.security import ClientSecurity
+from loadax.client.stats import LoaderStats, StatsRecorder
 from loadax.client.targets import Target, TargetSpec, connect
-from loadax.engine import BatchSource, FuturePending, Pending
+from loadax.engine import BatchSource, Pending
 from loadax.loader import DEFAULT_PREFETCH, Loader, LoaderBuilder, LoaderOptions
 from loadax.permutation import IndexArray
 from loadax.plan import Plan
@@ -132,11 +133,12 @@ class RemoteLoader(Loader[Any]):
             raise
         self._fingerprint = agreed.fingerprint
         self._handshake_plan = options.plan(agreed.num_records)
-        self._dispatcher = Dispatcher(targets, failover)
+        self._stats = stats = StatsRecorder()
+        self._dispatcher = Dispatcher(targets, failover, stats)
         dispatcher, fingerprint = self._dispatcher, self._fingerprint
 
         def source() -> BatchSource[Any]:
-            return RemoteSource(dispatcher, pipeline, fingerprint)
+            return RemoteSource(dispatcher, pipeline, fingerprint, stats)
 
         super().__init__(
             self._handshake_plan,
@@ -153,6 +155,12 @@ class RemoteLoader(Loader[Any]):
     def targets(self) -> list[str]:
         """The names of the targets in use."""
         return self._dispatcher.targets
+
+    def stats(self) -> LoaderStats:
+        """Batches, bytes and rates since the first request, the share of that time the
+        training loop waited for data, and each worker in use's requests, failures and
+        latency."""
+        return self._stats.snapshot(self.targets)
 
     def add_target(self, spec: TargetSpec) -> None:
         """Start using another worker, after checking it serves the same pipeline."""
@@ -221,8 +229,11 @@ class RemoteLoader(Loader[Any]):
 class RemoteSource(BatchSource[Any]):
     """Hands each step's request to the dispatcher, which sees it through to one answer."""
 
-    def __init__(self, dispatcher: Dispatcher, pipeline: str, fingerprint: str) -> None:
+    def __init__(
+        self, dispatcher: Dispatcher, pipeline: str, fingerprint: str, stats: StatsRecorder
+    ) -> None:
         self._dispatcher, self._pipeline, self._fingerprint = dispatcher, pipeline, fingerprint
+        self._stats = stats
 
     def submit(self, plan: Plan, step: int, rows: IndexArray | None) -> Pending[Any]:
         request = wire.BatchRequest(
@@ -232,7 +243,7 @@ class RemoteSource(BatchSource[Any]):
             step=step,
             rows=[] if rows is None else rows.tolist(),
         )
-        return FuturePending(self._dispatcher.send(request))
+        return self._stats.timed(self._dispatcher.send(request))
 
     def submit_window(self, plan: Plan, window: StreamWindow) -> Pending[Any]:
         request = wire.BatchRequest(
@@ -243,7 +254,7 @@ class RemoteSource(BatchSource[Any]):
             step=window.index * window.shards + window.shard,
             window=wire.StreamWindow(shards=window.shards, shard=window.shard, index=window.index),
         )
-        return FuturePending(self._dispatcher.send(request))
+        return self._stats.timed(self._dispatcher.send(request), window=True)
 
     def release(self, wait: bool) -> None:
         """The connections belong to the loader, not to one iterator."""

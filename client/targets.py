@@ -72,15 +72,21 @@ class GrpcTarget:
         )
         self._stub = worker_pb2_grpc.WorkerStub(self._channel)
 
+    @property
+    def channel(self) -> grpc.Channel:
+        """The channel to the worker, for its other services (e.g. health checks)."""
+        return self._channel
+
     def handshake(
         self, request: wire.HandshakeRequest, timeout: float = DEFAULT_TIMEOUT_S
     ) -> wire.HandshakeResponse:
-        try:
-            response: wire.HandshakeResponse = self._stub.Handshake(
-                request, timeout=timeout, wait_for_ready=True, metadata=self._metadata
-            )
-        except grpc.RpcError as error:
-            raise _worker_error(error) from None
+        response: wire.HandshakeResponse = self._call(self._stub.Handshake, request, timeout)
+        return response
+
+    def info(
+        self, request: wire.InfoRequest, timeout: float = DEFAULT_TIMEOUT_S
+    ) -> wire.InfoResponse:
+        response: wire.InfoResponse = self._call(self._stub.Info, request, timeout)
         return response
 
     def load_batch(self, request: wire.BatchRequest) -> Future[Any]:
@@ -106,6 +112,13 @@ class GrpcTarget:
 
     def close(self) -> None:
         self._channel.close()
+
+    def _call(self, method: Any, request: Any, timeout: float) -> Any:
+        """A unary call that waits for a connection, up to `timeout`; errors as `WorkerError`."""
+        try:
+            return method(request, timeout=timeout, wait_for_ready=True, metadata=self._metadata)
+        except grpc.RpcError as error:
+            raise _worker_error(error) from None
 
 
 class InProcessTarget:

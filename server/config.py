@@ -24,6 +24,7 @@ from loadax.wire.zmq_frames import check_token, curve_key
 _SERVER_KEYS = (
     "grpc",
     "zmq",
+    "metrics",
     "threads",
     "max_in_flight_per_client",
     "memory_budget_mb",
@@ -87,6 +88,7 @@ class WorkerConfig:
     pipelines: tuple[PipelineConfig, ...]
     grpc: str | None = None
     zmq: str | None = None
+    metrics: str | None = None  # where the Prometheus exporter listens
     threads: int = 4
     max_in_flight_per_client: int = 16
     memory_budget_bytes: int | None = None  # batches being built and encoded, at most
@@ -99,9 +101,14 @@ class WorkerConfig:
 
 
 def load_config(
-    path: str | Path, *, grpc: str | None = None, zmq: str | None = None
+    path: str | Path,
+    *,
+    grpc: str | None = None,
+    zmq: str | None = None,
+    metrics: str | None = None,
 ) -> WorkerConfig:
-    """The config in `path`; `grpc` and `zmq` (the CLI's overrides) replace the file's."""
+    """The config in `path`; `grpc`, `zmq` and `metrics` (the CLI's overrides) replace the
+    file's."""
     source = str(path)
     try:
         text = Path(path).read_bytes().decode()
@@ -112,7 +119,7 @@ def load_config(
         document = tomllib.loads(text)
     except tomllib.TOMLDecodeError as error:
         raise ConfigError(f"{source}: invalid TOML: {error}") from error
-    return _parse(source, document, grpc=grpc, zmq=zmq)
+    return _parse(source, document, grpc=grpc, zmq=zmq, metrics=metrics)
 
 
 def load_factory(config: WorkerConfig, pipeline: PipelineConfig) -> Callable[..., Any]:
@@ -166,7 +173,12 @@ def build_pipelines(config: WorkerConfig) -> dict[str, Pipeline[Any, Any]]:
 
 
 def _parse(
-    source: str, document: dict[str, Any], *, grpc: str | None, zmq: str | None
+    source: str,
+    document: dict[str, Any],
+    *,
+    grpc: str | None,
+    zmq: str | None,
+    metrics: str | None,
 ) -> WorkerConfig:
     def fail(message: str) -> ConfigError:
         return ConfigError(f"{source}: {message}")
@@ -177,12 +189,15 @@ def _parse(
         raise fail(f"[server] must be a table, got {_show(server)}")
     _check_keys(source, server, _SERVER_KEYS, "[server].")
 
-    grpc = _grpc_address(source, "--grpc", grpc) if grpc is not None else None
+    grpc = _address(source, "--grpc", grpc) if grpc is not None else None
     zmq = _zmq_endpoint(source, "--zmq", zmq) if zmq is not None else None
     if grpc is None and "grpc" in server:
-        grpc = _grpc_address(source, "[server].grpc", server["grpc"])
+        grpc = _address(source, "[server].grpc", server["grpc"])
     if zmq is None and "zmq" in server:
         zmq = _zmq_endpoint(source, "[server].zmq", server["zmq"])
+    metrics = _address(source, "--metrics", metrics) if metrics is not None else None
+    if metrics is None and "metrics" in server:
+        metrics = _address(source, "[server].metrics", server["metrics"])
     if grpc is None and zmq is None:
         raise fail("[server] needs grpc (a host:port) or zmq (a tcp://host:port), or both")
 
@@ -208,6 +223,7 @@ def _parse(
         pipelines=tuple(_pipeline(source, name, table) for name, table in pipelines.items()),
         grpc=grpc,
         zmq=zmq,
+        metrics=metrics,
         threads=_positive_int(source, server, "threads", 4),
         max_in_flight_per_client=_positive_int(source, server, "max_in_flight_per_client", 16),
         memory_budget_bytes=(
@@ -403,7 +419,8 @@ def _positive_int(source: str, server: Mapping[str, Any], key: str, default: int
     return value
 
 
-def _grpc_address(source: str, key: str, value: Any) -> str:
+def _address(source: str, key: str, value: Any) -> str:
+    """A "host:port" (gRPC's, the metrics exporter's)."""
     if not isinstance(value, str) or not _host_port(value):
         raise ConfigError(
             f'{source}: {key} must be "host:port" (port 0: any free port), got {_show(value)}'

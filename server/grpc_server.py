@@ -21,9 +21,11 @@ from grpc_reflection.v1alpha import reflection
 
 from loadax.errors import WorkerError
 from loadax.server.config import TlsConfig
+from loadax.server.metrics import WorkerMetrics
 from loadax.server.worker import Worker
 from loadax.wire.v1 import worker_pb2 as wire
 from loadax.wire.v1 import worker_pb2_grpc
+from loadax.wire.zmq_frames import RequestMessage, method_of
 
 SERVICE = wire.DESCRIPTOR.services_by_name["Worker"].full_name
 MAX_SEND_BYTES = 1 << 30
@@ -45,7 +47,8 @@ class GrpcServer:
     `max_concurrent_rpcs` calls; beyond either, calls get RESOURCE_EXHAUSTED.
 
     With `tls` the server speaks only TLS; with `token`, Worker calls without the metadata
-    `authorization: Bearer <token>` get UNAUTHENTICATED.
+    `authorization: Bearer <token>` get UNAUTHENTICATED. Every Worker call is counted in
+    `metrics` (by default, metrics of its own).
     """
 
     def __init__(
@@ -58,6 +61,7 @@ class GrpcServer:
         max_concurrent_rpcs: int = 128,
         tls: TlsConfig | None = None,
         token: str | None = None,
+        metrics: WorkerMetrics | None = None,
     ) -> None:
         for name, value in (
             ("threads", threads),
@@ -68,6 +72,7 @@ class GrpcServer:
                 raise ValueError(f"{name} must be an int >= 1, got {value!r}")
         self._address = address
         self._tls = tls
+        metrics = metrics or WorkerMetrics()
         # One handler thread per admitted call, so that a call is counted against its client
         # as soon as it arrives rather than when a busy pool gets round to it.
         self._executor = futures.ThreadPoolExecutor(
@@ -75,7 +80,7 @@ class GrpcServer:
         )
         self._server = grpc.server(
             self._executor,
-            interceptors=[] if token is None else [_TokenCheck(token)],
+            interceptors=[] if token is None else [_TokenCheck(token, metrics)],
             maximum_concurrent_rpcs=max_concurrent_rpcs,
             options=[
                 ("grpc.max_send_message_length", MAX_SEND_BYTES),
@@ -85,7 +90,7 @@ class GrpcServer:
             ],
         )
         worker_pb2_grpc.add_WorkerServicer_to_server(
-            WorkerServicer(worker, threads, max_in_flight_per_client), self._server
+            WorkerServicer(worker, threads, max_in_flight_per_client, metrics), self._server
         )
         self._health = health.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self._health, self._server)
@@ -132,9 +137,10 @@ class _TokenCheck(grpc.ServerInterceptor):  # type: ignore[misc]
     """Refuses Worker calls without `authorization: Bearer <token>` before their request is
     parsed; other services (health, reflection) pass."""
 
-    def __init__(self, token: str) -> None:
+    def __init__(self, token: str, metrics: WorkerMetrics) -> None:
         self._expected = f"Bearer {token}".encode("ascii")
         self._prefix = f"/{SERVICE}/"
+        self._metrics = metrics
 
     def intercept_service(self, continuation: Callable[[Any], Any], details: Any) -> Any:
         if not details.method.startswith(self._prefix):
@@ -144,41 +150,44 @@ class _TokenCheck(grpc.ServerInterceptor):  # type: ignore[misc]
             value for key, value in details.invocation_metadata or () if key == "authorization"
         ]
         if not given:
-            return _refusal(
+            return self._refusal(
                 method,
                 "this worker requires a token: send the metadata 'authorization: Bearer <token>'",
             )
         value = given[0] if isinstance(given[0], bytes) else given[0].encode("utf-8", "replace")
         if len(given) == 1 and hmac.compare_digest(value, self._expected):
             return continuation(details)
-        return _refusal(method, "the token is wrong")
+        return self._refusal(method, "the token is wrong")
 
+    def _refusal(self, method: str, message: str) -> Any:
+        """A handler that answers UNAUTHENTICATED; the request stays unparsed bytes."""
 
-def _refusal(method: str, message: str) -> Any:
-    """A handler that answers UNAUTHENTICATED; the request stays unparsed bytes."""
+        def refuse(request: bytes, context: Any) -> None:
+            self._metrics.refused("grpc", method, "UNAUTHENTICATED")
+            log.warning("%s from %s refused: UNAUTHENTICATED %s", method, context.peer(), message)
+            context.abort(grpc.StatusCode.UNAUTHENTICATED, message)
 
-    def refuse(request: bytes, context: Any) -> None:
-        log.warning("%s from %s refused: UNAUTHENTICATED %s", method, context.peer(), message)
-        context.abort(grpc.StatusCode.UNAUTHENTICATED, message)
-
-    return grpc.unary_unary_rpc_method_handler(refuse)
+        return grpc.unary_unary_rpc_method_handler(refuse)
 
 
 class WorkerServicer:
     """The `loadax.wire.v1.Worker` service: `Worker` calls, with errors mapped to statuses."""
 
-    def __init__(self, worker: Worker, threads: int, max_in_flight_per_client: int) -> None:
+    def __init__(
+        self, worker: Worker, threads: int, max_in_flight_per_client: int, metrics: WorkerMetrics
+    ) -> None:
         self._worker = worker
+        self._metrics = metrics
         self._loading = threading.BoundedSemaphore(threads)
         self._limit = max_in_flight_per_client
         self._lock = threading.Lock()
         self._in_flight: dict[str, int] = {}
 
     def Handshake(self, request: wire.HandshakeRequest, context: Any) -> wire.HandshakeResponse:
-        return _answer("Handshake", context, lambda: self._worker.handshake(request))
+        return self._reply(request, context, lambda: self._worker.handshake(request))
 
     def Info(self, request: wire.InfoRequest, context: Any) -> wire.InfoResponse:
-        return _answer("Info", context, lambda: self._worker.info(request))
+        return self._reply(request, context, lambda: self._worker.info(request))
 
     def LoadBatch(self, request: wire.BatchRequest, context: Any) -> wire.BatchResponse:
         peer = context.peer()
@@ -187,14 +196,22 @@ class WorkerServicer:
             if count < self._limit:
                 self._in_flight[peer] = count + 1
         if count >= self._limit:
-            return _answer("LoadBatch", context, lambda: self._refuse(count))
+            return self._reply(request, context, lambda: self._refuse(count))
         try:
-            return _answer("LoadBatch", context, lambda: self._load(request, context))
+            return self._reply(request, context, lambda: self._load(request, context))
         finally:
             with self._lock:
                 self._in_flight[peer] -= 1
                 if not self._in_flight[peer]:
                     del self._in_flight[peer]
+
+    def _reply(self, request: RequestMessage, context: Any, call: Callable[[], R]) -> R:
+        """`call()`, the reply to `request`, counted in the metrics; errors become statuses."""
+        return _answer(
+            method_of(request).decode(),
+            context,
+            lambda: self._metrics.observe("grpc", request, call),
+        )
 
     def _refuse(self, count: int) -> wire.BatchResponse:
         raise WorkerError(

@@ -17,11 +17,12 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
+from loadax.server.check import check_report, security_lines
 from loadax.server.config import ConfigError, WorkerConfig, load_config
 from loadax.server.grpc_server import GrpcServer
+from loadax.server.metrics import WorkerMetrics
 from loadax.server.worker import Worker
 from loadax.server.zmq_server import ZmqServer
-from loadax.wire.v1 import worker_pb2 as wire
 
 log = logging.getLogger("loadax.server")
 
@@ -48,13 +49,13 @@ def main(argv: Sequence[str] | None = None) -> None:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     try:
-        config = load_config(args.config, grpc=args.grpc, zmq=args.zmq)
+        config = load_config(args.config, grpc=args.grpc, zmq=args.zmq, metrics=args.metrics)
         worker = Worker.from_config(config)
     except ConfigError as error:
         print(f"loadax-worker: {error}", file=sys.stderr)
         raise SystemExit(EXIT_CONFIG) from None
     if args.check:
-        _summarise(config, worker)
+        print("\n".join(check_report(config, worker).lines()))
         worker.close()
         return
     _serve(config, worker, args.grace)
@@ -65,11 +66,11 @@ def _parser() -> argparse.ArgumentParser:
         prog="loadax-worker",
         description=(
             "Serve loadax pipelines to RemoteDataLoaders over gRPC and/or ZeroMQ. When ready, "
-            'prints one JSON line {"event": "ready", "grpc": ..., "zmq": ..., "pipelines": [...]} '
-            "to stdout. On SIGTERM or SIGINT it reports NOT_SERVING, refuses new requests, "
-            'finishes those in flight, prints {"event": "stopped"} and exits 0; a second signal '
-            "exits at once. SIGUSR1 dumps every thread's stack to stderr. Exit status 2: the "
-            "config or the arguments are invalid; 1: the worker cannot listen."
+            'prints one JSON line {"event": "ready", "grpc": ..., "zmq": ..., "metrics": ..., '
+            '"pipelines": [...]} to stdout. On SIGTERM or SIGINT it reports NOT_SERVING, refuses '
+            'new requests, finishes those in flight, prints {"event": "stopped"} and exits 0; a '
+            "second signal exits at once. SIGUSR1 dumps every thread's stack to stderr. Exit "
+            "status 2: the config or the arguments are invalid; 1: the worker cannot listen."
         ),
     )
     parser.add_argument(
@@ -96,6 +97,12 @@ def _parser() -> argparse.ArgumentParser:
         help="ZeroMQ endpoint tcp://host:port, replacing [server].zmq (port 0: any free port)",
     )
     parser.add_argument(
+        "--metrics",
+        metavar="ADDRESS",
+        help="serve Prometheus metrics at http://ADDRESS/metrics, ADDRESS being host:port, "
+        "replacing [server].metrics (port 0: any free port)",
+    )
+    parser.add_argument(
         "--grace",
         type=float,
         default=30.0,
@@ -110,34 +117,6 @@ def _parser() -> argparse.ArgumentParser:
         help="the level of the logs written to stderr (default INFO)",
     )
     return parser
-
-
-def _summarise(config: WorkerConfig, worker: Worker) -> None:
-    info = {pipeline.name: pipeline for pipeline in worker.info(wire.InfoRequest()).pipelines}
-    for pipeline in config.pipelines:
-        served = info[pipeline.name]
-        args = json.dumps(dict(pipeline.args), default=repr)
-        print(
-            f"{pipeline.name}: {pipeline.factory}(**{args}) -> {served.num_records} records, "
-            f"fingerprint {served.fingerprint[:12]}"
-        )
-    for line in _security(config):
-        print(line)
-
-
-def _security(config: WorkerConfig) -> list[str]:
-    """One line per security setting, for --check (nothing when there are none)."""
-    lines = []
-    if config.tls is not None:
-        mutual = "mutual: clients need a certificate signed by client_ca"
-        lines.append(f"grpc: TLS ({mutual if config.tls.client_ca else 'server certificate'})")
-    if config.curve is not None:
-        allowed = config.curve.allowed_clients
-        admits = "any client" if allowed is None else f"{len(allowed)} allowed client keys"
-        lines.append(f"zmq: CURVE ({admits}), public key {config.curve.public_key.decode()}")
-    if config.token is not None:
-        lines.append("token: required on every request")
-    return lines
 
 
 def _warn_about_plaintext(config: WorkerConfig) -> None:
@@ -159,30 +138,53 @@ def _serve(config: WorkerConfig, worker: Worker, grace: float) -> None:
     faulthandler.register(signal.SIGUSR1)
     signals = _Signals()
     servers: list[_Server] = []
-    bound: dict[str, str | None] = {"grpc": None, "zmq": None}
+    bound: dict[str, str | None] = {"grpc": None, "zmq": None, "metrics": None}
+    metrics = WorkerMetrics(worker.memory_budget)
     limits = {
         "threads": config.threads,
         "max_in_flight_per_client": config.max_in_flight_per_client,
     }
     _warn_about_plaintext(config)
     try:
+        if config.metrics is not None:
+            bound["metrics"] = metrics.start_exporter(config.metrics)
         if config.grpc is not None:
             servers.append(
-                GrpcServer(worker, config.grpc, tls=config.tls, token=config.token, **limits)
+                GrpcServer(
+                    worker,
+                    config.grpc,
+                    tls=config.tls,
+                    token=config.token,
+                    metrics=metrics,
+                    **limits,
+                )
             )
             bound["grpc"] = servers[-1].start()
         if config.zmq is not None:
             servers.append(
-                ZmqServer(worker, config.zmq, curve=config.curve, token=config.token, **limits)
+                ZmqServer(
+                    worker,
+                    config.zmq,
+                    curve=config.curve,
+                    token=config.token,
+                    metrics=metrics,
+                    **limits,
+                )
             )
             bound["zmq"] = servers[-1].start()
     except Exception as error:
         log.error("cannot start: %s", error)
-        _shut_down(servers, worker, 0.0)
+        _shut_down(servers, worker, metrics, 0.0)
         raise SystemExit(EXIT_START) from None
     names = [pipeline.name for pipeline in config.pipelines]
-    log.info("serving %s on gRPC %s, ZeroMQ %s", names, bound["grpc"], bound["zmq"])
-    for line in _security(config):
+    log.info(
+        "serving %s on gRPC %s, ZeroMQ %s; metrics on %s",
+        names,
+        bound["grpc"],
+        bound["zmq"],
+        bound["metrics"],
+    )
+    for line in security_lines(config):
         log.info("security: %s", line)
     _emit({"event": "ready", **bound, "pipelines": names})
 
@@ -193,7 +195,9 @@ def _serve(config: WorkerConfig, worker: Worker, grace: float) -> None:
         grace,
     )
     stopper = threading.Thread(
-        target=_shut_down, args=(servers, worker, grace, signals.wake), name="loadax-stop"
+        target=_shut_down,
+        args=(servers, worker, metrics, grace, signals.wake),
+        name="loadax-stop",
     )
     stopper.start()
     number = signals.wait()
@@ -208,10 +212,12 @@ def _serve(config: WorkerConfig, worker: Worker, grace: float) -> None:
 def _shut_down(
     servers: Sequence[_Server],
     worker: Worker,
+    metrics: WorkerMetrics,
     grace: float,
     done: Callable[[], None] = lambda: None,
 ) -> None:
-    """Stop every server at once (each waits for its calls in flight), then the worker."""
+    """Stop every server at once (each waits for its calls in flight), then the worker, then
+    the metrics exporter (scrapes see the requests drain)."""
     try:
         stoppers = [
             threading.Thread(target=server.stop, args=(grace,), name="loadax-stop-server")
@@ -222,6 +228,7 @@ def _shut_down(
         for stopper in stoppers:
             stopper.join()
         worker.close()
+        metrics.stop_exporter()
     finally:
         done()
 

@@ -71,6 +71,12 @@ class MemoryBudget:
             self._used += need
             return need
 
+    @property
+    def reserved(self) -> int:
+        """The bytes reserved now by the requests being served."""
+        with self._condition:
+            return self._used
+
     def _need(self, kind: tuple[str, int]) -> int:
         """The bytes a request of `kind` reserves: a kind never seen runs alone."""
         estimate = self._estimates.get(kind)

@@ -126,6 +126,11 @@ class Worker:
             memory_budget_bytes=config.memory_budget_bytes,
         )
 
+    @property
+    def memory_budget(self) -> MemoryBudget | None:
+        """The budget of the bytes of batches being built, when one was set."""
+        return self._budget
+
     def handshake(self, request: wire.HandshakeRequest) -> wire.HandshakeResponse:
         if not compatible_versions(request.library_version, loadax.__version__):
             raise WorkerError(

@@ -21,6 +21,7 @@ from zmq.auth.thread import ThreadAuthenticator
 
 from loadax.errors import WorkerError
 from loadax.server.config import CurveConfig
+from loadax.server.metrics import WorkerMetrics
 from loadax.server.worker import Worker
 from loadax.wire import zmq_frames
 from loadax.wire.v1 import worker_pb2 as wire
@@ -43,7 +44,7 @@ class ZmqServer:
 
     With `curve` the socket is a CURVE server: only clients that know its public key (and, with
     an allow-list, whose key is on it) connect. With `token`, requests without it get
-    UNAUTHENTICATED.
+    UNAUTHENTICATED. Every request is counted in `metrics` (by default, metrics of its own).
     """
 
     def __init__(
@@ -56,6 +57,7 @@ class ZmqServer:
         max_request_bytes: int = MAX_REQUEST_BYTES,
         curve: CurveConfig | None = None,
         token: str | None = None,
+        metrics: WorkerMetrics | None = None,
     ) -> None:
         for name, value in (
             ("threads", threads),
@@ -70,6 +72,7 @@ class ZmqServer:
         self._max_request_bytes = max_request_bytes
         self._curve = curve
         self._token = None if token is None else token.encode("ascii")
+        self._metrics = metrics or WorkerMetrics()
         self._authenticator: ThreadAuthenticator | None = None
         self._stopping = threading.Event()
         self._stop_lock = threading.Lock()  # a second stop() waits for the first
@@ -245,6 +248,9 @@ class ZmqServer:
                     "takes from one client",
                 )
         except WorkerError as error:
+            # The method frame as sent: the metrics count unknown ones as such.
+            method = bytes(frames[1][:64]).decode("ascii", "replace") if len(frames) > 1 else ""
+            self._metrics.refused("zmq", method, error.code)
             if error.code == "UNAUTHENTICATED":
                 log.warning("request from client %s refused: %s", identity.hex(), error)
             self._send(router, [identity, *zmq_frames.error_frames(request_id, error)])
@@ -268,7 +274,10 @@ class ZmqServer:
         """Runs on a handler thread: the worker's answer goes back to the I/O thread."""
         request_id = request.request_id
         try:
-            reply = zmq_frames.reply_frames(request_id, self._call(request.message))
+            response = self._metrics.observe(
+                "zmq", request.message, lambda: self._call(request.message)
+            )
+            reply = zmq_frames.reply_frames(request_id, response)
         except WorkerError as error:
             reply = zmq_frames.error_frames(request_id, error)
         except Exception as error:

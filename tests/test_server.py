@@ -142,6 +142,10 @@ SERVER = '[server]\ngrpc = "127.0.0.1:0"\n'
         ('[server]\nzmq = "127.0.0.1:5"\n' + SERVED, '[server].zmq must be "tcp://host:port"'),
         ('[server]\nzmq = "udp://127.0.0.1:5"\n' + SERVED, '[server].zmq must be "tcp://'),
         ('[server]\ngrpc = "*:5"\n' + SERVED, '[server].grpc must be "host:port"'),
+        (SERVER + "metrics = 9400\n" + SERVED, '[server].metrics must be "host:port" (port 0'),
+        (SERVER + 'metrics = "localhost"\n' + SERVED, '[server].metrics must be "host:port"'),
+        (SERVER + 'metrics = "*:9400"\n' + SERVED, 'got "*:9400"'),
+        (SERVER + 'metric = ":9400"\n' + SERVED, "unknown key [server].metric (did you mean"),
         (SERVER + 'threads = "8"\n' + SERVED, '[server].threads must be an int >= 1, got "8"'),
         (SERVER + "threads = 0\n" + SERVED, "[server].threads must be an int >= 1, got 0"),
         (SERVER + "threads = true\n" + SERVED, "[server].threads must be an int >= 1, got true"),
@@ -275,7 +279,8 @@ def test_help_documents_every_flag() -> None:
     result = subprocess.run(
         [str(script), "--help"], capture_output=True, text=True, timeout=60, check=True
     )
-    for flag in ("--config", "--check", "--grpc", "--zmq", "--grace", "--log-level", "--help"):
+    flags = ("--config", "--check", "--grpc", "--zmq", "--metrics", "--grace", "--log-level")
+    for flag in (*flags, "--help"):
         assert flag in result.stdout
     assert '"event": "ready"' in result.stdout
 

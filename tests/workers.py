@@ -62,6 +62,7 @@ class WorkerProcess:
 
     grpc: str | None  # "grpc://127.0.0.1:PORT"
     zmq: str | None  # "zmq://127.0.0.1:PORT"
+    metrics: str | None  # "127.0.0.1:PORT" of the Prometheus exporter
     pipelines: list[str]
     process: subprocess.Popen[str]
     _output: _Output
@@ -125,9 +126,11 @@ def worker_process(
     threads: int = 2,
     max_in_flight_per_client: int = 16,
     args: Sequence[str] = (),
+    config: Path | None = None,
 ) -> Iterator[WorkerProcess]:
-    """A worker serving `pipelines` (TOML [pipelines.*] tables), once it is ready."""
-    config = write_config(
+    """A worker serving `pipelines` (TOML [pipelines.*] tables), once it is ready; given a
+    `config` file, the worker runs that instead."""
+    config = config or write_config(
         tmp_path,
         pipelines,
         grpc=grpc,
@@ -164,6 +167,7 @@ def worker_process(
             yield WorkerProcess(
                 grpc=None if ready["grpc"] is None else f"grpc://{ready['grpc']}",
                 zmq=None if ready["zmq"] is None else ready["zmq"].replace("tcp://", "zmq://", 1),
+                metrics=ready["metrics"],
                 pipelines=list(ready["pipelines"]),
                 process=process,
                 _output=output,

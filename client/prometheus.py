@@ -1,0 +1,67 @@
+"""A loader's stats as Prometheus metrics, for trainers that export their own.
+
+Needs prometheus-client (`pip install 'loadax[worker]'`); the rest of the client does not.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+from loadax.client.stats import LoaderStats
+
+
+class LoaderCollector:
+    """Reads `stats()` (e.g. `RemoteLoader.stats`) at every scrape:
+    `prometheus_client.REGISTRY.register(LoaderCollector(loader.stats))`.
+
+    Rates are left to Prometheus (`rate(loadax_client_batches_total[1m])`).
+    """
+
+    def __init__(self, stats: Callable[[], LoaderStats]) -> None:
+        self._stats = stats
+
+    def collect(self) -> Iterator[Metric]:
+        stats = self._stats()
+        yield CounterMetricFamily(
+            "loadax_client_batches", "Batches the training loop got.", value=stats.batches
+        )
+        yield CounterMetricFamily(
+            "loadax_client_bytes", "Array bytes of the batches it got.", value=stats.bytes
+        )
+        yield CounterMetricFamily(
+            "loadax_client_wait_seconds",
+            "Time the training loop waited for batches.",
+            value=stats.waited_seconds,
+        )
+        yield GaugeMetricFamily(
+            "loadax_client_wait_fraction",
+            "Share of the time since the first request the training loop waited for batches.",
+            value=stats.wait_fraction,
+        )
+        requests = CounterMetricFamily(
+            "loadax_client_worker_requests", "Requests sent to each worker.", labels=["worker"]
+        )
+        failures = CounterMetricFamily(
+            "loadax_client_worker_failures",
+            "Requests each worker failed or did not answer in time.",
+            labels=["worker"],
+        )
+        latency = GaugeMetricFamily(
+            "loadax_client_worker_latency_seconds",
+            "Each worker's answer latency over its recent answers (quantile 1: the maximum).",
+            labels=["worker", "quantile"],
+        )
+        for name, worker in stats.workers.items():
+            requests.add_metric([name], worker.requests)
+            failures.add_metric([name], worker.failures)
+            quantiles = (
+                ("0.5", worker.latency_p50),
+                ("0.9", worker.latency_p90),
+                ("1", worker.latency_max),
+            )
+            for quantile, seconds in quantiles:
+                if seconds is not None:
+                    latency.add_metric([name, quantile], seconds)
+        yield from (requests, failures, latency)

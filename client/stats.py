@@ -1,0 +1,189 @@
+"""What a `RemoteLoader` measures: batches, bytes, the time the training loop waited for data,
+and each worker's requests, failures and latency. `RemoteLoader.stats()` returns a snapshot.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Future
+from typing import Any
+
+import jax
+
+from loadax.engine import FuturePending
+
+LATENCY_WINDOW = 1024
+"""Per worker, the latencies of this many most recent answers make its percentiles."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class WorkerStats:
+    """One worker's requests since the loader started using it.
+
+    `failures` counts the requests it failed or did not answer in time (each was sent to
+    another worker); latencies (seconds, None before its first answer) are over its last
+    `LATENCY_WINDOW` answers.
+    """
+
+    requests: int
+    failures: int
+    last_error: str | None
+    latency_p50: float | None
+    latency_p90: float | None
+    latency_max: float | None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class LoaderStats:
+    """A loader's numbers since its first request, over all its iterators.
+
+    `bytes` are those of the arrays of the batches delivered; `wait_fraction` is the share of
+    the time since the first request that the training loop spent blocked in `next()`
+    waiting for a batch (near 0: the workers keep up; near 1: the loop starves).
+    """
+
+    batches: int
+    bytes: int
+    seconds: float
+    waited_seconds: float
+    batches_per_second: float
+    bytes_per_second: float
+    wait_fraction: float
+    workers: Mapping[str, WorkerStats]
+
+
+class _WorkerRecord:
+    def __init__(self) -> None:
+        self.requests = self.failures = 0
+        self.last_error: str | None = None
+        self.latencies: deque[float] = deque(maxlen=LATENCY_WINDOW)
+
+
+class StatsRecorder:
+    """The counters behind `LoaderStats`, updated from any thread; `clock` gives seconds."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self.clock = clock
+        self._lock = threading.Lock()
+        self._started: float | None = None
+        self._batches = self._bytes = 0
+        self._waited = 0.0
+        self._workers: dict[str, _WorkerRecord] = {}
+
+    def timed(self, batch: Future[Any], *, window: bool = False) -> TimedPending:
+        """The pending batch a loader's iterator waits on, its wait and size counted; a
+        stream's `window` counts as bytes and wait, not as a batch."""
+        with self._lock:
+            if self._started is None:
+                self._started = self.clock()
+        return TimedPending(batch, self, window)
+
+    def track(self, worker: str, send: Callable[[], Future[Any]]) -> Future[Any]:
+        """`send()`, which sends a request to `worker`, counted; its latency once answered."""
+        sent = self.clock()
+        attempt = send()
+        with self._lock:
+            self._workers.setdefault(worker, _WorkerRecord()).requests += 1
+
+        def answered(done: Future[Any]) -> None:
+            if done.cancelled() or done.exception() is not None:
+                return  # failures are counted by `failed`
+            latency = self.clock() - sent
+            with self._lock:
+                record = self._workers.get(worker)
+                if record is not None:
+                    record.latencies.append(latency)
+
+        attempt.add_done_callback(answered)
+        return attempt
+
+    def failed(self, worker: str, error: str) -> None:
+        """Count a request that `worker` failed or did not answer in time."""
+        with self._lock:
+            record = self._workers.get(worker)
+            if record is not None:
+                record.failures += 1
+                record.last_error = error
+
+    def forget(self, worker: str) -> None:
+        """Drop the numbers of a worker no longer used (late answers from it are ignored)."""
+        with self._lock:
+            self._workers.pop(worker, None)
+
+    def waited(self, seconds: float) -> None:
+        """Count time the training loop spent waiting for a batch."""
+        with self._lock:
+            self._waited += seconds
+
+    def delivered(self, batch: Any, *, window: bool = False) -> None:
+        """Count a batch (or a stream's window) the training loop got."""
+        size = _array_bytes(batch)
+        with self._lock:
+            if not window:
+                self._batches += 1
+            self._bytes += size
+
+    def snapshot(self, workers: Sequence[str]) -> LoaderStats:
+        """The numbers now; `workers` are the names of the workers in use."""
+        now = self.clock()
+        with self._lock:
+            seconds = 0.0 if self._started is None else now - self._started
+            per_worker = {name: _worker_stats(self._workers.get(name)) for name in workers}
+            batches, size, waited = self._batches, self._bytes, self._waited
+        return LoaderStats(
+            batches=batches,
+            bytes=size,
+            seconds=seconds,
+            waited_seconds=waited,
+            batches_per_second=batches / seconds if seconds > 0 else 0.0,
+            bytes_per_second=size / seconds if seconds > 0 else 0.0,
+            wait_fraction=min(waited / seconds, 1.0) if seconds > 0 else 0.0,
+            workers=per_worker,
+        )
+
+
+class TimedPending(FuturePending[Any]):
+    """A batch being loaded; the time `result()` blocks is the time the loop waits."""
+
+    def __init__(self, batch: Future[Any], stats: StatsRecorder, window: bool) -> None:
+        super().__init__(batch)
+        self._stats, self._window = stats, window
+
+    def result(self) -> Any:
+        started = self._stats.clock()
+        try:
+            batch = super().result()
+        finally:
+            self._stats.waited(self._stats.clock() - started)
+        self._stats.delivered(batch, window=self._window)
+        return batch
+
+
+def _array_bytes(batch: Any) -> int:
+    return sum(int(getattr(leaf, "nbytes", 0)) for leaf in jax.tree_util.tree_leaves(batch))
+
+
+def _worker_stats(record: _WorkerRecord | None) -> WorkerStats:
+    if record is None:
+        return WorkerStats(0, 0, None, None, None, None)
+    ordered = sorted(record.latencies)
+    return WorkerStats(
+        requests=record.requests,
+        failures=record.failures,
+        last_error=record.last_error,
+        latency_p50=_percentile(ordered, 0.5),
+        latency_p90=_percentile(ordered, 0.9),
+        latency_max=ordered[-1] if ordered else None,
+    )
+
+
+def _percentile(ordered: list[float], fraction: float) -> float | None:
+    """The nearest-rank percentile of sorted values (None for none)."""
+    if not ordered:
+        return None
+    return ordered[max(math.ceil(fraction * len(ordered)) - 1, 0)]

@@ -1,0 +1,206 @@
+"""`RemoteLoader.stats()`: batches, bytes, the training loop's wait, and per-worker numbers."""
+
+from __future__ import annotations
+
+import threading
+from concurrent.futures import Future
+from typing import Any
+
+import numpy as np
+import pipelines
+import pytest
+from prometheus_client import CollectorRegistry
+
+from loadax.client import LoaderStats, RemoteDataLoader, WorkerStats
+from loadax.client.prometheus import LoaderCollector
+from loadax.client.stats import LATENCY_WINDOW, StatsRecorder
+from loadax.errors import WorkerError
+from loadax.server.worker import Worker
+from loadax.wire.v1 import worker_pb2 as wire
+
+
+class Clock:
+    """A clock that moves only when told to."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class BlockingFuture(Future[Any]):
+    """A future whose `result()` takes `seconds` of `clock` time, as if the batch were late."""
+
+    def __init__(self, clock: Clock, seconds: float) -> None:
+        super().__init__()
+        self._clock, self._seconds = clock, seconds
+
+    def result(self, timeout: float | None = None) -> Any:
+        self._clock.now += self._seconds
+        return super().result(timeout)
+
+
+def test_the_wait_fraction_is_the_time_next_blocked_over_the_time_since_the_first_request() -> None:
+    clock = Clock()
+    recorder = StatsRecorder(clock)
+    assert recorder.snapshot([]).wait_fraction == 0.0
+    first, second = BlockingFuture(clock, 2.0), BlockingFuture(clock, 1.0)
+    pending = [recorder.timed(first), recorder.timed(second)]  # the first request at t = 0
+    first.set_result({"x": np.zeros(10, np.float32), "y": np.int64(3)})
+    second.set_exception(WorkerError("OUT_OF_RANGE", "step 9 is beyond the plan"))
+    clock.now = 5.0
+    assert pending[0].result()["y"] == 3
+    with pytest.raises(WorkerError):
+        pending[1].result()  # a failed batch: waited for, not delivered
+    clock.now = 10.0
+    assert recorder.snapshot([]) == LoaderStats(
+        batches=1,
+        bytes=48,
+        seconds=10.0,
+        waited_seconds=3.0,
+        batches_per_second=0.1,
+        bytes_per_second=4.8,
+        wait_fraction=0.3,
+        workers={},
+    )
+
+
+def test_a_stream_window_counts_its_wait_and_bytes_but_is_no_batch() -> None:
+    clock = Clock()
+    recorder = StatsRecorder(clock)
+    window = BlockingFuture(clock, 1.0)
+    pending = recorder.timed(window, window=True)
+    window.set_result(np.zeros(4, np.int64))
+    pending.result()
+    stats = recorder.snapshot([])
+    assert (stats.batches, stats.bytes, stats.waited_seconds) == (0, 32, 1.0)
+
+
+def answer_after(recorder: StatsRecorder, clock: Clock, worker: str, seconds: float) -> None:
+    clock.now = 0.0
+    attempt: Future[Any] = Future()
+    assert recorder.track(worker, lambda: attempt) is attempt
+    clock.now = seconds
+    attempt.set_result(None)
+
+
+def test_worker_latencies_are_percentiles_of_a_bounded_recent_window() -> None:
+    clock = Clock()
+    recorder = StatsRecorder(clock)
+    for seconds in range(1, 11):
+        answer_after(recorder, clock, "a", float(seconds))
+    recorder.failed("a", "UNAVAILABLE: restarting")
+    stats = recorder.snapshot(["a", "b"])
+    assert stats.workers == {
+        "a": WorkerStats(
+            requests=10,
+            failures=1,
+            last_error="UNAVAILABLE: restarting",
+            latency_p50=5.0,
+            latency_p90=9.0,
+            latency_max=10.0,
+        ),
+        "b": WorkerStats(0, 0, None, None, None, None),
+    }
+    for _ in range(LATENCY_WINDOW):
+        answer_after(recorder, clock, "a", 0.5)
+    assert recorder.snapshot(["a"]).workers["a"].latency_max == 0.5  # the slow ones aged out
+
+
+def test_a_forgotten_worker_ignores_late_answers() -> None:
+    recorder = StatsRecorder(Clock())
+    attempt: Future[Any] = Future()
+    recorder.track("a", lambda: attempt)
+    recorder.forget("a")
+    attempt.set_result(None)
+    recorder.failed("a", "DEADLINE_EXCEEDED")
+    assert recorder.snapshot(["a"]).workers["a"] == WorkerStats(0, 0, None, None, None, None)
+
+
+def test_a_remote_loader_counts_its_batches_bytes_and_requests() -> None:
+    worker = Worker({"images": pipelines.images(records=40, side=12)}, threads=2)
+    try:
+        with RemoteDataLoader([worker], "images").batch_size(8).prefetch(2).build() as loader:
+            (name,) = loader.targets
+            before = loader.stats()
+            assert (before.batches, before.seconds, before.wait_fraction) == (0, 0.0, 0.0)
+            assert before.workers[name].requests == 0
+            batches = list(loader)
+            stats = loader.stats()
+            loader.remove_target(name)
+            assert loader.stats().workers == {}
+    finally:
+        worker.close()
+    assert len(batches) == stats.batches == 5
+    assert stats.bytes == sum(batch["image"].nbytes + batch["label"].nbytes for batch in batches)
+    assert 0.0 <= stats.wait_fraction <= 1.0
+    assert stats.seconds > 0
+    numbers = stats.workers[name]
+    assert (numbers.requests, numbers.failures, numbers.last_error) == (5, 0, None)
+    assert numbers.latency_p50 is not None
+    assert numbers.latency_p90 is not None
+    assert numbers.latency_max is not None
+    assert 0 <= numbers.latency_p50 <= numbers.latency_p90 <= numbers.latency_max
+
+
+class FlakyWorker:
+    """A worker whose first batch request fails as a restarting worker's would."""
+
+    def __init__(self, worker: Worker) -> None:
+        self._worker = worker
+        self._failed = threading.Lock()
+
+    def handshake(self, request: wire.HandshakeRequest) -> wire.HandshakeResponse:
+        return self._worker.handshake(request)
+
+    def load_batch(self, request: wire.BatchRequest) -> wire.BatchResponse:
+        if self._failed.acquire(blocking=False):  # never released: once only
+            raise WorkerError("UNAVAILABLE", "the worker is restarting")
+        return self._worker.load_batch(request)
+
+
+def test_a_worker_failure_is_counted_and_named() -> None:
+    worker = Worker({"numbers": pipelines.numbers(records=16)}, threads=1)
+    try:
+        with RemoteDataLoader([FlakyWorker(worker)], "numbers").batch_size(4).build() as loader:
+            assert len(list(loader)) == 4
+            (numbers,) = loader.stats().workers.values()
+    finally:
+        worker.close()
+    assert (numbers.requests, numbers.failures) == (5, 1)
+    assert numbers.last_error == "UNAVAILABLE: the worker is restarting"
+
+
+def test_the_collector_exposes_the_stats_to_prometheus() -> None:
+    stats = LoaderStats(
+        batches=7,
+        bytes=700,
+        seconds=10.0,
+        waited_seconds=2.5,
+        batches_per_second=0.7,
+        bytes_per_second=70.0,
+        wait_fraction=0.25,
+        workers={
+            "grpc://10.0.0.1:50051": WorkerStats(5, 1, "UNAVAILABLE: gone", 0.1, 0.2, 0.4),
+            "grpc://10.0.0.2:50051": WorkerStats(0, 0, None, None, None, None),
+        },
+    )
+    registry = CollectorRegistry()
+    registry.register(LoaderCollector(lambda: stats))
+
+    def value(name: str, **labels: str) -> float | None:
+        return registry.get_sample_value(name, labels)
+
+    assert value("loadax_client_batches_total") == 7
+    assert value("loadax_client_bytes_total") == 700
+    assert value("loadax_client_wait_seconds_total") == 2.5
+    assert value("loadax_client_wait_fraction") == 0.25
+    first, second = "grpc://10.0.0.1:50051", "grpc://10.0.0.2:50051"
+    assert value("loadax_client_worker_requests_total", worker=first) == 5
+    assert value("loadax_client_worker_failures_total", worker=first) == 1
+    assert value("loadax_client_worker_requests_total", worker=second) == 0
+    latency = "loadax_client_worker_latency_seconds"
+    assert value(latency, worker=first, quantile="0.9") == 0.2
+    assert value(latency, worker=first, quantile="1") == 0.4
+    assert value(latency, worker=second, quantile="0.5") is None
