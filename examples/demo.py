@@ -9,9 +9,6 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import os
-import signal
-import subprocess
 import sys
 import tempfile
 import time
@@ -21,44 +18,13 @@ from typing import Any
 
 import numpy as np
 from demo_pipeline import images
+from local_processes import positive_int, start_worker, stop_worker
 
 from loadax import DataLoader, Loader
 from loadax.client import RemoteDataLoader
 
-EXAMPLES = Path(__file__).resolve().parent
 SHUFFLE_SEED = 0
 CHECKPOINT_AFTER = 3
-READY_TIMEOUT_S = 60
-
-
-def start_worker(directory: Path, records: int, threads: int) -> tuple[subprocess.Popen[str], Any]:
-    """A `loadax-worker` on free loopback ports, and its ready event (its addresses)."""
-    config = directory / "worker.toml"
-    config.write_text(
-        '[server]\ngrpc = "127.0.0.1:0"\nzmq = "tcp://127.0.0.1:0"\n'
-        f"threads = {threads}\n\n[pipelines.images]\n"
-        f'factory = "demo_pipeline:images"\nargs = {{ records = {records} }}\n'
-    )
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(EXAMPLES), os.environ.get("PYTHONPATH", "")]),
-    }
-    worker = subprocess.Popen(
-        [sys.executable, "-m", "loadax.server.main", "--config", str(config)],
-        stdout=subprocess.PIPE,
-        text=True,
-        env=env,
-    )
-    assert worker.stdout is not None
-    deadline = time.monotonic() + READY_TIMEOUT_S
-    for line in worker.stdout:
-        event = json.loads(line)
-        if event.get("event") == "ready":
-            return worker, event
-        if time.monotonic() > deadline:
-            break
-    worker.kill()
-    raise RuntimeError(f"the worker did not start (exit status {worker.wait()})")
 
 
 def digest(batch: Any) -> str:
@@ -131,13 +97,6 @@ def describe(name: str, stats: dict[str, float]) -> str:
     )
 
 
-def positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
-    return value
-
-
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--records", type=positive_int, default=2048)
@@ -161,7 +120,13 @@ def main(argv: list[str] | None = None) -> int:
         .build(pipeline.dataset)
     )
     with tempfile.TemporaryDirectory() as directory:
-        worker, ready = start_worker(Path(directory), args.records, args.workers)
+        worker, ready = start_worker(
+            Path(directory),
+            "images",
+            "demo_pipeline:images",
+            {"records": args.records},
+            threads=args.workers,
+        )
         try:
             address = ready["grpc"] if args.transport == "grpc" else ready["zmq"]
             target = f"{args.transport}://{address.removeprefix('tcp://')}"
@@ -179,8 +144,7 @@ def main(argv: list[str] | None = None) -> int:
                 remote_digests, remote_stats, _ = timed_run(remote, args.transport)
                 identical, state_line = resume_check(remote)
         finally:
-            worker.send_signal(signal.SIGTERM)  # drains in-flight requests, then exits
-            status = worker.wait(timeout=60)
+            status = stop_worker(worker)
     same = local_digests == remote_digests
     print(describe("local", local_stats))
     print(describe(f"remote {args.transport}", remote_stats))

@@ -1,4 +1,8 @@
-"""The demo's pipeline: synthetic images, randomly cropped and flipped, as a worker factory."""
+"""The examples' synthetic pipelines, as worker factories.
+
+`images` (randomly cropped and flipped) for the demo; `regression` (a noisy linear target) for
+the training examples.
+"""
 
 from __future__ import annotations
 
@@ -11,6 +15,9 @@ import loadax
 
 NUM_CLASSES = 10
 AUGMENT_SEED = 7
+FEATURES = 8
+NOISE = 0.01
+TRUE_W_SEED = 1234
 
 
 class Record(TypedDict):
@@ -44,3 +51,30 @@ def images(records: int = 2048, side: int = 64, crop: int = 56) -> loadax.Pipeli
         .map(normalise)
     )
     return loadax.Pipeline(dataset, loadax.Batcher())
+
+
+class Example(TypedDict):
+    x: npt.NDArray[np.float32]
+    y: np.float32
+
+
+def true_weights() -> npt.NDArray[np.float32]:
+    return np.random.default_rng(TRUE_W_SEED).normal(size=FEATURES).astype(np.float32)
+
+
+def make_example(index: int) -> Example:
+    """Example `index`: its own features and a noisy linear target, the same on every process."""
+    rng = np.random.default_rng(index)
+    x = rng.normal(size=FEATURES).astype(np.float32)
+    y = np.float32(x @ true_weights() + NOISE * rng.normal())
+    return {"x": x, "y": y}
+
+
+def regression_examples(records: int = 512) -> loadax.Dataset[Example]:
+    """`records` examples of `FEATURES` features whose target is about `x @ true_weights()`."""
+    return loadax.RangeDataset(0, records).map(make_example)
+
+
+def regression(records: int = 512) -> loadax.Pipeline[Example, Any]:
+    """`regression_examples(records)`, stacked into batches."""
+    return loadax.Pipeline(regression_examples(records), loadax.Batcher())

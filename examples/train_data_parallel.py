@@ -6,65 +6,46 @@ It launches the processes and stops them all if one fails; each trains and check
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
-import queue
 import signal
-import socket
-import subprocess
 import sys
-import threading
-import time
-import traceback
-from collections.abc import Callable, Sequence
-from types import FrameType
-from typing import IO, Any, NoReturn, TypedDict
+from collections.abc import Sequence
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import numpy.typing as npt
+from demo_pipeline import FEATURES, regression_examples, true_weights
 from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
+from local_processes import (
+    JaxJob,
+    non_negative_float,
+    positive_int,
+    run_child,
+    say,
+    stop_on_sigterm,
+)
 
-from loadax import Batcher, DataLoader, Loader, RangeDataset
+from loadax import Batcher, DataLoader, Loader
 from loadax.sharding_utilities import ddp_sharding
 
-FEATURES = 8
 RECORDS = 512
-NOISE = 0.01
-TRUE_W_SEED = 1234
 SHUFFLE_SEED = 0
 LEARNING_RATE = 0.1
 LOG_EVERY = 8
 LOADER_WORKERS = 2
 DEVICE_PREFETCH = 2
 INIT_TIMEOUT_S = 60
-PRINT_LOCK = threading.Lock()
 
 Params = dict[str, jax.Array]
-ExitQueue = queue.Queue[tuple[int, int]]  # (process id, exit code)
-
-
-class Example(TypedDict):
-    x: npt.NDArray[np.float32]
-    y: np.float32
-
-
-def true_weights() -> npt.NDArray[np.float32]:
-    return np.random.default_rng(TRUE_W_SEED).normal(size=FEATURES).astype(np.float32)
-
-
-def make_example(index: int) -> Example:
-    """Example `index`: its own features and a noisy linear target, the same on every process."""
-    rng = np.random.default_rng(index)
-    x = rng.normal(size=FEATURES).astype(np.float32)
-    y = np.float32(x @ true_weights() + NOISE * rng.normal())
-    return {"x": x, "y": y}
 
 
 def build_loader(mesh: Mesh, global_batch: int, epochs: int) -> Loader[Any]:
-    dataset = RangeDataset(0, RECORDS).map(make_example)
+    dataset = regression_examples(RECORDS)
     return (
         DataLoader(Batcher())
         .batch_size(global_batch)
@@ -176,52 +157,6 @@ def train(args: argparse.Namespace) -> int:
     return 0 if identical else 1
 
 
-def run_child(args: argparse.Namespace) -> NoReturn:
-    # The launcher holds our stdin: when it goes away, even killed outright, so do we.
-    threading.Thread(target=exit_when_stdin_closes, daemon=True).start()
-    try:
-        code = train(args)
-    except BaseException:
-        traceback.print_exc()
-        code = 1
-    sys.stdout.flush()
-    sys.stderr.flush()
-    # Skip interpreter teardown: jax.distributed's shutdown barrier would wait for failed peers.
-    os._exit(code)
-
-
-def exit_when_stdin_closes() -> None:
-    sys.stdin.buffer.read()
-    os._exit(1)
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
-def relay(index: int, stream: IO[str]) -> None:
-    """Print one of a child's output streams line by line, prefixed by its process id."""
-    for line in stream:
-        say(f"[{index}] {line.rstrip()}")
-
-
-def report_exit(index: int, child: subprocess.Popen[str], exits: ExitQueue) -> None:
-    exits.put((index, child.wait()))
-
-
-def started(target: Callable[..., None], *args: Any) -> threading.Thread:
-    thread = threading.Thread(target=target, args=args, daemon=True)
-    thread.start()
-    return thread
-
-
-def say(line: str) -> None:
-    with PRINT_LOCK:  # one line at a time from the relay threads
-        print(line, flush=True)
-
-
 def child_command(args: argparse.Namespace, index: int, coordinator: str) -> list[str]:
     command = [sys.executable, os.path.abspath(__file__), f"--process-id={index}"]
     command += [f"--coordinator={coordinator}", f"--processes={args.processes}"]
@@ -231,76 +166,23 @@ def child_command(args: argparse.Namespace, index: int, coordinator: str) -> lis
     return command
 
 
+def relay(index: int, line: str) -> None:
+    """Print a line of a process's output, prefixed by its process id."""
+    say(f"[{index}] {line}")
+
+
 def launch(args: argparse.Namespace) -> int:
     """Start every process, wait for all of them, and stop the rest as soon as one fails."""
-    coordinator = f"127.0.0.1:{free_port()}"
-    env = {
-        **os.environ,
-        "JAX_PLATFORMS": "cpu",
-        "XLA_FLAGS": f"--xla_force_host_platform_device_count={args.devices_per_process}",
-    }
-    exits: ExitQueue = queue.Queue()
-    children: list[subprocess.Popen[str]] = []
-    threads: list[threading.Thread] = []  # relays and exit waiters
-    deadline = time.monotonic() + args.timeout
-    failed: list[str] = []
-    try:
-        for index in range(args.processes):
-            child = subprocess.Popen(
-                child_command(args, index, coordinator),
-                env=env,
-                stdin=subprocess.PIPE,
-                # Two pipes: C++ logging on stderr must not split the lines of the report.
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                text=True,
-            )
-            children.append(child)
+    command = functools.partial(child_command, args)
+    with JaxJob(command, args.processes, args.devices_per_process, relay) as job:
+        for index, child in enumerate(job.children):
             say(f"[launcher] started process {index} (pid {child.pid})")
-            for stream in (child.stdout, child.stderr):
-                if stream is None:  # always a pipe: see Popen above
-                    raise RuntimeError(f"process {index} has no output pipe")
-                threads.append(started(relay, index, stream))
-            threads.append(started(report_exit, index, child, exits))
-        for _ in children:
-            try:
-                index, code = exits.get(timeout=max(0.0, deadline - time.monotonic()))
-            except queue.Empty:
-                failed.append(f"timed out after {args.timeout:g} s")
-                break
-            if code != 0:
-                failed.append(f"process {index} exited with code {code}")
-                break
-    finally:
-        for child in children:  # on success they have all exited; otherwise none may outlive us
-            if child.poll() is None:
-                child.kill()
-            child.wait()
-        for thread in threads:
-            thread.join()
-    if failed:
-        say(f"[launcher] {failed[0]}; stopped every process")
+        failure = job.wait(args.timeout)
+    if failure is not None:
+        say(f"[launcher] {failure}; stopped every process")
         return 1
     say(f"[launcher] all {args.processes} processes finished")
     return 0
-
-
-def stop_on_sigterm(signum: int, frame: FrameType | None) -> None:
-    raise SystemExit(128 + signum)  # unwinds through launch(), which kills the children
-
-
-def non_negative_float(text: str) -> float:
-    value = float(text)
-    if not value >= 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
-    return value
-
-
-def positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
-    return value
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -328,7 +210,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     if args.process_id is not None:
-        return run_child(args)
+        return run_child(functools.partial(train, args))
     signal.signal(signal.SIGTERM, stop_on_sigterm)
     return launch(args)
 

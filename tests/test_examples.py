@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -14,6 +15,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 DEMO = ROOT / "examples" / "demo.py"
 TRAIN_DATA_PARALLEL = ROOT / "examples" / "train_data_parallel.py"
+TRAIN_RESUME = ROOT / "examples" / "train_resume.py"
 PLAN_BENCH = ROOT / "benchmarks" / "plan_bench.py"
 
 
@@ -183,3 +185,47 @@ def test_the_launcher_stops_every_process_when_its_time_is_up() -> None:
     pids = child_pids(result.stdout)
     assert len(pids) == 2, result.stdout
     assert not any(is_running(pid) for pid in pids)
+
+
+def test_training_killed_with_sigkill_resumes_on_the_uninterrupted_loss_curve() -> None:
+    command = [sys.executable, str(TRAIN_RESUME), "--steps", "10", "--checkpoint-every", "3"]
+    # Its own session, so that on a timeout its workers and trainers are killed with it.
+    with subprocess.Popen(
+        [*command, "--kill-after", "7"],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    ) as example:
+        try:
+            output, errors = example.communicate(timeout=240)
+        except subprocess.TimeoutExpired:
+            os.killpg(example.pid, signal.SIGKILL)
+            raise
+
+    assert example.returncode == 0, output + errors
+    workers = line_starting(output, "workers: ")
+    assert re.fullmatch(
+        r"workers: 2 loadax-worker processes serve 'regression' at "
+        r"grpc://127\.0\.0\.1:\d+, grpc://127\.0\.0\.1:\d+",
+        workers,
+    ), workers
+    assert line_starting(output, "reference run:").endswith("checkpoints at steps 3, 6, 9")
+    assert line_starting(output, "killed run:") == (
+        "killed run: checkpoints at steps 3, 6, step 6 committed; "
+        "SIGKILLed both trainers after step 7 (exit status -9, -9)"
+    )
+    assert line_starting(output, "resumed run:").startswith(
+        "resumed run: restored model, optimizer and loader at step 6, trained steps 7-10 in "
+    )
+    rows = [line.split() for line in output.splitlines() if re.match(r"^ +\d+  ", line)]
+    assert [int(row[0]) for row in rows] == list(range(1, 11)), output
+    for step, reference, *others in rows:
+        # Steps 1-6: reference, killed; step 7: lost to the kill, recomputed; 8-10: resumed.
+        assert others == [reference] * (2 if step == "7" else 1), output
+    losses = [float(row[1]) for row in rows]
+    assert losses[-1] < losses[0], output  # it learns
+    assert line_starting(output, "losses before the kill match:").endswith(": yes")
+    assert line_starting(output, "resumed loss curve matches:").endswith(": yes")
+    assert line_starting(output, "workers stopped") == "workers stopped (exit status 0, 0)"
