@@ -55,16 +55,19 @@ class Scheduler:
 
     def __init__(self) -> None:
         self._condition = threading.Condition()
-        self._queue: list[tuple[float, int, Callable[[], None]]] = []
+        self._queue: list[tuple[float, int, Timer]] = []
         self._counter = itertools.count()
         self._stopped = False
         self._thread = threading.Thread(target=self._run, name="loadax-dispatch", daemon=True)
         self._thread.start()
 
-    def at(self, delay: float, callback: Callable[[], None]) -> None:
+    def at(self, delay: float, callback: Callable[[], None]) -> Timer:
+        """Run `callback` in `delay` seconds, unless the returned timer is cancelled first."""
+        timer = Timer(callback)
         with self._condition:
-            heapq.heappush(self._queue, (time.monotonic() + delay, next(self._counter), callback))
+            heapq.heappush(self._queue, (time.monotonic() + delay, next(self._counter), timer))
             self._condition.notify()
+        return timer
 
     def stop(self) -> None:
         with self._condition:
@@ -83,8 +86,22 @@ class Scheduler:
                     self._condition.wait(timeout)
                 if self._stopped:
                     return
-                _, _, callback = heapq.heappop(self._queue)
-            callback()
+                _, _, timer = heapq.heappop(self._queue)
+            callback, timer.callback = timer.callback, None
+            if callback is not None:
+                callback()
+
+
+class Timer:
+    """A callback the scheduler will run; `cancel()` drops it, and with it what it refers to."""
+
+    __slots__ = ("callback",)
+
+    def __init__(self, callback: Callable[[], None]) -> None:
+        self.callback: Callable[[], None] | None = callback
+
+    def cancel(self) -> None:
+        self.callback = None
 
 
 @dataclasses.dataclass
@@ -189,8 +206,10 @@ class _Request:
         self._dispatcher, self._request = dispatcher, request
         self._lock = threading.RLock()  # callbacks may run inside load_batch
         self._attempts: dict[str, Future[Any]] = {}
+        # Deadlines and hedges hold this request (and so its batch) until cancelled.
+        self._timers: list[Timer] = []
         self._failing_since: float | None = None  # when the first attempt failed
-        self.future.add_done_callback(self._on_cancelled)
+        self.future.add_done_callback(self._on_done)
         self._dispatch()
 
     def _dispatch(self) -> None:
@@ -206,9 +225,11 @@ class _Request:
             self._attempts[member.target.name] = attempt
         options = self._dispatcher.options
         scheduler = self._dispatcher._scheduler
-        scheduler.at(options.request_timeout, lambda: self._on_deadline(member, attempt))
+        self._keep(
+            scheduler.at(options.request_timeout, lambda: self._on_deadline(member, attempt))
+        )
         if options.hedge_after is not None:
-            scheduler.at(options.hedge_after, lambda: self._on_hedge(attempt))
+            self._keep(scheduler.at(options.hedge_after, lambda: self._on_hedge(attempt)))
         attempt.add_done_callback(lambda done: self._on_answer(member, done))
 
     def _gave_up(self) -> bool:
@@ -287,12 +308,24 @@ class _Request:
         extra = self._dispatcher._load(member, self._request)
         self._attempts[member.target.name] = extra
         timeout = self._dispatcher.options.request_timeout
-        self._dispatcher._scheduler.at(timeout, lambda: self._on_deadline(member, extra))
+        self._keep(
+            self._dispatcher._scheduler.at(timeout, lambda: self._on_deadline(member, extra))
+        )
         extra.add_done_callback(lambda done: self._on_answer(member, done))
 
-    def _on_cancelled(self, future: Future[Any]) -> None:
-        if future.cancelled():
-            with self._lock:
-                attempts = list(self._attempts.values())
-            for attempt in attempts:
-                attempt.cancel()
+    def _keep(self, timer: Timer) -> None:
+        """Hold `timer` until the request is done (at once cancelled if it is already)."""
+        with self._lock:
+            if self.future.done():
+                timer.cancel()
+            else:
+                self._timers.append(timer)
+
+    def _on_done(self, future: Future[Any]) -> None:
+        with self._lock:
+            timers, self._timers = self._timers, []
+            attempts = list(self._attempts.values()) if future.cancelled() else []
+        for timer in timers:
+            timer.cancel()
+        for attempt in attempts:
+            attempt.cancel()

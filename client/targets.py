@@ -13,8 +13,9 @@ import grpc
 
 from loadax.client.security import ClientSecurity
 from loadax.client.zmq_transport import ZmqTarget
-from loadax.codec import decode
+from loadax.codec import decode, decode_frames
 from loadax.errors import WorkerError
+from loadax.wire.payloads import LOAD_BATCH_PAYLOAD, EncodedBatch
 from loadax.wire.v1 import worker_pb2 as wire
 from loadax.wire.v1 import worker_pb2_grpc
 
@@ -43,7 +44,7 @@ class WorkerLike(Protocol):
 
     def handshake(self, request: wire.HandshakeRequest) -> wire.HandshakeResponse: ...
 
-    def load_batch(self, request: wire.BatchRequest) -> wire.BatchResponse: ...
+    def load_batch(self, request: wire.BatchRequest) -> EncodedBatch: ...
 
 
 class GrpcTarget:
@@ -71,6 +72,10 @@ class GrpcTarget:
             None if security.token is None else (("authorization", f"Bearer {security.token}"),)
         )
         self._stub = worker_pb2_grpc.WorkerStub(self._channel)
+        # The payload arrives as the raw reply: decoded as views of it, never copied.
+        self._load_payload = self._channel.unary_unary(
+            LOAD_BATCH_PAYLOAD, request_serializer=wire.BatchRequest.SerializeToString
+        )
 
     @property
     def channel(self) -> grpc.Channel:
@@ -92,13 +97,13 @@ class GrpcTarget:
     def load_batch(self, request: wire.BatchRequest) -> Future[Any]:
         batch: Future[Any] = Future()
         # Fail fast on a lost connection: the dispatcher sends the request elsewhere.
-        call = self._stub.LoadBatch.future(request, wait_for_ready=False, metadata=self._metadata)
+        call = self._load_payload.future(request, wait_for_ready=False, metadata=self._metadata)
 
         def done(finished: Any) -> None:
             if batch.cancelled():
                 return
             try:
-                batch.set_result(decode(finished.result().payload))
+                batch.set_result(decode(finished.result()))
             except grpc.FutureCancelledError:
                 batch.cancel()
             except grpc.RpcError as error:
@@ -136,7 +141,7 @@ class InProcessTarget:
         return self._worker.handshake(request)
 
     def load_batch(self, request: wire.BatchRequest) -> Future[Any]:
-        return self._pool.submit(lambda: decode(self._worker.load_batch(request).payload))
+        return self._pool.submit(lambda: decode_frames(self._worker.load_batch(request).frames))
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)

@@ -19,7 +19,7 @@ import zmq
 from zmq.utils.monitor import parse_monitor_message
 
 from loadax.client.security import ClientSecurity
-from loadax.codec import CodecError, decode
+from loadax.codec import CodecError, decode_frames
 from loadax.errors import WorkerError
 from loadax.wire import zmq_frames
 from loadax.wire.v1 import worker_pb2 as wire
@@ -131,7 +131,7 @@ class ZmqTarget:
         return self._call(request, _response(wire.InfoResponse), timeout)
 
     def load_batch(self, request: wire.BatchRequest) -> Future[Any]:
-        """A future of the decoded batch; its arrays are read-only views of the received frame.
+        """A future of the decoded batch; its arrays are read-only views of the received frames.
 
         Its exception is a `WorkerError`: the worker's, or UNAVAILABLE once the target is closed.
         """
@@ -143,7 +143,7 @@ class ZmqTarget:
                 raise WorkerError("DATA_LOSS", f"{name} answered step {reply.step} for step {step}")
             try:
                 # The arrays keep the frame alive: they view a memoryview of it.
-                return decode(reply.payload)
+                return decode_frames(reply.payload)
             except CodecError as error:
                 raise WorkerError(
                     "DATA_LOSS", f"undecodable batch of step {step} from {name}: {error}"

@@ -23,6 +23,7 @@ from loadax.errors import WorkerError
 from loadax.server.config import TlsConfig
 from loadax.server.metrics import WorkerMetrics
 from loadax.server.worker import Worker
+from loadax.wire.payloads import PAYLOAD_SERVICE, EncodedBatch
 from loadax.wire.v1 import worker_pb2 as wire
 from loadax.wire.v1 import worker_pb2_grpc
 from loadax.wire.zmq_frames import RequestMessage, method_of
@@ -89,8 +90,14 @@ class GrpcServer:
                 ("grpc.so_reuseport", 0),
             ],
         )
-        worker_pb2_grpc.add_WorkerServicer_to_server(
-            WorkerServicer(worker, threads, max_in_flight_per_client, metrics), self._server
+        servicer = WorkerServicer(worker, threads, max_in_flight_per_client, metrics)
+        worker_pb2_grpc.add_WorkerServicer_to_server(servicer, self._server)
+        payloads = grpc.unary_unary_rpc_method_handler(
+            lambda request, context: servicer.load_payload(request, context).payload,
+            request_deserializer=wire.BatchRequest.FromString,
+        )
+        self._server.add_generic_rpc_handlers(
+            (grpc.method_handlers_generic_handler(PAYLOAD_SERVICE, {"LoadBatch": payloads}),)
         )
         self._health = health.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self._health, self._server)
@@ -139,13 +146,13 @@ class _TokenCheck(grpc.ServerInterceptor):  # type: ignore[misc]
 
     def __init__(self, token: str, metrics: WorkerMetrics) -> None:
         self._expected = f"Bearer {token}".encode("ascii")
-        self._prefix = f"/{SERVICE}/"
+        self._prefixes = (f"/{SERVICE}/", f"/{PAYLOAD_SERVICE}/")
         self._metrics = metrics
 
     def intercept_service(self, continuation: Callable[[Any], Any], details: Any) -> Any:
-        if not details.method.startswith(self._prefix):
+        if not details.method.startswith(self._prefixes):
             return continuation(details)
-        method = details.method.removeprefix(self._prefix)
+        method = details.method.rpartition("/")[2]
         given = [
             value for key, value in details.invocation_metadata or () if key == "authorization"
         ]
@@ -190,6 +197,12 @@ class WorkerServicer:
         return self._reply(request, context, lambda: self._worker.info(request))
 
     def LoadBatch(self, request: wire.BatchRequest, context: Any) -> wire.BatchResponse:
+        """The schema's method: the payload inside a `BatchResponse` (one more copy)."""
+        batch = self.load_payload(request, context)
+        return wire.BatchResponse(step=batch.step, payload=batch.payload)
+
+    def load_payload(self, request: wire.BatchRequest, context: Any) -> EncodedBatch:
+        """A batch request, within this client's in-flight limit and the loading threads."""
         peer = context.peer()
         with self._lock:
             count = self._in_flight.get(peer, 0)
@@ -213,22 +226,22 @@ class WorkerServicer:
             lambda: self._metrics.observe("grpc", request, call),
         )
 
-    def _refuse(self, count: int) -> wire.BatchResponse:
+    def _refuse(self, count: int) -> EncodedBatch:
         raise WorkerError(
             "RESOURCE_EXHAUSTED",
             f"this client has {count} LoadBatch calls in flight already, the most this worker "
             f"allows (max_in_flight_per_client = {self._limit}); retry when one has finished",
         )
 
-    def _load(self, request: wire.BatchRequest, context: Any) -> wire.BatchResponse:
+    def _load(self, request: wire.BatchRequest, context: Any) -> EncodedBatch:
         with self._loading:
             if not context.is_active():  # the client gave up while the call waited its turn
                 raise WorkerError("CANCELLED", f"step {request.step} was cancelled by the client")
             response = self._worker.load_batch(request)
-        if len(response.payload) > MAX_SEND_BYTES - 1024:
+        if response.size > MAX_SEND_BYTES - 1024:
             raise WorkerError(
                 "RESOURCE_EXHAUSTED",
-                f"the batch of step {request.step} encodes to {len(response.payload)} bytes, "
+                f"the batch of step {request.step} encodes to {response.size} bytes, "
                 f"more than the {MAX_SEND_BYTES} a reply may hold; ask for fewer rows",
             )
         return response

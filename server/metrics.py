@@ -22,6 +22,7 @@ from prometheus_client import (
 
 from loadax.errors import WorkerError
 from loadax.server.memory import MemoryBudget
+from loadax.wire.payloads import EncodedBatch
 from loadax.wire.v1 import worker_pb2 as wire
 from loadax.wire.zmq_frames import RequestMessage, method_of
 
@@ -109,9 +110,9 @@ class WorkerMetrics:
             in_flight.dec()
             self._seconds.labels(method, transport).observe(time.perf_counter() - started)
             self._count(transport, method, code)
-        if isinstance(request, wire.BatchRequest) and isinstance(response, wire.BatchResponse):
+        if isinstance(request, wire.BatchRequest) and isinstance(response, EncodedBatch):
             self._batches.labels(request.pipeline).inc()
-            self._bytes.labels(request.pipeline).inc(len(response.payload))
+            self._bytes.labels(request.pipeline).inc(response.size)
         return response
 
     def refused(self, transport: str, method: str, code: str) -> None:

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 import loadax
-from loadax.codec import encode
+from loadax.codec import encode_frames
 from loadax.engine import Pending
 from loadax.errors import RecordError, WorkerError
 from loadax.local_sources import ThreadedSource
@@ -27,6 +27,7 @@ from loadax.plan import Plan
 from loadax.server.config import WorkerConfig, build_pipelines, load_config
 from loadax.server.memory import MemoryBudget
 from loadax.stream import StreamWindow, window_positions
+from loadax.wire.payloads import EncodedBatch
 from loadax.wire.plans import compatible_versions, plan_from_wire
 from loadax.wire.v1 import worker_pb2 as wire
 
@@ -149,7 +150,7 @@ class Worker:
             stream_window=_stream_window(pipeline),
         )
 
-    def load_batch(self, request: wire.BatchRequest) -> wire.BatchResponse:
+    def load_batch(self, request: wire.BatchRequest) -> EncodedBatch:
         pipeline = self._pipeline(request.pipeline)
         expected = self._fingerprints[request.pipeline]
         if request.fingerprint != expected:
@@ -181,20 +182,20 @@ class Worker:
             what = f"step {step}"
             work = partial(self._sources[request.pipeline].submit, plan, step, rows)
         if self._budget is None:
-            return wire.BatchResponse(step=step, payload=self._build(work, what))
+            return EncodedBatch(step, self._build(work, what))
         kind = (request.pipeline, size)
         reserved = self._budget.reserve(kind, step)
         try:
-            payload = self._build(work, what)
-            self._budget.learn(kind, len(payload))
-            if len(payload) > self._budget.limit:
+            batch = EncodedBatch(step, self._build(work, what))
+            self._budget.learn(kind, batch.size)
+            if batch.size > self._budget.limit:
                 raise WorkerError(
                     "RESOURCE_EXHAUSTED",
-                    f"{what} of pipeline {request.pipeline!r} encodes to {len(payload)} "
+                    f"{what} of pipeline {request.pipeline!r} encodes to {batch.size} "
                     f"bytes ({size} rows), more than this worker's memory budget of "
                     f"{self._budget.limit} bytes; ask for fewer rows per request",
                 )
-            return wire.BatchResponse(step=step, payload=payload)
+            return batch
         finally:
             # The transport holds the reply a little longer: see the class docstring.
             self._budget.release(reserved)
@@ -258,9 +259,9 @@ class Worker:
         return window, size
 
     @staticmethod
-    def _build(work: Callable[[], Pending[Any]], what: str) -> bytes:
+    def _build(work: Callable[[], Pending[Any]], what: str) -> list[bytes | memoryview]:
         try:
-            return encode(work().result())
+            return encode_frames(work().result())
         except RecordError as error:
             cause = error.__cause__ or error
             text = "".join(traceback.format_exception(cause))

@@ -316,7 +316,9 @@ class ZmqServer:
             self._in_flight_total -= 1
             self._send(router, message)
 
-    def _send(self, router: zmq.Socket[bytes], message: Sequence[zmq.Frame | bytes]) -> None:
+    def _send(
+        self, router: zmq.Socket[bytes], message: Sequence[zmq.Frame | bytes | memoryview]
+    ) -> None:
         try:
             router.send_multipart(message, zmq.NOBLOCK, copy=False)
         except zmq.Again:
@@ -340,6 +342,6 @@ class _AllowList:
         return False
 
 
-def _peer(message: Sequence[zmq.Frame | bytes]) -> str:
+def _peer(message: Sequence[zmq.Frame | bytes | memoryview]) -> str:
     identity = message[0]
     return (identity.bytes if isinstance(identity, zmq.Frame) else identity).hex()

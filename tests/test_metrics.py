@@ -25,6 +25,7 @@ from loadax.server.metrics import WorkerMetrics
 from loadax.server.worker import Worker
 from loadax.server.zmq_server import ZmqServer
 from loadax.wire import zmq_frames
+from loadax.wire.payloads import EncodedBatch
 from loadax.wire.plans import plan_to_wire
 from loadax.wire.v1 import worker_pb2 as wire
 from loadax.wire.v1 import worker_pb2_grpc
@@ -68,14 +69,14 @@ def test_observe_counts_answers_errors_and_batch_bytes() -> None:
     metrics = WorkerMetrics()
     batch = wire.BatchRequest(pipeline="numbers", step=0)
 
-    def answer() -> wire.BatchResponse:
+    def answer() -> EncodedBatch:
         assert value(metrics, "loadax_worker_in_flight", transport="grpc") == 1
-        return wire.BatchResponse(step=0, payload=bytes(100))
+        return EncodedBatch(0, [bytes(60), bytes(40)])
 
-    def refuse() -> wire.BatchResponse:
+    def refuse() -> EncodedBatch:
         raise WorkerError("OUT_OF_RANGE", "step 9 is beyond the plan's 8 steps")
 
-    def fail() -> wire.BatchResponse:
+    def fail() -> EncodedBatch:
         raise ValueError("a bug")
 
     assert metrics.observe("grpc", batch, answer).payload == bytes(100)
@@ -249,7 +250,8 @@ def zmq_requests(endpoint: str, fingerprint: str) -> int:
         for step in range(2):
             socket.send_multipart(zmq_frames.request_frames(step, batch_request(fingerprint, step)))
             assert socket.poll(int(TIMEOUT * 1000)), "no reply"
-            total += len(zmq_frames.parse_batch_reply(socket.recv_multipart()).payload)
+            reply = zmq_frames.parse_batch_reply(socket.recv_multipart())
+            total += sum(len(frame) for frame in reply.payload)
         return total
     finally:
         socket.close(linger=0)

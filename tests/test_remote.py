@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import gc
 import json
 import pathlib
+import weakref
 from collections.abc import Iterator
 from typing import Any
 
@@ -166,3 +168,20 @@ def test_a_token_guarded_worker_serves_a_loader_that_carries_the_token(
             builder = builder.batch_size(BATCH).shuffle(seed=SEED).num_epochs(EPOCHS)
             with builder.build() as loader:
                 assert digests(loader) == reference
+
+
+def test_a_consumed_batch_is_freed_long_before_its_request_deadline() -> None:
+    # A pending deadline (an hour away here) must not keep a batch that was answered alive.
+    worker = Worker({"numbers": pipelines.numbers()}, threads=1)
+    try:
+        builder = RemoteDataLoader([worker], pipeline="numbers").batch_size(10).hedge_after(3000)
+        with builder.request_timeout(3600).build() as loader:
+            freed = []
+            for batch in loader:
+                freed.append(weakref.ref(batch["x"]))
+            del batch
+            gc.collect()
+            assert len(freed) == 10
+            assert [ref() is None for ref in freed] == [True] * 10
+    finally:
+        worker.close()

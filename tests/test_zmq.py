@@ -19,6 +19,7 @@ from loadax.permutation import IndexArray
 from loadax.server.worker import Worker
 from loadax.server.zmq_server import ZmqServer
 from loadax.wire import zmq_frames
+from loadax.wire.payloads import EncodedBatch
 from loadax.wire.plans import plan_to_wire
 from loadax.wire.v1 import worker_pb2 as wire
 
@@ -198,18 +199,22 @@ def test_replies_round_trip() -> None:
     assert (reply.request_id, reply.response) == (9, response)
 
 
-def test_batch_reply_carries_the_payload_in_its_own_frame_uncopied() -> None:
-    payload = loadax.codec.encode({"x": np.arange(6)})
-    frames = zmq_frames.reply_frames(5, wire.BatchResponse(step=3, payload=payload))
-    assert len(frames) == 4
-    assert frames[3] == payload
+def test_batch_reply_sends_each_array_from_its_own_memory_and_decodes_views() -> None:
+    array = np.arange(6)
+    batch = EncodedBatch(3, loadax.codec.encode_frames({"x": array}))
+    frames = zmq_frames.reply_frames(5, batch)
+    assert frames[3:] == list(batch.frames)
+    assert b"".join(frames[3:]) == loadax.codec.encode({"x": array})
+    assert any(np.shares_memory(np.frombuffer(frame, np.uint8), array) for frame in frames[3:])
     head = wire.BatchResponse()
-    head.ParseFromString(frames[2])
+    head.ParseFromString(bytes(frames[2]))
     assert head.payload == b""
     reply = zmq_frames.parse_batch_reply(frames)
     assert (reply.request_id, reply.step) == (5, 3)
-    assert reply.payload.obj is frames[3]
-    assert reply.payload.readonly
+    assert all(view.readonly for view in reply.payload)
+    decoded = loadax.codec.decode_frames(reply.payload)["x"]
+    np.testing.assert_array_equal(decoded, array)
+    assert np.shares_memory(decoded, array)  # sent and received in place: no copy anywhere
 
 
 def test_error_replies_raise_the_workers_error() -> None:

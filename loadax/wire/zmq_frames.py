@@ -2,11 +2,12 @@
 
 A request is `[request_id, method, body]`, or `[request_id, method, body, b"Bearer " + token]`
 to a worker that requires a token (a shared secret); a reply is `[request_id, b"ok", body]`,
-`[request_id, b"ok", head, payload]` for a batch, or `[request_id, b"error", ErrorReply]`.
+`[request_id, b"ok", head, *payload]` for a batch, or `[request_id, b"error", ErrorReply]`.
 The request id is 8 bytes, a big-endian uint64 the client chooses; the worker echoes it.
-A batch reply carries its payload in a frame of its own, not inside the protobuf, so that the
-client can decode the batch as a view of the received frame (parsing a protobuf copies `bytes`):
-its `head` is a `BatchResponse` whose `payload` is left empty.
+A batch reply carries its payload as frames of their own (`loadax.codec.encode_frames`: the
+header, then each array's bytes, sent from the array without a copy), not inside the protobuf,
+so that the client decodes each array as a view of the received frame (parsing a protobuf
+copies `bytes`): its `head` is a `BatchResponse` whose `payload` is left empty.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from google.protobuf.message import DecodeError, Message
 from zmq.utils import z85
 
 from loadax.errors import WorkerError
+from loadax.wire.payloads import EncodedBatch
 from loadax.wire.v1 import worker_pb2 as wire
 
 HANDSHAKE, LOAD_BATCH, INFO = b"Handshake", b"LoadBatch", b"Info"
@@ -28,7 +30,7 @@ OK, ERROR = b"ok", b"error"
 MAX_REQUEST_ID = 2**64 - 1
 
 RequestMessage: TypeAlias = wire.HandshakeRequest | wire.BatchRequest | wire.InfoRequest
-ResponseMessage: TypeAlias = wire.HandshakeResponse | wire.BatchResponse | wire.InfoResponse
+ResponseMessage: TypeAlias = wire.HandshakeResponse | EncodedBatch | wire.InfoResponse
 Buffer: TypeAlias = bytes | memoryview
 R = TypeVar("R", wire.HandshakeResponse, wire.InfoResponse)
 M = TypeVar("M", bound=Message)
@@ -65,11 +67,11 @@ class Reply(Generic[R]):
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class BatchReply:
-    """A parsed successful batch reply; `payload` is a view of the received payload frame."""
+    """A parsed successful batch reply; `payload` views the received payload frames."""
 
     request_id: int
     step: int
-    payload: memoryview
+    payload: list[memoryview]
 
 
 def method_of(message: RequestMessage) -> bytes:
@@ -157,16 +159,16 @@ def parse_request(frames: Sequence[Buffer]) -> Request:
     return Request(request_id, _parse(kind, frames[2], f"a {method.decode()} request"), token)
 
 
-def reply_frames(request_id: int, response: ResponseMessage) -> list[bytes]:
+def reply_frames(request_id: int, response: ResponseMessage) -> list[Buffer]:
     """The frames of a successful reply; a batch's payload travels as a fourth frame."""
     frame_id = encode_request_id(request_id)
-    if isinstance(response, wire.BatchResponse):
+    if isinstance(response, EncodedBatch):
         head = wire.BatchResponse(step=response.step).SerializeToString()
-        return [frame_id, OK, head, response.payload]
+        return [frame_id, OK, head, *response.frames]
     return [frame_id, OK, response.SerializeToString()]
 
 
-def error_frames(request_id: int, error: WorkerError) -> list[bytes]:
+def error_frames(request_id: int, error: WorkerError) -> list[Buffer]:
     body = wire.ErrorReply(code=error.code, message=error.message).SerializeToString()
     return [encode_request_id(request_id), ERROR, body]
 
@@ -185,15 +187,20 @@ def parse_reply(frames: Sequence[Buffer], expected: type[R]) -> Reply[R]:
 def parse_batch_reply(frames: Sequence[Buffer]) -> BatchReply:
     """The reply in `frames` to a batch request; errors as in `parse_reply`.
 
-    The payload is not copied: `loadax.codec.decode(reply.payload)` gives arrays that view it.
+    The payload is not copied: `loadax.codec.decode_frames(reply.payload)` gives arrays that
+    view it.
     """
-    request_id = _parse_status(frames, 4, "BatchResponse")
+    request_id = _parse_status(frames, 4, "BatchResponse", more_allowed=True)
     head = _parse(wire.BatchResponse, frames[2], "BatchResponse")
-    return BatchReply(request_id, head.step, memoryview(frames[3]).toreadonly())
+    payload = [memoryview(frame).toreadonly() for frame in frames[3:]]
+    return BatchReply(request_id, head.step, payload)
 
 
-def _parse_status(frames: Sequence[Buffer], count: int, what: str) -> int:
-    """The request id of a successful reply of `count` frames; an error reply is raised."""
+def _parse_status(
+    frames: Sequence[Buffer], count: int, what: str, more_allowed: bool = False
+) -> int:
+    """The request id of a successful reply of `count` frames (or more, with `more_allowed`);
+    an error reply is raised."""
     if len(frames) < 3:
         raise WorkerError("INVALID_ARGUMENT", f"a reply has at least 3 frames, got {len(frames)}")
     request_id = parse_request_id(frames[0])
@@ -204,7 +211,8 @@ def _parse_status(frames: Sequence[Buffer], count: int, what: str) -> int:
         raise WorkerError(error.code or "UNKNOWN", error.message)
     if status != OK:
         raise WorkerError("INVALID_ARGUMENT", f"unknown reply status {status[:40]!r}")
-    _require_count(frames, count, f"a {what} reply")
+    if not (more_allowed and len(frames) > count):
+        _require_count(frames, count, f"a {what} reply")
     return request_id
 
 
