@@ -1,0 +1,43 @@
+"""loadax's pipelines of the workloads: built in the client for local runs, and by
+`loadax-worker` (as config factories, `bench_pipelines:w2`) for remote ones."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+from workloads import SEED, Workload, spectrum, t1_payload, w2_example
+
+import loadax
+
+
+def pipeline(spec: Workload) -> loadax.Pipeline[Any, Any]:
+    """The pipeline of W1, W2 (and R1) or W3 at the size of `spec`."""
+    if spec.name == "W1":
+        return loadax.Pipeline(loadax.RangeDataset(0, spec.records), loadax.Batcher())
+    if spec.name in ("W2", "R1"):
+        return w2(str(spec.data_file()))
+    if spec.name == "W3":
+        dataset = loadax.NumpyDataset(spec.data_file()).map(spectrum)
+        return loadax.Pipeline(dataset, loadax.Batcher())
+    raise ValueError(f"no loadax pipeline for workload {spec.name}")
+
+
+def w2(path: str) -> loadax.Pipeline[Any, Any]:
+    """W2: the records of the W2 file at `path`, randomly cropped, flipped and normalised."""
+    dataset = loadax.NumpyDataset(path).random_map(w2_example, seed=SEED)
+    return loadax.Pipeline(dataset, loadax.Batcher())
+
+
+def first_record(records: list[npt.NDArray[np.uint8]]) -> npt.NDArray[np.uint8]:
+    """T1's batcher: a batch is its one pre-built record, as is (no collation cost)."""
+    return records[0]
+
+
+def t1(batches: int) -> loadax.Pipeline[Any, Any]:
+    """T1: `batches` records that are all the same pre-built 8 MiB buffer."""
+    payload = t1_payload()
+    return loadax.Pipeline(
+        loadax.InMemoryDataset([payload] * batches), loadax.Batcher(first_record)
+    )

@@ -1,0 +1,169 @@
+"""Servers the remote systems talk to, all on loopback: `loadax-worker` processes, and tf.data
+service dispatchers with their workers. The driver starts one when a system first needs it
+(untimed) and stops every one at the end; each prints a JSON "ready" line with its address.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import selectors
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from catalog import LOADAX_WORKERS, TF_SERVICE_1, TF_SERVICE_2
+from workloads import Workload
+
+BENCHMARKS = Path(__file__).resolve().parent
+READY_TIMEOUT_S = 120.0
+STOP_TIMEOUT_S = 10.0
+WORKER_THREADS = 2
+LOADAX_WORKER_COUNT = 2
+
+
+def child_env() -> dict[str, str]:
+    """The environment of every process the suite starts: the benchmarks importable (worker
+    factories), CPU-only JAX, quiet TF."""
+    return {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(
+            filter(None, [str(BENCHMARKS), os.environ.get("PYTHONPATH")])
+        ),
+        "JAX_PLATFORMS": "cpu",
+        "TF_CPP_MIN_LOG_LEVEL": "2",
+    }
+
+
+class Services:
+    """The servers started so far, by name; `options(name)` is what a client is told of one."""
+
+    def __init__(
+        self, directory: Path, workloads: Mapping[str, Workload], peers_python: Path | None
+    ) -> None:
+        self._directory, self._workloads, self._peers_python = directory, workloads, peers_python
+        self._processes: list[subprocess.Popen[bytes]] = []
+        self._options: dict[str, dict[str, str]] = {}
+        self._failures: dict[str, str] = {}
+
+    def options(self, name: str) -> dict[str, str]:
+        """The addresses of service `name`, started now unless it is already (or failed to)."""
+        if name in self._failures:
+            raise RuntimeError(self._failures[name])
+        if name not in self._options:
+            try:
+                self._options[name] = self._start(name)
+            except (RuntimeError, OSError) as error:
+                self._failures[name] = str(error)
+                raise
+        return self._options[name]
+
+    def stop(self) -> None:
+        for process in self._processes:
+            if process.poll() is None:
+                process.send_signal(signal.SIGTERM)
+        for process in self._processes:
+            try:
+                process.wait(STOP_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+        self._processes.clear()
+        self._options.clear()
+        self._failures.clear()
+
+    def _start(self, name: str) -> dict[str, str]:
+        if name == LOADAX_WORKERS:
+            config = self._loadax_config()
+            command = [sys.executable, "-m", "loadax.server.main", "--config", str(config)]
+            events = self._start_all(
+                [(command, f"loadax-worker-{index}") for index in range(LOADAX_WORKER_COUNT)]
+            )
+            return {
+                "grpc": ",".join(f"grpc://{event['grpc']}" for event in events),
+                "zmq": ",".join(event["zmq"].replace("tcp://", "zmq://", 1) for event in events),
+            }
+        if name in (TF_SERVICE_1, TF_SERVICE_2):
+            if self._peers_python is None:
+                raise RuntimeError(f"{name} needs the peers' environment")
+            server = [str(self._peers_python), str(BENCHMARKS / "tfservice_server.py")]
+            workers = 1 if name == TF_SERVICE_1 else 2
+            label = f"tf-service-{workers}"
+            (dispatcher,) = self._start_all([([*server, "dispatcher"], f"{label}-dispatcher")])
+            address = dispatcher["address"]
+            self._start_all(
+                [([*server, "worker", address], f"{label}-worker-{i}") for i in range(workers)]
+            )
+            return {"dispatcher": address}
+        raise ValueError(f"unknown service {name!r}")
+
+    def _loadax_config(self) -> Path:
+        """One config serving W2 (R1's data) and T1's batches, on free loopback ports."""
+        r1, t1 = self._workloads.get("R1"), self._workloads.get("T1")
+        pipelines = []
+        if r1 is not None:
+            pipelines.append(_pipeline("w2", f"path = {json.dumps(str(r1.data_file()))}"))
+        if t1 is not None:
+            pipelines.append(_pipeline("t1", f"batches = {t1.records}"))
+        config = self._directory / "worker.toml"
+        config.write_text(
+            "[server]\n"
+            'grpc = "127.0.0.1:0"\n'
+            'zmq = "tcp://127.0.0.1:0"\n'
+            f"threads = {WORKER_THREADS}\n\n" + "\n\n".join(pipelines) + "\n"
+        )
+        return config
+
+    def _launch(self, command: list[str], label: str) -> subprocess.Popen[bytes]:
+        log = (self._directory / f"{label}.log").open("wb")
+        process = subprocess.Popen(
+            command, stdout=subprocess.PIPE, stderr=log, env=child_env(), cwd=self._directory
+        )
+        log.close()
+        self._processes.append(process)
+        return process
+
+    def _log(self, label: str) -> str:
+        """The last line `label` logged."""
+        lines = (self._directory / f"{label}.log").read_text(errors="replace").splitlines()
+        return lines[-1] if lines else "it logged nothing"
+
+    def _start_all(self, commands: list[tuple[list[str], str]]) -> list[dict[str, Any]]:
+        """Start every (command, log name) at once; their "ready" events, once all are ready."""
+        processes = [(self._launch(command, label), label) for command, label in commands]
+        return [self._ready(process, label) for process, label in processes]
+
+    def _ready(self, process: subprocess.Popen[bytes], label: str) -> dict[str, Any]:
+        """The process's "ready" event: the first JSON line on its stdout that has one."""
+        if process.stdout is None:
+            raise RuntimeError("started without a stdout pipe")
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        with selectors.DefaultSelector() as selector:
+            selector.register(process.stdout, selectors.EVENT_READ)
+            buffered = b""
+            while time.monotonic() < deadline:
+                if not selector.select(deadline - time.monotonic()):
+                    break
+                chunk = os.read(process.stdout.fileno(), 65536)
+                if not chunk:
+                    break
+                buffered += chunk
+                for line in buffered.split(b"\n")[:-1]:
+                    with contextlib.suppress(ValueError):
+                        event = json.loads(line)
+                        if isinstance(event, dict) and event.get("event") == "ready":
+                            return event
+        raise RuntimeError(
+            f"{label} was not ready within {READY_TIMEOUT_S} s (exit status {process.poll()}): "
+            f"{self._log(label)}"
+        )
+
+
+def _pipeline(name: str, args: str) -> str:
+    """A worker config's table for factory `bench_pipelines:NAME`, called with `args` (TOML)."""
+    return f'[pipelines.{name}]\nfactory = "bench_pipelines:{name}"\nargs = {{ {args} }}'
