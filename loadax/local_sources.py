@@ -41,12 +41,36 @@ class InlineSource(BatchSource[B]):
 
 
 def _settled(load: Callable[[], B]) -> Pending[B]:
-    done: Future[B] = Future()
     try:
-        done.set_result(load())
+        return _Loaded(load())
     except Exception as error:
-        done.set_exception(error)
-    return FuturePending(done)
+        return _Failed(error)
+
+
+class _Loaded(Generic[B]):
+    """A batch loaded already."""
+
+    def __init__(self, batch: B) -> None:
+        self._batch = batch
+
+    def result(self) -> B:
+        return self._batch
+
+    def cancel(self) -> None:
+        """Nothing left to stop."""
+
+
+class _Failed:
+    """A batch whose loading failed: `result()` raises the error."""
+
+    def __init__(self, error: Exception) -> None:
+        self._error = error
+
+    def result(self) -> Any:
+        raise self._error
+
+    def cancel(self) -> None:
+        """Nothing left to stop."""
 
 
 class ThreadedSource(BatchSource[B]):

@@ -29,10 +29,18 @@ class Pipeline(Generic[T, B]):
 
     A stream's batches are cut from the stacked rows of its windows, so a stream needs the
     default stacking `Batcher()`.
+
+    >>> from loadax import Batcher, Pipeline, Plan, RangeDataset
+    >>> pipeline = Pipeline(RangeDataset(0, 10), Batcher())
+    >>> plan = Plan(num_records=10, batch_size=4)
+    >>> pipeline.load(plan, step=1).tolist(), pipeline.load(plan, 1, rows=slice(2, 4)).tolist()
+    ([4, 5, 6, 7], [6, 7])
     """
 
     dataset: Dataset[T] | Stream[T]
     batcher: Batcher[T, B]
+    # Decided once: every batch asks.
+    _reads_rows: bool = dataclasses.field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if self.stream is not None and not self.batcher.stacks:
@@ -41,6 +49,8 @@ class Pipeline(Generic[T, B]):
                 f"{self.batcher!r}; apply per-record work with .map() instead"
             )
         dataset_length(self.records)
+        reads_rows = self.stream is None and self.batcher.stacks and rows_readable(self.records)
+        object.__setattr__(self, "_reads_rows", reads_rows)
 
     @property
     def stream(self) -> Stream[T] | None:
@@ -94,7 +104,7 @@ class Pipeline(Generic[T, B]):
     @property
     def reads_rows(self) -> bool:
         """True when a batch is one array read of the records (`DatasetBase.read_rows`)."""
-        return self.stream is None and self.batcher.stacks and rows_readable(self.records)
+        return self._reads_rows
 
     def load(self, plan: Plan, step: int, rows: Rows | None = None) -> B:
         """The batch (or the `rows` of it) that `plan` assigns to `step`."""
