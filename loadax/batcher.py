@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+import threading
 from collections.abc import Callable
 from typing import Any, Generic, overload
 
@@ -17,7 +19,14 @@ _PLAIN_SCALARS = frozenset({int, float, bool, complex})
 
 
 def stack(records: list[Any]) -> Any:
-    """Stack a list of pytrees (dicts, lists, tuples of arrays or scalars) leaf-wise with numpy."""
+    """Stack a list of pytrees (dicts, lists, tuples of arrays or scalars) leaf-wise with numpy.
+
+    >>> import numpy as np
+    >>> from loadax import stack
+    >>> batch = stack([{"x": np.zeros(2), "y": 1}, {"x": np.ones(2), "y": 2}])
+    >>> batch["x"].tolist(), batch["y"].tolist()
+    ([[0.0, 0.0], [1.0, 1.0]], [1, 2])
+    """
     if not records:
         raise ValueError("cannot stack an empty list of records")
     if all(type(record) in _PLAIN_SCALARS for record in records):
@@ -68,7 +77,14 @@ def _ragged_leaf(first: Any, columns: list[list[Any]]) -> str | None:
 
 
 class Batcher(Generic[T, B]):
-    """Collates the records of a batch with `fn`; without `fn`, stacks pytrees of arrays."""
+    """Collates the records of a batch with `fn`; without `fn`, stacks pytrees of arrays.
+
+    >>> from loadax import Batcher
+    >>> Batcher()([1, 2, 3]).tolist()
+    [1, 2, 3]
+    >>> Batcher(sum)([1, 2, 3])
+    6
+    """
 
     @overload
     def __init__(self: Batcher[Any, Any]) -> None: ...
@@ -89,3 +105,62 @@ class Batcher(Generic[T, B]):
 
     def __repr__(self) -> str:
         return f"Batcher({getattr(self._fn, '__qualname__', self._fn)!r})"
+
+
+class SharedStack:
+    """`stack` of a batch read in parts by several threads, each copying its part's rows into
+    one shared array per leaf, so that no thread copies the whole batch at the end.
+
+    `place(position, records)` is called once per part (of `sizes[position]` records), from any
+    thread. When the parts' leaves do not all share one structure, shape and dtype, `batch()` is
+    None: then stack the records with `stack`, which promotes dtypes or names the ragged leaf.
+
+    >>> import numpy as np
+    >>> from loadax.batcher import SharedStack
+    >>> shared = SharedStack([2, 1])
+    >>> shared.place(1, [{"x": np.array([5, 6])}])
+    >>> shared.place(0, [{"x": np.array([1, 2])}, {"x": np.array([3, 4])}])
+    >>> shared.batch()["x"].tolist()
+    [[1, 2], [3, 4], [5, 6]]
+    """
+
+    def __init__(self, sizes: list[int]) -> None:
+        self._starts = [0, *itertools.accumulate(sizes)]
+        self._lock = threading.Lock()
+        self._layout: tuple[Any, list[tuple[tuple[int, ...], np.dtype[Any]]]] | None = None
+        self._leaves: list[np.ndarray[Any, Any]] = []
+        self._mixed = False
+
+    def place(self, position: int, records: list[Any]) -> None:
+        """Copy the rows of part `position` into their place in the batch."""
+        try:
+            structure, columns = leaf_columns(records)
+        except ValueError:
+            self._mixed = True
+            return
+        kinds = []
+        for column in columns:
+            first = np.asarray(column[0])
+            kind = (first.shape, first.dtype)
+            if any((np.shape(value), np.asarray(value).dtype) != kind for value in column):
+                self._mixed = True
+                return
+            kinds.append(kind)
+        with self._lock:
+            if self._layout is None:
+                self._layout = (structure, kinds)
+                rows = self._starts[-1]
+                self._leaves = [np.empty((rows, *shape), dtype) for shape, dtype in kinds]
+            elif self._layout != (structure, kinds):
+                self._mixed = True
+            if self._mixed:
+                return
+        start, stop = self._starts[position], self._starts[position + 1]
+        for column, leaf in zip(columns, self._leaves, strict=True):
+            np.stack(column, out=leaf[start:stop])
+
+    def batch(self) -> Any | None:
+        """The stacked batch, once every part is placed; None if the parts did not match."""
+        if self._mixed or self._layout is None:
+            return None
+        return jax.tree.unflatten(self._layout[0], self._leaves)

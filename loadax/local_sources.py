@@ -10,11 +10,12 @@ import contextlib
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future, InvalidStateError, ThreadPoolExecutor
-from typing import Any, Generic
+from typing import Any, Generic, cast
 
 import numpy as np
 from typing_extensions import TypeVar
 
+from loadax.batcher import SharedStack
 from loadax.engine import BatchSource, FuturePending, Pending
 from loadax.permutation import IndexArray
 from loadax.pipeline import Pipeline
@@ -84,11 +85,21 @@ class ThreadedSource(BatchSource[B]):
         if self._pipeline.reads_rows:  # one vectorised read: nothing to split
             return FuturePending(self._started().submit(self._pipeline.load, plan, step, rows))
         indices, epoch = plan.indices(step, rows), plan.epoch(step)
+        chunks = self._chunks(indices)
+        # Stacking threads copy their own rows into the batch: no serial copy at the end.
+        stacks = self._pipeline.batcher.stacks
+        shared = SharedStack([chunk.size for chunk in chunks]) if stacks else None
+
+        def finish(records: list[Any]) -> B:
+            batch = None if shared is None else shared.batch()
+            return self._pipeline.collate(records, step) if batch is None else cast(B, batch)
+
         return _ChunkedBatch(
             self._started(),
-            [(chunk, np.full(chunk.size, epoch)) for chunk in self._chunks(indices)],
+            [(chunk, np.full(chunk.size, epoch)) for chunk in chunks],
             self._pipeline.read_at,
-            lambda records: self._pipeline.collate(records, step),
+            finish,
+            None if shared is None else shared.place,
         )
 
     def submit_window(self, plan: Plan, window: StreamWindow) -> Pending[Any]:
@@ -123,8 +134,9 @@ class _ChunkedBatch(Generic[B]):
         chunks: list[tuple[IndexArray, IndexArray]],
         read: Callable[[IndexArray, IndexArray], list[Any]],
         finish: Callable[[list[Any]], B],
+        place: Callable[[int, list[Any]], None] | None = None,
     ) -> None:
-        self._read, self._finish = read, finish
+        self._read, self._finish, self._place = read, finish, place
         self._batch: Future[B] = Future()
         self._lock = threading.Lock()
         self._parts: list[list[Any]] = [[] for _ in chunks]
@@ -147,6 +159,8 @@ class _ChunkedBatch(Generic[B]):
             return
         try:
             part = self._read(indices, epochs)
+            if self._place is not None:
+                self._place(position, part)
         except BaseException as error:  # anything else would leave the consumer waiting forever
             self._settle(error=error)
             return

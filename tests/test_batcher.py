@@ -6,8 +6,10 @@ from typing import Any
 
 import numpy as np
 import pytest
+from helpers import assert_batches_equal
 
-from loadax import Batcher, stack
+from loadax import Batcher, DataLoader, stack
+from loadax.batcher import SharedStack
 
 
 def test_stacks_python_ints() -> None:
@@ -162,3 +164,28 @@ def test_non_callable_fn_raises_value_error_naming_it(fn: Any) -> None:
 def test_repr_names_the_function() -> None:
     assert repr(Batcher()) == "Batcher('stack')"
     assert repr(Batcher(sorted)) == "Batcher('sorted')"
+
+
+def test_a_shared_stack_equals_stack_and_steps_aside_when_parts_differ() -> None:
+    records = [{"x": np.full(3, i, np.int16), "y": float(i)} for i in range(7)]
+    shared = SharedStack([3, 4])
+    shared.place(1, records[3:])
+    shared.place(0, records[:3])
+    assert_batches_equal([shared.batch()], [stack(records)])
+    # Promotion across parts, or another structure or shape, is left to stack().
+    for other in ({"x": np.full(3, 9, np.int64), "y": 9.0}, {"x": np.full(3, 9, np.int16)}):
+        mixed = SharedStack([3, 1])
+        mixed.place(0, records[:3])
+        mixed.place(1, [other])
+        assert mixed.batch() is None
+
+
+@pytest.mark.parametrize("workers", [2, 3])
+def test_threaded_batches_promote_and_refuse_exactly_as_stack(workers: int) -> None:
+    promoted = [np.int32(1), np.int32(2), 3, 4]  # int32 parts and a Python int part
+    loader = DataLoader(Batcher()).batch_size(4).workers(workers).build(promoted)
+    (batch,) = list(loader)
+    assert batch.dtype == stack(list(promoted)).dtype
+    ragged = [np.zeros(2), np.zeros(2), np.zeros(3), np.zeros(2)]
+    with pytest.raises(ValueError, match="leaf \\(the record itself\\) of record 2 has shape"):
+        list(DataLoader(Batcher()).batch_size(4).workers(workers).build(ragged))
