@@ -1,5 +1,7 @@
-"""The codec workload: `loadax.codec.encode` and `decode` of a W2 batch (64 float32 224x224x3
-images and their labels), against a memcpy of the same bytes into a preallocated array."""
+"""The codec workload: `loadax.codec` on a W2 batch (64 float32 224x224x3 images and their
+labels): `encode_frames` (out-of-band array buffers, as ZeroMQ sends them), `encode` (one joined
+buffer, as gRPC sends it) and `decode`, against a memcpy of the same bytes into a preallocated
+array."""
 
 from __future__ import annotations
 
@@ -11,7 +13,7 @@ import numpy.typing as npt
 from harness import Setup, System, Trial, main
 from workloads import CROP_SIDE, SEED
 
-from loadax.codec import decode, encode
+from loadax.codec import decode, encode, encode_frames
 
 
 def w2_batch(size: int) -> dict[str, npt.NDArray[Any]]:
@@ -30,6 +32,16 @@ def encoding(setup: Setup) -> Trial:
             yield np.frombuffer(encode(batch), dtype=np.uint8)
 
     return Trial(encoded)
+
+
+def framing(setup: Setup) -> Trial:
+    batch = w2_batch(setup.workload.batch_size)
+
+    def framed() -> Iterator[list[npt.NDArray[np.uint8]]]:
+        for _ in range(setup.workload.records):
+            yield [np.frombuffer(frame, dtype=np.uint8) for frame in encode_frames(batch)]
+
+    return Trial(framed)
 
 
 def decoding(setup: Setup) -> Trial:
@@ -56,6 +68,7 @@ def memcpy(setup: Setup) -> Trial:
 
 
 SYSTEMS: dict[str, System] = {
+    "loadax.codec encode_frames": framing,
     "loadax.codec encode": encoding,
     "loadax.codec decode": decoding,
     "memcpy": memcpy,

@@ -6,6 +6,7 @@ A job's processes are all stopped as soon as one fails, and none outlives its la
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import signal
@@ -208,6 +209,19 @@ def run_child(main: Callable[[], int]) -> NoReturn:
 def _exit_when_stdin_closes() -> None:
     sys.stdin.buffer.read()
     os._exit(1)
+
+
+def launch_or_train(
+    args: argparse.Namespace,
+    launch: Callable[[argparse.Namespace], int],
+    train: Callable[[argparse.Namespace], int],
+) -> int:
+    """The command of an example: a JAX process trains (`--process-id` given), the launcher
+    starts them and stops them all on SIGTERM."""
+    if args.process_id is not None:
+        return run_child(functools.partial(train, args))
+    signal.signal(signal.SIGTERM, stop_on_sigterm)
+    return launch(args)
 
 
 def stop_on_sigterm(signum: int, frame: FrameType | None) -> NoReturn:

@@ -9,7 +9,6 @@ import argparse
 import functools
 import json
 import os
-import signal
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -23,11 +22,10 @@ from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from local_processes import (
     JaxJob,
+    launch_or_train,
     non_negative_float,
     positive_int,
-    run_child,
     say,
-    stop_on_sigterm,
 )
 
 from loadax import Batcher, DataLoader, Loader
@@ -208,11 +206,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = parse_args(argv)
-    if args.process_id is not None:
-        return run_child(functools.partial(train, args))
-    signal.signal(signal.SIGTERM, stop_on_sigterm)
-    return launch(args)
+    return launch_or_train(parse_args(argv), launch, train)
 
 
 if __name__ == "__main__":

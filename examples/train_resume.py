@@ -16,7 +16,6 @@ import functools
 import json
 import math
 import os
-import signal
 import sys
 import tempfile
 import threading
@@ -33,12 +32,11 @@ from demo_pipeline import FEATURES
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from local_processes import (
     JaxJob,
+    launch_or_train,
     non_negative_float,
     positive_int,
-    run_child,
     say,
     start_worker,
-    stop_on_sigterm,
     stop_worker,
 )
 
@@ -394,11 +392,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = parse_args(argv)
-    if args.process_id is not None:
-        return run_child(functools.partial(train, args))
-    signal.signal(signal.SIGTERM, stop_on_sigterm)
-    return launch(args)
+    return launch_or_train(parse_args(argv), launch, train)
 
 
 if __name__ == "__main__":

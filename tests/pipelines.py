@@ -12,6 +12,17 @@ import loadax
 
 log = logging.getLogger("pipelines")
 
+SERVED = """
+[pipelines.numbers]
+factory = "pipelines:numbers"
+args = { records = 30 }
+
+[pipelines.images]
+factory = "pipelines:images"
+args = { records = 40, side = 8 }
+"""
+"""The `[pipelines]` tables of a worker config serving `numbers` and `images`."""
+
 
 def numbers(records: int = 100) -> loadax.Pipeline[Any, Any]:
     """Record i is {"x": [i, i, i] (int64), "y": 2 i (int32)}."""

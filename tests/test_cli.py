@@ -21,6 +21,7 @@ import grpc
 import pytest
 import zmq.auth
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from pipelines import SERVED
 from workers import (
     WorkerProcess,
     worker_env,
@@ -35,15 +36,6 @@ from loadax.server.grpc_server import SERVICE
 
 SCRIPT = Path(sys.executable).with_name("loadax")
 TOKEN = "s3cret-token-0123456789abcdef"
-PIPELINES = """
-[pipelines.numbers]
-factory = "pipelines:numbers"
-args = { records = 30 }
-
-[pipelines.images]
-factory = "pipelines:images"
-args = { records = 40, side = 8 }
-"""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -99,7 +91,7 @@ class Curve:
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[WorkerProcess]:
-    with worker_process(tmp_path_factory.mktemp("served"), PIPELINES, zmq=True) as worker:
+    with worker_process(tmp_path_factory.mktemp("served"), SERVED, zmq=True) as worker:
         yield worker
 
 
@@ -129,7 +121,7 @@ token_file = "token"
 secret_key_file = "{curve.server_secret}"
 allowed_clients = ["{allowed}"]
 """
-    with worker_with_settings(directory, settings, PIPELINES, zmq=True) as worker:
+    with worker_with_settings(directory, settings, SERVED, zmq=True) as worker:
         yield worker
 
 
@@ -216,7 +208,7 @@ def test_ping_json_over_zeromq_lists_what_check_reports(
     assert all(ms > 0 for ms in timings)
     assert 0 < report["round_trip_ms"] <= min(timings)
     # The same config, checked without a worker, has the same fingerprints.
-    checked = run_main("check", str(write_config(tmp_path, PIPELINES, zmq=True)), "--json")
+    checked = run_main("check", str(write_config(tmp_path, SERVED, zmq=True)), "--json")
     assert [(p["name"], p["fingerprint"]) for p in pipelines] == [
         (p["name"], p["fingerprint"]) for p in checked.json()["pipelines"]
     ]
@@ -422,7 +414,7 @@ def test_usage_errors_exit_2_naming_the_problem(
 
 
 def test_check_prints_what_loadax_worker_check_prints(tmp_path: Path) -> None:
-    config = write_config(tmp_path, PIPELINES, zmq=True)
+    config = write_config(tmp_path, SERVED, zmq=True)
     result = run_script("check", str(config))
     assert result.status == 0, result.stderr
     worker = subprocess.run(
@@ -441,7 +433,7 @@ def test_check_json_reports_pipelines_addresses_and_security(
     tmp_path: Path, run_main: Callable[..., Result]
 ) -> None:
     (tmp_path / "token").write_text(TOKEN)
-    text = '[server]\ngrpc = "127.0.0.1:50051"\ntoken_file = "token"\n' + PIPELINES
+    text = '[server]\ngrpc = "127.0.0.1:50051"\ntoken_file = "token"\n' + SERVED
     (tmp_path / "worker.toml").write_text(text)
     result = run_main("check", str(tmp_path / "worker.toml"), "--json")
     assert result.status == 0, result.stderr
@@ -477,7 +469,7 @@ def test_check_refuses_a_bad_config_with_status_2_naming_the_key(
     tmp_path: Path, run_main: Callable[..., Result], as_json: bool
 ) -> None:
     config = tmp_path / "worker.toml"
-    config.write_text('[server]\ngrpc = "127.0.0.1:0"\nmax_inflight = 3\n' + PIPELINES)
+    config.write_text('[server]\ngrpc = "127.0.0.1:0"\nmax_inflight = 3\n' + SERVED)
     result = run_main("check", str(config), *(["--json"] if as_json else []))
     assert result.status == 2
     if as_json:

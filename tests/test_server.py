@@ -34,19 +34,14 @@ from loadax.wire.plans import plan_to_wire
 from loadax.wire.v1 import worker_pb2 as wire
 from loadax.wire.v1 import worker_pb2_grpc
 
-SERVED = """
-[pipelines.numbers]
-factory = "pipelines:numbers"
-args = { records = 30 }
-
-[pipelines.images]
-factory = "pipelines:images"
-args = { records = 40, side = 8 }
-
+SERVED = (
+    pipelines.SERVED
+    + """
 [pipelines.failing]
 factory = "pipelines:failing"
 args = { records = 20, bad = 7 }
 """
+)
 SLOW = """
 [pipelines.slow]
 factory = "pipelines:slow"
