@@ -70,19 +70,63 @@ class BatchSource(abc.ABC, Generic[B]):
 
 
 class LoaderIterator(Iterator[B], abc.ABC):
-    """An iterator over a loader's batches that can be checkpointed, restored and closed."""
+    """An iterator over a loader's batches that can be checkpointed, restored and closed.
+
+    >>> from loadax import Batcher, DataLoader, RangeDataset
+    >>> loader = DataLoader(Batcher()).batch_size(2).build(RangeDataset(0, 6))
+    >>> with iter(loader) as iterator:
+    ...     first = next(iterator).tolist()
+    ...     state = iterator.get_state()
+    >>> resumed = iter(loader)
+    >>> resumed.set_state(state)
+    >>> first, [batch.tolist() for batch in resumed]
+    ([0, 1], [[2, 3], [4, 5]])
+    """
 
     @abc.abstractmethod
     def get_state(self) -> dict[str, Any]:
-        """A small JSON-able dict: restoring it yields exactly the batches that would come next."""
+        """A small JSON-able dict: restoring it yields exactly the batches that would come next.
+
+        >>> from loadax import Batcher, DataLoader, RangeDataset
+        >>> iterator = iter(DataLoader(Batcher()).batch_size(2).build(RangeDataset(0, 6)))
+        >>> _ = next(iterator)
+        >>> state = iterator.get_state()
+        >>> sorted(state), state["step"], state["plan"]["batch_size"]
+        (['plan', 'step', 'version'], 1, 2)
+        >>> iterator.close()
+        """
 
     @abc.abstractmethod
     def set_state(self, state: dict[str, Any]) -> None:
-        """Continue from a state of `get_state()`; a state of another plan is a ValueError."""
+        """Continue from a state of `get_state()`; a state of another plan is a ValueError.
+
+        >>> from loadax import Batcher, DataLoader, RangeDataset
+        >>> builder = DataLoader(Batcher()).batch_size(2)
+        >>> iterator = iter(builder.build(RangeDataset(0, 6)))
+        >>> _ = next(iterator)
+        >>> iterator.set_state(iterator.get_state())  # restoring moves nothing
+        >>> next(iterator).tolist()
+        [2, 3]
+        >>> shuffled = builder.shuffle(seed=1).build(RangeDataset(0, 6))
+        >>> iter(shuffled).set_state(iterator.get_state())  # doctest: +NORMALIZE_WHITESPACE
+        Traceback (most recent call last):
+        ...
+        ValueError: iterator state belongs to another plan: seed is 0 in the state but 1 in this
+        loader; shuffle is False in the state but True in this loader
+        """
 
     @abc.abstractmethod
     def close(self) -> None:
-        """Stop loading and release threads; the iterator is exhausted afterwards."""
+        """Stop loading and release threads; the iterator is exhausted afterwards.
+
+        >>> from loadax import Batcher, DataLoader, RangeDataset
+        >>> iterator = iter(DataLoader(Batcher()).batch_size(2).build(RangeDataset(0, 6)))
+        >>> next(iterator).tolist()
+        [0, 1]
+        >>> iterator.close()
+        >>> next(iterator, "exhausted")
+        'exhausted'
+        """
 
     def __enter__(self) -> LoaderIterator[B]:
         return self
@@ -92,7 +136,15 @@ class LoaderIterator(Iterator[B], abc.ABC):
 
 
 class BatchIterator(LoaderIterator[B]):
-    """Yields this process's rows of the batches of `plan`, in plan order, from `source`."""
+    """Yields this process's rows of the batches of `plan`, in plan order, from `source`.
+
+    It is what iterating a local or remote loader gives (without device prefetch):
+
+    >>> from loadax import BatchIterator, Batcher, DataLoader, RangeDataset
+    >>> iterator = iter(DataLoader(Batcher()).batch_size(2).build(RangeDataset(0, 4)))
+    >>> isinstance(iterator, BatchIterator), [batch.tolist() for batch in iterator]
+    (True, [[0, 1], [2, 3]])
+    """
 
     def __init__(
         self, source: BatchSource[B], plan: Plan, sharding: ShardingStrategy, *, prefetch: int
@@ -174,13 +226,7 @@ def checked_step(state: Any, plan: Plan) -> int:
     saved = state["plan"]
     if not isinstance(saved, dict):
         raise ValueError(f"iterator state has plan {saved!r}; it must be a dict")
-    differences = [
-        f"{key} is {saved.get(key)!r} in the state but {value!r} in this loader"
-        for key, value in expected.items()
-        if saved.get(key) != value
-    ]
-    if differences:
-        raise ValueError("iterator state belongs to another plan: " + "; ".join(differences))
+    require_same(saved, expected, "plan")
     step = state["step"]
     total = plan.num_steps
     if isinstance(step, bool) or not isinstance(step, int) or step < 0:
@@ -188,3 +234,14 @@ def checked_step(state: Any, plan: Plan) -> int:
     if total is not None and step > total:
         raise ValueError(f"iterator state has step {step}, beyond the plan's {total} steps")
     return step
+
+
+def require_same(saved: dict[str, Any], expected: dict[str, Any], what: str) -> None:
+    """A ValueError naming every key whose value in a saved state differs from `expected`."""
+    differences = [
+        f"{key} is {saved.get(key)!r} in the state but {value!r} in this loader"
+        for key, value in expected.items()
+        if saved.get(key) != value
+    ]
+    if differences:
+        raise ValueError(f"iterator state belongs to another {what}: " + "; ".join(differences))

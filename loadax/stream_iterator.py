@@ -16,7 +16,14 @@ from typing import Any
 import jax
 import numpy as np
 
-from loadax.engine import STATE_VERSION, BatchSource, LoaderIterator, Pending, checked_step
+from loadax.engine import (
+    STATE_VERSION,
+    BatchSource,
+    LoaderIterator,
+    Pending,
+    checked_step,
+    require_same,
+)
 from loadax.plan import Plan
 from loadax.sharding import ShardingStrategy
 from loadax.stream import StreamWindow, shard_length
@@ -100,14 +107,7 @@ class StreamIterator(LoaderIterator[Any]):
                 f"iterator state has stream {stream!r}; a stream's state has a dict of cursors "
                 "(is it the state of a random-access loader?)"
             )
-        expected = {"window": self._window_size, "shards": self._num_shards}
-        differences = [
-            f"{key} is {stream.get(key)!r} in the state but {value!r} in this loader"
-            for key, value in expected.items()
-            if stream.get(key) != value
-        ]
-        if differences:
-            raise ValueError("iterator state belongs to another stream: " + "; ".join(differences))
+        require_same(stream, {"window": self._window_size, "shards": self._num_shards}, "stream")
         cursors = stream.get("cursors")
         if not isinstance(cursors, dict):
             raise ValueError(f"iterator state has cursors {cursors!r}; it must be a dict")
