@@ -20,6 +20,7 @@ from loadax.numpy_source import NumpyDataset
 from loadax.padding import PaddedStack, pad_batcher
 from loadax.pipeline import Pipeline
 from loadax.plan import Plan
+from loadax.process_source import WorkerProcessError
 from loadax.sources import InMemoryDataset, RangeDataset
 from loadax.sqlite_source import SQLiteDataset
 from loadax.stream import Stream
@@ -51,6 +52,7 @@ __all__ = [
     "SlicedDataset",
     "Stream",
     "WorkerError",
+    "WorkerProcessError",
     "__version__",
     "pad_batcher",
     "read_records",

@@ -28,6 +28,23 @@ class ArrayRecordDataset(DatasetBase[T]):
     Each reading thread opens its own readers, lazily, with read-ahead disabled, since a shuffled
     read jumps around the file; each batch is one batched read per file it touches. The files'
     record counts are read once, when the dataset is made, and the files must not change after.
+
+    >>> import pathlib
+    >>> import tempfile
+    >>> from array_record.python.array_record_module import ArrayRecordWriter
+    >>> from loadax.arrayrecord_source import ArrayRecordDataset
+    >>> directory = tempfile.TemporaryDirectory()
+    >>> path = pathlib.Path(directory.name) / "records.array_record"
+    >>> writer = ArrayRecordWriter(str(path), "group_size:1")
+    >>> for record in (b"a", b"bb", b"ccc"):
+    ...     writer.write(record)
+    >>> writer.close()
+    >>> raw, sizes = ArrayRecordDataset(path), ArrayRecordDataset(path, decode=len)
+    >>> len(raw), raw[1], list(sizes)
+    (3, b'bb', [1, 2, 3])
+    >>> raw.close()
+    >>> sizes.close()
+    >>> directory.cleanup()
     """
 
     def __init__(
@@ -96,6 +113,10 @@ class ArrayRecordDataset(DatasetBase[T]):
     def __repr__(self) -> str:
         shown = [str(path) for path in self._paths]
         return f"ArrayRecordDataset({shown!r}, decode={self._decode!r})"
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Pickled by path (for worker processes): unpickling opens the files again.
+        return (type(self), ([path.absolute() for path in self._paths], self._decode))
 
     def _thread_readers(self) -> list[Any]:
         readers: list[Any] | None = getattr(self._local, "readers", None)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import copy as copy_module
 import dataclasses
 from collections.abc import Callable, Sequence
-from typing import Any, Generic, Self
+from typing import Any, Generic, Literal, Self, get_args
 
 from jax.sharding import Mesh
 from typing_extensions import TypeVar
@@ -17,6 +17,7 @@ from loadax.engine import BatchIterator, BatchSource, LoaderIterator
 from loadax.local_sources import InlineSource, ThreadedSource
 from loadax.pipeline import Pipeline
 from loadax.plan import Plan
+from loadax.process_source import PickledPipeline, ProcessSource
 from loadax.sharding import DataAxis, ShardingStrategy, data_axis_of
 from loadax.stream import Stream
 from loadax.stream_iterator import StreamIterator
@@ -27,6 +28,8 @@ B = TypeVar("B", default=Any)
 
 DEFAULT_WORKERS = 1
 DEFAULT_PREFETCH = 2
+
+WorkerKind = Literal["threads", "processes"]
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -39,6 +42,7 @@ class LoaderOptions:
     num_epochs: int | None = 1
     drop_remainder: bool = False
     workers: int = DEFAULT_WORKERS
+    worker_kind: WorkerKind = "threads"
     prefetch: int | None = None  # None: DEFAULT_PREFETCH with workers, none without
     mesh: Mesh | None = None
     data_axis: DataAxis | None = None
@@ -59,6 +63,16 @@ class LoaderOptions:
                 object.__setattr__(self, name, require_int(name, value, minimum=minimum))
         require_bool("shuffle", self.shuffle)
         require_bool("drop_remainder", self.drop_remainder)
+        if self.worker_kind not in get_args(WorkerKind):
+            raise ValueError(
+                f"workers(kind=...) must be one of {list(get_args(WorkerKind))}, "
+                f"got {self.worker_kind!r}"
+            )
+        if self.worker_kind == "processes" and self.workers == 0:
+            raise ValueError(
+                "workers(0, kind='processes') starts no process: workers(0) loads each batch "
+                "in the calling thread; ask for workers >= 1"
+            )
         if self.prefetch is not None and self.workers == 0:
             raise ValueError(
                 f"prefetch({self.prefetch}) needs workers >= 1: "
@@ -88,19 +102,42 @@ class LoaderBuilder:
         self._options = LoaderOptions() if options is None else options
 
     def batch_size(self, size: int) -> Self:
-        """Records per batch (the global batch size once sharded)."""
+        """Records per batch (the global batch size once sharded).
+
+        >>> from loadax import Batcher, DataLoader, RangeDataset
+        >>> len(DataLoader(Batcher()).batch_size(3).build(RangeDataset(0, 10)))
+        4
+        """
         return self._with(batch_size=size)
 
     def shuffle(self, seed: int = 0) -> Self:
-        """Visit the records in a different keyed random order in every epoch."""
+        """Visit the records in a different keyed random order in every epoch.
+
+        >>> from loadax import Batcher, DataLoader, RangeDataset
+        >>> builder = DataLoader(Batcher()).batch_size(3).shuffle(seed=3).num_epochs(2)
+        >>> [batch.tolist() for batch in builder.build(RangeDataset(0, 6))]
+        [[3, 5, 2], [0, 4, 1], [4, 2, 0], [1, 3, 5]]
+        """
         return self._with(shuffle=True, seed=seed)
 
     def num_epochs(self, epochs: int | None) -> Self:
-        """Passes over the dataset; None repeats forever. Default 1."""
+        """Passes over the dataset; None repeats forever. Default 1.
+
+        >>> from loadax import Batcher, DataLoader, RangeDataset
+        >>> loader = DataLoader(Batcher()).batch_size(2).num_epochs(2).build(RangeDataset(0, 3))
+        >>> [batch.tolist() for batch in loader]
+        [[0, 1], [2], [0, 1], [2]]
+        """
         return self._with(num_epochs=epochs)
 
     def drop_remainder(self, drop: bool = True) -> Self:
-        """Drop the short last batch of each epoch."""
+        """Drop the short last batch of each epoch.
+
+        >>> from loadax import Batcher, DataLoader, RangeDataset
+        >>> loader = DataLoader(Batcher()).batch_size(2).drop_remainder().build(RangeDataset(0, 5))
+        >>> [batch.tolist() for batch in loader]
+        [[0, 1], [2, 3]]
+        """
         return self._with(drop_remainder=drop)
 
     def shard(self, mesh: Mesh, data_axis_name: str | Sequence[str] = "data") -> Self:
@@ -108,13 +145,30 @@ class LoaderBuilder:
 
         `batch_size` is then the global batch size; this process loads only the rows that its
         own devices hold.
+
+        >>> import jax
+        >>> import numpy as np
+        >>> from jax.sharding import Mesh
+        >>> from loadax import Batcher, DataLoader, RangeDataset
+        >>> mesh = Mesh(np.array(jax.devices()), ("data",))
+        >>> loader = DataLoader(Batcher()).batch_size(8).shard(mesh).build(RangeDataset(0, 16))
+        >>> next(iter(loader)).tolist()  # a single process holds every row
+        [0, 1, 2, 3, 4, 5, 6, 7]
         """
         if not isinstance(mesh, Mesh):
             raise ValueError(f"mesh must be a jax.sharding.Mesh, got {type(mesh).__name__}")
         return self._with(mesh=mesh, data_axis=data_axis_of(mesh, data_axis_name))
 
     def device_prefetch(self, depth: int = 2) -> Self:
-        """Yield global jax.Arrays, with the copies of the next `depth` batches under way."""
+        """Yield global jax.Arrays, with the copies of the next `depth` batches under way.
+
+        >>> import jax
+        >>> from loadax import Batcher, DataLoader, RangeDataset
+        >>> builder = DataLoader(Batcher()).batch_size(4).device_prefetch(2)
+        >>> batch = next(iter(builder.build(RangeDataset(0, 8))))
+        >>> isinstance(batch, jax.Array), batch.tolist()
+        (True, [0, 1, 2, 3])
+        """
         return self._with(device_prefetch=depth)
 
     def _with(self, **changes: Any) -> Self:
@@ -127,6 +181,13 @@ class DataLoader(LoaderBuilder, Generic[T, B]):
     """Builds a `Loader`: `DataLoader(batcher).batch_size(n).workers(k).build(dataset)`.
 
     Every method returns a new builder, so a partly configured builder can be shared.
+
+    >>> from loadax import Batcher, DataLoader, RangeDataset
+    >>> batches = DataLoader(Batcher()).batch_size(4)
+    >>> [batch.tolist() for batch in batches.build(RangeDataset(0, 10))]
+    [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]
+    >>> [batch.tolist() for batch in batches.drop_remainder().build(RangeDataset(0, 10))]
+    [[0, 1, 2, 3], [4, 5, 6, 7]]
     """
 
     def __init__(self, batcher: Batcher[T, B], options: LoaderOptions | None = None) -> None:
@@ -135,28 +196,61 @@ class DataLoader(LoaderBuilder, Generic[T, B]):
         super().__init__(options)
         self._batcher = batcher
 
-    def workers(self, count: int) -> Self:
-        """Threads that read and transform records; 0 loads in the calling thread. Default 1."""
-        return self._with(workers=count)
+    def workers(self, count: int, kind: WorkerKind = "threads") -> Self:
+        """Threads (or processes) that load batches; 0 loads in the calling thread. Default 1.
+
+        Threads split each batch between them: best when the work releases the GIL (numpy,
+        I/O). With `kind="processes"`, each process loads whole batches, several at once: for
+        Python transforms that hold the GIL. The pipeline is pickled when the loader is built,
+        so its functions must be defined at module level, and batches come back through shared
+        memory, so they must be what `loadax.codec` encodes (dicts, lists and tuples of arrays).
+        With processes, `prefetch` defaults to at least `count`. Batches and checkpoints are the
+        same for every count and kind.
+
+        >>> from loadax import Batcher, DataLoader, RangeDataset
+        >>> loader = DataLoader(Batcher()).batch_size(2).workers(4).build(RangeDataset(0, 4))
+        >>> [batch.tolist() for batch in loader]  # the same batches for any number of workers
+        [[0, 1], [2, 3]]
+        >>> builder = DataLoader(Batcher()).batch_size(2).workers(2, kind="processes")
+        >>> [batch.tolist() for batch in builder.build(RangeDataset(0, 4).map(str))]
+        [['0', '1'], ['2', '3']]
+        """
+        return self._with(workers=count, worker_kind=kind)
 
     def prefetch(self, batches: int) -> Self:
         """Batches (for a stream: windows per data shard) loaded ahead of the training loop.
 
         Needs workers >= 1. Default 2.
+
+        >>> from loadax import Batcher, DataLoader, RangeDataset
+        >>> builder = DataLoader(Batcher()).batch_size(2).workers(2).prefetch(4)
+        >>> [batch.tolist() for batch in builder.build(RangeDataset(0, 4))]
+        [[0, 1], [2, 3]]
         """
         return self._with(prefetch=batches)
 
     def build(self, dataset: Dataset[T] | Stream[T]) -> Loader[B]:
-        """The loader of `dataset` (or of a stream): iterate it as many times as you like."""
+        """The loader of `dataset` (or of a stream): iterate it as many times as you like.
+
+        >>> from loadax import Batcher, DataLoader, RangeDataset
+        >>> loader = DataLoader(Batcher()).batch_size(2).build(RangeDataset(0, 4).map(str))
+        >>> [batch.tolist() for batch in loader], [batch.tolist() for batch in loader]
+        ([['0', '1'], ['2', '3']], [['0', '1'], ['2', '3']])
+        """
         options = self._options
         pipeline = Pipeline(dataset, self._batcher)
         plan = options.plan(pipeline.num_records)
         workers = options.workers
+        pickled = PickledPipeline(pipeline) if options.worker_kind == "processes" else None
 
         def source() -> BatchSource[B]:
+            if pickled is not None:
+                return ProcessSource(pickled, workers)
             return ThreadedSource(pipeline, workers) if workers else InlineSource(pipeline)
 
-        prefetch = 0 if workers == 0 else options.prefetch or DEFAULT_PREFETCH
+        # Each process loads whole batches: keep every one of them busy.
+        default_prefetch = DEFAULT_PREFETCH if pickled is None else max(DEFAULT_PREFETCH, workers)
+        prefetch = 0 if workers == 0 else options.prefetch or default_prefetch
         stream = pipeline.stream
         return Loader(
             plan,
@@ -172,6 +266,14 @@ class Loader(Generic[B]):
     """A stateless loader definition: every `iter()` starts a new iterator at step 0.
 
     With `stream_window`, the batches are cut from the windows of a stream of that size.
+
+    >>> from loadax import Batcher, DataLoader, RangeDataset
+    >>> loader = DataLoader(Batcher()).batch_size(2).build(RangeDataset(0, 5))
+    >>> len(loader), loader.plan.num_records
+    (3, 5)
+    >>> first, second = iter(loader), iter(loader)
+    >>> next(first).tolist(), next(first).tolist(), next(second).tolist()
+    ([0, 1], [2, 3], [0, 1])
     """
 
     def __init__(

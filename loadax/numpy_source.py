@@ -19,6 +19,17 @@ class NumpyDataset(DatasetBase[Any]):
     With `mmap` (the default) the file is memory-mapped read-only, so only the rows read are paged
     in; otherwise it is loaded whole. Each batch is one fancy-index read. Object arrays are
     refused, since reading them would unpickle code from the file.
+
+    >>> import pathlib
+    >>> import tempfile
+    >>> import numpy as np
+    >>> from loadax import NumpyDataset
+    >>> with tempfile.TemporaryDirectory() as directory:
+    ...     path = pathlib.Path(directory) / "rows.npy"
+    ...     np.save(path, np.arange(6).reshape(3, 2))
+    ...     dataset = NumpyDataset(path)
+    ...     print(len(dataset), dataset[1].tolist())
+    3 [2, 3]
     """
 
     def __init__(self, path: str | os.PathLike[str], mmap: bool = True) -> None:
@@ -46,6 +57,10 @@ class NumpyDataset(DatasetBase[Any]):
 
     def __repr__(self) -> str:
         return f"NumpyDataset({str(self._path)!r}, mmap={self._mmap})"
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Pickled by path (for worker processes): unpickling maps the file again, never a copy.
+        return (type(self), (self._path.absolute(), self._mmap))
 
 
 def _open(path: Path, mmap: bool) -> np.ndarray[Any, Any]:

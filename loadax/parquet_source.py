@@ -33,6 +33,21 @@ class ParquetDataset(DatasetBase[dict[str, Any]]):
     decodes each row group it touches once, with only the selected columns, and never a whole
     file; each reading thread keeps its last 2 decoded row groups, so sequential reads decode each
     group once, and up to 8 files open. The files must not change while they are read.
+
+    >>> import pathlib
+    >>> import tempfile
+    >>> import pyarrow as pa
+    >>> import pyarrow.parquet as pq
+    >>> from loadax.parquet_source import ParquetDataset
+    >>> directory = tempfile.TemporaryDirectory()
+    >>> path = pathlib.Path(directory.name) / "rows.parquet"
+    >>> pq.write_table(pa.table({"id": [1, 2, 3], "name": ["a", "b", "c"]}), path)
+    >>> dataset = ParquetDataset(path)
+    >>> record = dataset[2]
+    >>> len(dataset), dataset.columns, record["name"], record["id"].dtype
+    (3, ('id', 'name'), 'c', dtype('int64'))
+    >>> dataset.close()
+    >>> directory.cleanup()
     """
 
     def __init__(
@@ -120,6 +135,11 @@ class ParquetDataset(DatasetBase[dict[str, Any]]):
     def __repr__(self) -> str:
         shown = [str(path) for path in self._paths]
         return f"ParquetDataset({shown!r}, columns={list(self._columns)!r})"
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Pickled by path (for worker processes): unpickling reads the footers again.
+        paths = [path.absolute() for path in self._paths]
+        return (type(self), (paths, self._columns or None))  # None: a file without columns
 
     def _row_group(self, group: int) -> Any:
         """Row group `group` (global numbering) with the selected columns, decoded or cached."""

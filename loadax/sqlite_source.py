@@ -29,6 +29,26 @@ class SQLiteDataset(DatasetBase[dict[str, Any]]):
     `WHERE rowid IN (...)` query. A query has no rowids, so a batch scans the query's result
     from its first to its last position: fine for small results or sequential reads; to shuffle a
     large query, store its result as a table.
+
+    >>> import contextlib
+    >>> import pathlib
+    >>> import sqlite3
+    >>> import tempfile
+    >>> from loadax import SQLiteDataset
+    >>> directory = tempfile.TemporaryDirectory()
+    >>> path = pathlib.Path(directory.name) / "rows.db"
+    >>> with contextlib.closing(sqlite3.connect(path)) as connection, connection:
+    ...     _ = connection.execute("CREATE TABLE t (id INTEGER, name TEXT)")
+    ...     _ = connection.executemany("INSERT INTO t VALUES (?, ?)", [(1, "a"), (2, "b")])
+    >>> table = SQLiteDataset(path, table="t")
+    >>> len(table), table[1]
+    (2, {'id': 2, 'name': 'b'})
+    >>> query = SQLiteDataset(path, query="SELECT name FROM t ORDER BY id DESC")
+    >>> list(query)
+    [{'name': 'b'}, {'name': 'a'}]
+    >>> table.close()
+    >>> query.close()
+    >>> directory.cleanup()
     """
 
     def __init__(
@@ -90,6 +110,10 @@ class SQLiteDataset(DatasetBase[dict[str, Any]]):
     def __repr__(self) -> str:
         source = f"table={self._table!r}" if self._table is not None else f"query={self._query!r}"
         return f"SQLiteDataset({str(self._path)!r}, {source}, columns={list(self._columns)!r})"
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Pickled by path (for worker processes): unpickling opens the file again.
+        return (type(self), (self._path.absolute(), self._table, self._query, self._columns))
 
     def _init_table(self, table: str, columns: Sequence[str] | None) -> None:
         connection = self._connection()
