@@ -49,6 +49,18 @@ class RemoteDataLoader(LoaderBuilder):
     A target whose host is a name stands for every address the name lists; the name is looked
     up again every `resolve_every` seconds and workers are added and removed to match.
     `security` sets TLS, CURVE and a token for every connection (see SECURITY.md).
+
+    A worker object is a target too, served in-process without sockets:
+
+    >>> from loadax import Batcher, Pipeline, RangeDataset
+    >>> from loadax.client import RemoteDataLoader
+    >>> from loadax.server.worker import Worker
+    >>> worker = Worker({"numbers": Pipeline(RangeDataset(0, 6), Batcher())}, threads=1)
+    >>> builder = RemoteDataLoader([worker], pipeline="numbers").request_timeout(10)
+    >>> with builder.batch_size(4).build() as loader:
+    ...     [batch.tolist() for batch in loader]
+    [[0, 1, 2, 3], [4, 5]]
+    >>> worker.close()
     """
 
     def __init__(
@@ -108,6 +120,18 @@ class RemoteLoader(Loader[Any]):
     """A loader definition served by workers; `close()` (or collection) closes the connections.
 
     Workers can be added and removed while iterators run; the batches do not change.
+
+    >>> from loadax import Batcher, Pipeline, RangeDataset
+    >>> from loadax.client import RemoteDataLoader
+    >>> from loadax.server.worker import Worker
+    >>> worker = Worker({"numbers": Pipeline(RangeDataset(0, 6), Batcher())}, threads=1)
+    >>> loader = RemoteDataLoader([worker], pipeline="numbers").batch_size(2).build()
+    >>> loader.targets, len(loader)
+    (['in-process Worker'], 3)
+    >>> [batch.tolist() for batch in loader], loader.stats().batches
+    ([[0, 1], [2, 3], [4, 5]], 3)
+    >>> loader.close()
+    >>> worker.close()
     """
 
     def __init__(

@@ -27,6 +27,15 @@ class ClientSecurity:
     - `curve_server_key`: the workers' Z85 CURVE public key; turns CURVE on for ZeroMQ.
     - `curve_client_keypair`: this client's (public, secret) Z85 keys, for workers with an
       allow-list; without it each connection uses a fresh keypair.
+
+    >>> from loadax.client import ClientSecurity
+    >>> security = ClientSecurity(token="s3cret-token")
+    >>> security.tls, security.curve, "s3cret" in repr(security)
+    (False, False, False)
+    >>> ClientSecurity(tls_server_name="workers.internal")
+    Traceback (most recent call last):
+    ...
+    ValueError: tls_server_name: needs ca_cert too (TLS is off without it)
     """
 
     ca_cert: Path | None = None

@@ -28,6 +28,17 @@ class WorkerStats:
     `failures` counts the requests it failed or did not answer in time (each was sent to
     another worker); latencies (seconds, None before its first answer) are over its last
     `LATENCY_WINDOW` answers.
+
+    >>> from loadax import Batcher, Pipeline, RangeDataset
+    >>> from loadax.client import RemoteDataLoader
+    >>> from loadax.server.worker import Worker
+    >>> worker = Worker({"numbers": Pipeline(RangeDataset(0, 6), Batcher())}, threads=1)
+    >>> with RemoteDataLoader([worker], pipeline="numbers").batch_size(2).build() as loader:
+    ...     batches = list(loader)
+    ...     stats = loader.stats().workers["in-process Worker"]
+    >>> stats.requests, stats.failures, stats.last_error, stats.latency_max is not None
+    (3, 0, None, True)
+    >>> worker.close()
     """
 
     requests: int
@@ -45,6 +56,17 @@ class LoaderStats:
     `bytes` are those of the arrays of the batches delivered; `wait_fraction` is the share of
     the time since the first request that the training loop spent blocked in `next()`
     waiting for a batch (near 0: the workers keep up; near 1: the loop starves).
+
+    >>> from loadax import Batcher, Pipeline, RangeDataset
+    >>> from loadax.client import RemoteDataLoader
+    >>> from loadax.server.worker import Worker
+    >>> worker = Worker({"numbers": Pipeline(RangeDataset(0, 6), Batcher())}, threads=1)
+    >>> with RemoteDataLoader([worker], pipeline="numbers").batch_size(2).build() as loader:
+    ...     batches = list(loader)
+    ...     stats = loader.stats()
+    >>> stats.batches, stats.bytes, list(stats.workers), 0 <= stats.wait_fraction <= 1
+    (3, 48, ['in-process Worker'], True)
+    >>> worker.close()
     """
 
     batches: int

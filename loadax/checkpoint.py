@@ -24,12 +24,38 @@ __all__ = ["LoaderCheckpointHandler", "LoaderRestore", "LoaderSave", "state_file
 
 
 def state_file(directory: epath.Path, process_index: int) -> epath.Path:
-    """The file that process `process_index` writes its iterator's state to."""
+    """The file that process `process_index` writes its iterator's state to.
+
+    >>> from loadax.checkpoint import state_file
+    >>> str(state_file("/checkpoints/7/loader", process_index=3))
+    '/checkpoints/7/loader/process_3.json'
+    """
     return epath.Path(directory) / f"process_{process_index}.json"
 
 
 class LoaderCheckpointHandler(ocp.CheckpointHandler):  # type: ignore[misc]
-    """Saves and restores a `LoaderIterator`'s state as JSON, one file per JAX process."""
+    """Saves and restores a `LoaderIterator`'s state as JSON, one file per JAX process.
+
+    A `CheckpointManager` uses it through `LoaderSave` and `LoaderRestore`; used directly:
+
+    >>> import tempfile
+    >>> from etils import epath
+    >>> from loadax import Batcher, DataLoader, RangeDataset
+    >>> from loadax.checkpoint import LoaderCheckpointHandler, LoaderRestore, LoaderSave
+    >>> loader = DataLoader(Batcher()).batch_size(2).build(RangeDataset(0, 6))
+    >>> iterator = iter(loader)
+    >>> next(iterator).tolist()
+    [0, 1]
+    >>> directory = tempfile.TemporaryDirectory()
+    >>> handler = LoaderCheckpointHandler()
+    >>> handler.save(epath.Path(directory.name), LoaderSave(iterator))
+    >>> handler.restore(epath.Path(directory.name))["step"]  # without an iterator: the state
+    1
+    >>> resumed = handler.restore(epath.Path(directory.name), LoaderRestore(iter(loader)))
+    >>> [batch.tolist() for batch in resumed]
+    [[2, 3], [4, 5]]
+    >>> directory.cleanup()
+    """
 
     def save(self, directory: epath.Path, args: LoaderSave) -> None:
         """Write this process's iterator state atomically: a temporary file, then a rename."""
@@ -72,7 +98,24 @@ class LoaderCheckpointHandler(ocp.CheckpointHandler):  # type: ignore[misc]
 @ocp.args.register_with_handler(LoaderCheckpointHandler, for_save=True)
 @dataclasses.dataclass
 class LoaderSave(ocp.args.CheckpointArgs):  # type: ignore[misc]
-    """Save the state of `iterator`, a local or remote loader's iterator."""
+    """Save the state of `iterator`, a local or remote loader's iterator.
+
+    >>> import tempfile
+    >>> import orbax.checkpoint as ocp
+    >>> from loadax import Batcher, DataLoader, RangeDataset
+    >>> from loadax.checkpoint import LoaderSave
+    >>> iterator = iter(DataLoader(Batcher()).batch_size(2).build(RangeDataset(0, 6)))
+    >>> next(iterator).tolist()
+    [0, 1]
+    >>> directory = tempfile.TemporaryDirectory()
+    >>> with ocp.CheckpointManager(directory.name) as manager:
+    ...     manager.save(1, args=ocp.args.Composite(loader=LoaderSave(iterator)))
+    ...     manager.wait_until_finished()
+    ...     manager.restore(1).loader["step"]
+    True
+    1
+    >>> directory.cleanup()
+    """
 
     iterator: LoaderIterator[Any]
 
@@ -84,7 +127,26 @@ class LoaderSave(ocp.args.CheckpointArgs):  # type: ignore[misc]
 @ocp.args.register_with_handler(LoaderCheckpointHandler, for_restore=True)
 @dataclasses.dataclass
 class LoaderRestore(ocp.args.CheckpointArgs):  # type: ignore[misc]
-    """Restore into `iterator`, which the restore returns; with none, it returns the state."""
+    """Restore into `iterator`, which the restore returns; with none, it returns the state.
+
+    >>> import tempfile
+    >>> import orbax.checkpoint as ocp
+    >>> from loadax import Batcher, DataLoader, RangeDataset
+    >>> from loadax.checkpoint import LoaderRestore, LoaderSave
+    >>> loader = DataLoader(Batcher()).batch_size(2).build(RangeDataset(0, 6))
+    >>> iterator = iter(loader)
+    >>> next(iterator).tolist()
+    [0, 1]
+    >>> directory = tempfile.TemporaryDirectory()
+    >>> with ocp.CheckpointManager(directory.name) as manager:
+    ...     _ = manager.save(1, args=ocp.args.Composite(loader=LoaderSave(iterator)))
+    ...     manager.wait_until_finished()
+    ...     args = ocp.args.Composite(loader=LoaderRestore(iter(loader)))
+    ...     restored = manager.restore(1, args=args)
+    >>> [batch.tolist() for batch in restored.loader]
+    [[2, 3], [4, 5]]
+    >>> directory.cleanup()
+    """
 
     iterator: LoaderIterator[Any] | None = None
 

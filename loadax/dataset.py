@@ -29,7 +29,12 @@ T_co = TypeVar("T_co", covariant=True, default=Any)
 
 @runtime_checkable
 class Dataset(Protocol[T_co]):
-    """A sized, random-access collection of records."""
+    """A sized, random-access collection of records.
+
+    >>> from loadax import Dataset
+    >>> isinstance([1, 2, 3], Dataset), isinstance(iter([1, 2, 3]), Dataset)
+    (True, False)
+    """
 
     def __len__(self) -> int: ...
 
@@ -37,7 +42,13 @@ class Dataset(Protocol[T_co]):
 
 
 def read_records(dataset: Dataset[T], indices: IndexArray, epoch: int = 0) -> list[T]:
-    """The records at `indices` (valid, non-negative) of any dataset, as read in `epoch`."""
+    """The records at `indices` (valid, non-negative) of any dataset, as read in `epoch`.
+
+    >>> import numpy as np
+    >>> from loadax import read_records
+    >>> read_records(["a", "b", "c"], np.array([2, 0]))
+    ['c', 'a']
+    """
     if isinstance(dataset, DatasetBase):
         return dataset.read(indices, epoch)
     get_many = getattr(dataset, "__getitems__", None)
@@ -47,7 +58,20 @@ def read_records(dataset: Dataset[T], indices: IndexArray, epoch: int = 0) -> li
 
 
 class DatasetBase(Dataset[T], abc.ABC):
-    """Base of loadax's datasets: Python indexing rules, batched reads and chainable transforms."""
+    """Base of loadax's datasets: Python indexing rules, batched reads and chainable transforms.
+
+    A subclass defines `__len__` and `read`:
+
+    >>> from loadax import DatasetBase
+    >>> class Squares(DatasetBase[int]):
+    ...     def __len__(self) -> int:
+    ...         return 5
+    ...     def read(self, indices, epoch):
+    ...         return [i * i for i in indices.tolist()]
+    >>> squares = Squares()
+    >>> squares[-1], list(squares.map(str).slice(1, 3))
+    (16, ['1', '4'])
+    """
 
     @abc.abstractmethod
     def __len__(self) -> int: ...
@@ -78,41 +102,93 @@ class DatasetBase(Dataset[T], abc.ABC):
         return (self[index] for index in range(len(self)))
 
     def map(self, fn: Callable[[T], U]) -> MappedDataset[U]:
-        """Apply `fn` to every record, lazily."""
+        """Apply `fn` to every record, lazily.
+
+        >>> from loadax import RangeDataset
+        >>> list(RangeDataset(0, 3).map(lambda x: x * 10))
+        [0, 10, 20]
+        """
         return MappedDataset(self, fn)
 
     def random_map(
         self, fn: Callable[[T, np.random.Generator], U], seed: int | None = None
     ) -> RandomMappedDataset[U]:
-        """Apply `fn(record, rng)`, with `rng` keyed by (seed, epoch, record index)."""
+        """Apply `fn(record, rng)`, with `rng` keyed by (seed, epoch, record index).
+
+        A record gets the same draws on every read, in any process:
+
+        >>> from loadax import RangeDataset
+        >>> def jitter(x, rng):
+        ...     return x + int(rng.integers(100))
+        >>> noisy = RangeDataset(0, 3).random_map(jitter, seed=0)
+        >>> list(noisy), list(noisy)
+        ([81, 68, 4], [81, 68, 4])
+        """
         return RandomMappedDataset(self, fn, seed)
 
     def shuffle(self, seed: int | None = None) -> ShuffledDataset[T]:
-        """Visit the records in a keyed random order, different in every epoch."""
+        """Visit the records in a keyed random order, different in every epoch.
+
+        >>> from loadax import RangeDataset
+        >>> list(RangeDataset(0, 6).shuffle(seed=2))
+        [4, 5, 2, 1, 0, 3]
+        """
         return ShuffledDataset(self, seed)
 
     def slice(
         self, start: int | None = None, stop: int | None = None, step: int | None = None
     ) -> SlicedDataset[T]:
-        """The records of `self[start:stop:step]`, lazily."""
+        """The records of `self[start:stop:step]`, lazily.
+
+        >>> from loadax import RangeDataset
+        >>> list(RangeDataset(0, 10).slice(1, None, 4))
+        [1, 5, 9]
+        """
         return SlicedDataset(self, start, stop, step)
 
     def concatenate(self, *others: Dataset[T]) -> ConcatenatedDataset[T]:
-        """The records of `self`, then those of each of `others` in turn."""
+        """The records of `self`, then those of each of `others` in turn.
+
+        >>> from loadax import RangeDataset
+        >>> list(RangeDataset(0, 2).concatenate([10, 11], RangeDataset(5, 6)))
+        [0, 1, 10, 11, 5]
+        """
         return ConcatenatedDataset([self, *others])
 
     def repeat(self, count: int) -> RepeatedDataset[T]:
-        """The records `count` times over; each pass reads as its own epoch (new shuffle, rng)."""
+        """The records `count` times over; each pass reads as its own epoch (new shuffle, rng).
+
+        >>> from loadax import RangeDataset
+        >>> list(RangeDataset(0, 3).shuffle(seed=3).repeat(2))
+        [2, 1, 0, 0, 2, 1]
+        """
         return RepeatedDataset(self, count)
 
     def filter(self, predicate: Callable[[T], bool]) -> Stream[T]:
-        """A stream of the records for which `predicate` is True (no longer random-access)."""
+        """A stream of the records for which `predicate` is True (no longer random-access).
+
+        A loader batches the records that survive:
+
+        >>> from loadax import Batcher, DataLoader, RangeDataset
+        >>> evens = RangeDataset(0, 10).filter(lambda x: x % 2 == 0)
+        >>> [batch.tolist() for batch in DataLoader(Batcher()).batch_size(2).build(evens)]
+        [[0, 2], [4, 6], [8]]
+        """
         return Stream(self).filter(predicate)
 
     def pack(
         self, length: int, *, pad_value: int | float = 0, truncate: bool = False
     ) -> Stream[PackedRow]:
-        """A stream of token sequences first-fit packed into rows of `length` (see Stream.pack)."""
+        """A stream of token sequences first-fit packed into rows of `length` (see Stream.pack).
+
+        >>> from loadax import Batcher, DataLoader, InMemoryDataset
+        >>> packed = InMemoryDataset([[1, 2, 3], [4, 5], [6, 7, 8, 9]]).pack(5)
+        >>> batch = next(iter(DataLoader(Batcher()).batch_size(2).build(packed)))
+        >>> batch["tokens"].tolist()
+        [[1, 2, 3, 4, 5], [6, 7, 8, 9, 0]]
+        >>> batch["segment_ids"].tolist()
+        [[1, 1, 1, 2, 2], [1, 1, 1, 1, 0]]
+        """
         return Stream(self).pack(length, pad_value=pad_value, truncate=truncate)
 
     def _normalise(self, index: int) -> int:
@@ -168,7 +244,12 @@ def _seed(seed: int | None) -> int:
 
 
 class MappedDataset(DatasetBase[U]):
-    """`fn` applied lazily to each record of `dataset`."""
+    """`fn` applied lazily to each record of `dataset`.
+
+    >>> from loadax import MappedDataset
+    >>> list(MappedDataset([1, 2, 3], str))
+    ['1', '2', '3']
+    """
 
     def __init__(self, dataset: Dataset[T], fn: Callable[[T], U]) -> None:
         if not callable(fn):
@@ -183,7 +264,14 @@ class MappedDataset(DatasetBase[U]):
 
 
 class RandomMappedDataset(DatasetBase[U]):
-    """`fn(record, rng)` applied lazily; `rng` depends only on (seed, epoch, record index)."""
+    """`fn(record, rng)` applied lazily; `rng` depends only on (seed, epoch, record index).
+
+    >>> import numpy as np
+    >>> from loadax import RandomMappedDataset
+    >>> tagged = RandomMappedDataset(["a", "b", "c"], lambda x, rng: x + str(rng.integers(10)))
+    >>> tagged.read(np.arange(3), epoch=0), tagged.read(np.arange(3), epoch=1)
+    (['a8', 'b6', 'c0'], ['a2', 'b6', 'c7'])
+    """
 
     def __init__(
         self,
@@ -208,7 +296,14 @@ class RandomMappedDataset(DatasetBase[U]):
 
 
 class ShuffledDataset(DatasetBase[T]):
-    """`dataset` in a keyed random order, reshuffled in every epoch; no O(n) table."""
+    """`dataset` in a keyed random order, reshuffled in every epoch; no O(n) table.
+
+    >>> import numpy as np
+    >>> from loadax import ShuffledDataset
+    >>> shuffled = ShuffledDataset(["a", "b", "c", "d"], seed=1)
+    >>> shuffled.read(np.arange(4), epoch=0), shuffled.read(np.arange(4), epoch=1)
+    (['c', 'd', 'b', 'a'], ['b', 'c', 'a', 'd'])
+    """
 
     def __init__(self, dataset: Dataset[T], seed: int | None = None) -> None:
         self._dataset, self._length, self._seed = dataset, dataset_length(dataset), _seed(seed)
@@ -236,7 +331,12 @@ def _optional_int(name: str, value: int | None) -> int | None:
 
 
 class SlicedDataset(DatasetBase[T]):
-    """`dataset[start:stop:step]` with Python's slicing rules, read lazily in one batched call."""
+    """`dataset[start:stop:step]` with Python's slicing rules, read lazily in one batched call.
+
+    >>> from loadax import SlicedDataset
+    >>> list(SlicedDataset(range(10), 1, 8, 3))
+    [1, 4, 7]
+    """
 
     def __init__(
         self,
@@ -272,7 +372,12 @@ class SlicedDataset(DatasetBase[T]):
 
 
 class ConcatenatedDataset(DatasetBase[T]):
-    """The records of each of `datasets` in turn; each dataset is read once per batched read."""
+    """The records of each of `datasets` in turn; each dataset is read once per batched read.
+
+    >>> from loadax import ConcatenatedDataset
+    >>> list(ConcatenatedDataset([[1, 2], [3]]))
+    [1, 2, 3]
+    """
 
     def __init__(self, datasets: Iterable[Dataset[T]]) -> None:
         self._datasets = tuple(datasets)
@@ -293,7 +398,12 @@ class ConcatenatedDataset(DatasetBase[T]):
 
 
 class RepeatedDataset(DatasetBase[T]):
-    """`dataset` `count` times over; pass p of epoch e reads `dataset` as epoch e * count + p."""
+    """`dataset` `count` times over; pass p of epoch e reads `dataset` as epoch e * count + p.
+
+    >>> from loadax import RepeatedDataset
+    >>> list(RepeatedDataset(["a", "b"], 2))
+    ['a', 'b', 'a', 'b']
+    """
 
     def __init__(self, dataset: Dataset[T], count: int) -> None:
         self._dataset, self._length = dataset, dataset_length(dataset)

@@ -23,6 +23,14 @@ class HuggingFaceDataset(DatasetBase[dict[str, Any]]):
     `columns` picks the columns of each record (default: all), so the others are never decoded.
     `format` is "python" (lists, ints, str) or "numpy" (numpy arrays and scalars); None keeps the
     dataset's own format. Each batch is one batched `__getitems__` read of the Arrow table.
+
+    >>> import datasets
+    >>> from loadax.huggingface_source import HuggingFaceDataset
+    >>> table = datasets.Dataset.from_dict({"text": ["a", "b"], "label": [0, 1]})
+    >>> HuggingFaceDataset(table, format="python")[1]
+    {'text': 'b', 'label': 1}
+    >>> HuggingFaceDataset(table, columns=["label"], format="numpy")[1]["label"].dtype
+    dtype('int64')
     """
 
     def __init__(

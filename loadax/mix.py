@@ -77,6 +77,13 @@ class MixedDataset(DatasetBase[T]):
     its length is `min_k(len_k // counts[k]) * window`, so records past the last whole window
     that every dataset can fill are never read. Being random-access, it checkpoints with the
     plan's step like any other dataset.
+
+    >>> from loadax import MixedDataset
+    >>> mixed = MixedDataset([["a"] * 6, ["b"] * 3], weights=[2, 1], seed=0)
+    >>> mixed.counts, mixed.window, len(mixed)
+    ((2, 1), 3, 9)
+    >>> "".join(mixed)  # each window of 3 holds two "a" and one "b"
+    'ababaaaab'
     """
 
     def __init__(

@@ -31,6 +31,15 @@ class FirstFitPacker:
 
     A record is a 1-D sequence of tokens, or a dict of 1-D sequences of one length (e.g. inputs
     and targets), packed together. Rows come out in the order they were opened.
+
+    >>> from loadax.packing import FirstFitPacker
+    >>> rows = FirstFitPacker(length=5)([[1, 2, 3], [4, 5, 6, 7], [8, 9]])
+    >>> [row["tokens"].tolist() for row in rows]
+    [[1, 2, 3, 8, 9], [4, 5, 6, 7, 0]]
+    >>> [row["segment_ids"].tolist() for row in rows]
+    [[1, 1, 1, 2, 2], [1, 1, 1, 1, 0]]
+    >>> [row["positions"].tolist() for row in rows]
+    [[0, 1, 2, 0, 1], [0, 1, 2, 3, 0]]
     """
 
     length: int

@@ -23,6 +23,14 @@ class PaddedStack:
     leaves under those keys are padded; the others are stacked as by `loadax.stack`. For dict
     records, each padded key whose value is a single array gets a boolean `f"{key}_mask"` of
     shape (batch, padded length), true on real entries. Scalars are stacked as they are.
+
+    >>> import numpy as np
+    >>> from loadax import PaddedStack
+    >>> batch = PaddedStack(pad_value=-1)([{"ids": np.array([1, 2, 3])}, {"ids": np.array([4])}])
+    >>> batch["ids"].tolist()
+    [[1, 2, 3], [4, -1, -1]]
+    >>> batch["ids_mask"].tolist()
+    [[True, True, True], [True, False, False]]
     """
 
     def __init__(
@@ -117,7 +125,15 @@ class PaddedStack:
 def pad_batcher(
     pad_value: Any = 0, length: int | None = None, keys: Iterable[str] | None = None
 ) -> Batcher[Any, Any]:
-    """A `Batcher` that pads ragged records; see `PaddedStack` for the rules."""
+    """A `Batcher` that pads ragged records; see `PaddedStack` for the rules.
+
+    >>> import numpy as np
+    >>> from loadax import DataLoader, InMemoryDataset, pad_batcher
+    >>> records = InMemoryDataset([{"ids": np.array([1, 2])}, {"ids": np.array([3])}])
+    >>> loader = DataLoader(pad_batcher(0, length=4)).batch_size(2).build(records)
+    >>> next(iter(loader))["ids"].tolist()
+    [[1, 2, 0, 0], [3, 0, 0, 0]]
+    """
     return Batcher(PaddedStack(pad_value, length, keys))
 
 

@@ -22,6 +22,13 @@ class PolarsDataset(DatasetBase[dict[str, Any]]):
     arrays, and everything else is the Python value `to_list` gives. Each batch is one gather of
     the selected columns. The frame is held, not copied; polars frames are immutable, so reading
     threads share it.
+
+    >>> import polars as pl
+    >>> from loadax.polars_source import PolarsDataset
+    >>> frame = pl.DataFrame({"id": [1, 2, 3], "name": ["a", "b", "c"]})
+    >>> dataset = PolarsDataset(frame, columns=["name"])
+    >>> len(dataset), dataset.columns, dataset[0]
+    (3, ('name',), {'name': 'a'})
     """
 
     def __init__(

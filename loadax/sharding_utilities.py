@@ -13,7 +13,19 @@ ShardingPreset = tuple[Mesh, tuple[str, ...]]
 
 
 def ddp_sharding() -> ShardingPreset:
-    """Data parallel: one "data" axis over every device, each device gets its own rows."""
+    """Data parallel: one "data" axis over every device, each device gets its own rows.
+
+    >>> import jax
+    >>> from loadax import Batcher, DataLoader, RangeDataset
+    >>> from loadax.sharding_utilities import ddp_sharding
+    >>> mesh, data_axes = ddp_sharding()
+    >>> data_axes, mesh.size == jax.device_count()
+    (('data',), True)
+    >>> loader = DataLoader(Batcher()).batch_size(jax.device_count()).shard(mesh, data_axes)
+    >>> batch = next(iter(loader.device_prefetch().build(RangeDataset(0, 64))))
+    >>> batch.sharding.spec == jax.sharding.PartitionSpec("data")
+    True
+    """
     return Mesh(devices_by_process().reshape(-1), ("data",)), ("data",)
 
 
@@ -21,12 +33,24 @@ def fsdp_sharding() -> ShardingPreset:
     """A ("data", "model") mesh: each process is one data shard; its devices form the model axis.
 
     Parameters are sharded over "model"; the devices of one process hold the same rows of data.
+
+    >>> import jax
+    >>> from loadax.sharding_utilities import fsdp_sharding
+    >>> mesh, data_axes = fsdp_sharding()
+    >>> mesh.axis_names, data_axes, mesh.shape["data"] == jax.process_count()
+    (('data', 'model'), ('data', 'model'), True)
     """
     return Mesh(devices_by_process(), ("data", "model")), ("data", "model")
 
 
 def devices_by_process() -> np.ndarray[Any, Any]:
-    """All devices as a (process, local device) array, each row sorted by device id."""
+    """All devices as a (process, local device) array, each row sorted by device id.
+
+    >>> import jax
+    >>> from loadax.sharding_utilities import devices_by_process
+    >>> devices_by_process().shape == (jax.process_count(), jax.local_device_count())
+    True
+    """
     by_process: defaultdict[int, list[jax.Device]] = defaultdict(list)
     for device in jax.devices():
         by_process[device.process_index].append(device)

@@ -16,7 +16,14 @@ T = TypeVar("T", default=Any)
 
 
 class InMemoryDataset(DatasetBase[T]):
-    """A sequence, numpy array or any other random-access source, wrapped without copying."""
+    """A sequence, numpy array or any other random-access source, wrapped without copying.
+
+    >>> import numpy as np
+    >>> from loadax import InMemoryDataset
+    >>> rows = InMemoryDataset(np.arange(6).reshape(3, 2))
+    >>> len(rows), rows[-1].tolist(), [row.tolist() for row in rows.shuffle(seed=0)]
+    (3, [4, 5], [[4, 5], [0, 1], [2, 3]])
+    """
 
     def __init__(self, items: Dataset[T]) -> None:
         self._items, self._length = items, dataset_length(items)
@@ -40,7 +47,13 @@ class InMemoryDataset(DatasetBase[T]):
 
 
 class RangeDataset(DatasetBase[int]):
-    """The ints of `range(start, stop, step)`; O(1) memory for any length."""
+    """The ints of `range(start, stop, step)`; O(1) memory for any length.
+
+    >>> from loadax import RangeDataset
+    >>> numbers = RangeDataset(0, 10, 3)
+    >>> len(numbers), list(numbers), len(RangeDataset(0, 10**18))
+    (4, [0, 3, 6, 9], 1000000000000000000)
+    """
 
     def __init__(self, start: int, stop: int, step: int = 1) -> None:
         start = require_int("start", start)

@@ -42,7 +42,14 @@ Origins = list[tuple[int, int]] | None
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class StreamWindow:
-    """Window `index` of the stream of data shard `shard` of `shards`."""
+    """Window `index` of the stream of data shard `shard` of `shards`.
+
+    >>> from loadax import Plan
+    >>> from loadax.stream import StreamWindow, window_positions
+    >>> window = StreamWindow(shards=2, shard=1, index=0)
+    >>> window_positions(Plan(num_records=10, batch_size=2), 4, window).tolist()
+    [1, 3, 5, 7]
+    """
 
     shards: int
     shard: int
@@ -87,6 +94,11 @@ class Stream(Generic[T]):
 
     `InMemoryDataset(texts).map(tokenize).filter(lambda t: len(t) > 2).pack(128)` is a stream;
     a loader batches it by stacking rows (the default `Batcher()`).
+
+    >>> from loadax import Batcher, DataLoader, Stream
+    >>> stream = Stream(["a", "bb", "ccc", "dddd"]).map(len).filter(lambda n: n > 1)
+    >>> [batch.tolist() for batch in DataLoader(Batcher()).batch_size(2).build(stream)]
+    [[2, 3], [4]]
     """
 
     def __init__(
