@@ -13,6 +13,7 @@ import heapq
 import itertools
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
@@ -209,7 +210,9 @@ class _Request:
         # Deadlines and hedges hold this request (and so its batch) until cancelled.
         self._timers: list[Timer] = []
         self._failing_since: float | None = None  # when the first attempt failed
-        self.future.add_done_callback(self._on_done)
+        # By weak reference: a cycle through the future would keep its batch until a gc run.
+        itself = weakref.ref(self)
+        self.future.add_done_callback(lambda future: _call_if_alive(itself, future))
         self._dispatch()
 
     def _dispatch(self) -> None:
@@ -329,3 +332,9 @@ class _Request:
             timer.cancel()
         for attempt in attempts:
             attempt.cancel()
+
+
+def _call_if_alive(request: weakref.ref[_Request], future: Future[Any]) -> None:
+    alive = request()
+    if alive is not None:
+        alive._on_done(future)
