@@ -28,6 +28,7 @@ log = logging.getLogger(__name__)
 
 DEFAULT_TIMEOUT_S = 30.0
 _BURST = 256  # replies taken per poll, so that submissions are not starved
+_REFUSAL_WAIT_MS = 200  # how long a failed send waits for the event saying the worker refused
 _WAKE = "inproc://loadax-zmq-wake"
 _HEARTBEAT_MS, _HEARTBEAT_TIMEOUT_MS = 1_000, 10_000
 _EVENTS = (
@@ -261,7 +262,10 @@ class ZmqTarget:
                 self._dealer.send_multipart(frames, zmq.NOBLOCK)
             except zmq.Again:
                 # A DEALER refuses to queue when it has no connection (none yet, or one just
-                # dropped) or its queue is full.
+                # dropped) or its queue is full. A refused security handshake drops the
+                # connection too: its monitor event, which says why, may trail a little.
+                if self._monitor.poll(_REFUSAL_WAIT_MS):
+                    self._on_monitor_events()  # fails every pending request if refused
                 self._fail_request(
                     request_id,
                     f"{self.name} is not reachable: no connection, or too many requests queued",
