@@ -23,6 +23,7 @@ from loadax.errors import WorkerError
 from loadax.server.config import TlsConfig
 from loadax.server.metrics import WorkerMetrics
 from loadax.server.worker import Worker
+from loadax.validation import require_int
 from loadax.wire.payloads import PAYLOAD_SERVICE, EncodedBatch
 from loadax.wire.v1 import worker_pb2 as wire
 from loadax.wire.v1 import worker_pb2_grpc
@@ -69,8 +70,7 @@ class GrpcServer:
             ("max_in_flight_per_client", max_in_flight_per_client),
             ("max_concurrent_rpcs", max_concurrent_rpcs),
         ):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+            require_int(name, value, minimum=1)
         self._address = address
         self._tls = tls
         metrics = metrics or WorkerMetrics()

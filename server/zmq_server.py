@@ -23,6 +23,7 @@ from loadax.errors import WorkerError
 from loadax.server.config import CurveConfig
 from loadax.server.metrics import WorkerMetrics
 from loadax.server.worker import Worker
+from loadax.validation import require_int
 from loadax.wire import zmq_frames
 from loadax.wire.v1 import worker_pb2 as wire
 
@@ -64,8 +65,7 @@ class ZmqServer:
             ("max_in_flight_per_client", max_in_flight_per_client),
             ("max_request_bytes", max_request_bytes),
         ):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+            require_int(name, value, minimum=1)
         self._worker = worker
         self._endpoint = endpoint.replace("zmq://", "tcp://", 1)
         self._max_in_flight = max_in_flight_per_client
