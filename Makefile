@@ -17,7 +17,7 @@ demo: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/mypy
+	$(BIN)/python tests/typecheck.py
 
 test: lint
 	$(BIN)/pytest

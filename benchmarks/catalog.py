@@ -82,9 +82,9 @@ CATALOG: dict[str, tuple[System, ...]] = {
         System("gRPC raw bytes", "transport_runner.py", "reference"),
     ),
     "codec": (
-        System("loadax.codec encode_frames", "codec_runner.py", "loadax"),
-        System("loadax.codec encode", "codec_runner.py", "loadax"),
-        System("loadax.codec decode", "codec_runner.py", "loadax"),
+        System("loadax.wire.codec encode_frames", "codec_runner.py", "loadax"),
+        System("loadax.wire.codec encode", "codec_runner.py", "loadax"),
+        System("loadax.wire.codec decode", "codec_runner.py", "loadax"),
         System("memcpy", "codec_runner.py", "reference"),
     ),
     "P1": (

@@ -1,4 +1,4 @@
-"""The codec workload: `loadax.codec` on a W2 batch (64 float32 224x224x3 images and their
+"""The codec workload: `loadax.wire.codec` on a W2 batch (64 float32 224x224x3 images and their
 labels): `encode_frames` (out-of-band array buffers, as ZeroMQ sends them), `encode` (one joined
 buffer, as gRPC sends it) and `decode`, against a memcpy of the same bytes into a preallocated
 array."""
@@ -13,7 +13,7 @@ import numpy.typing as npt
 from harness import Setup, System, Trial, main
 from workloads import CROP_SIDE, SEED
 
-from loadax.codec import decode, encode, encode_frames
+from loadax.wire.codec import decode, encode, encode_frames
 
 
 def w2_batch(size: int) -> dict[str, npt.NDArray[Any]]:
@@ -68,9 +68,9 @@ def memcpy(setup: Setup) -> Trial:
 
 
 SYSTEMS: dict[str, System] = {
-    "loadax.codec encode_frames": framing,
-    "loadax.codec encode": encoding,
-    "loadax.codec decode": decoding,
+    "loadax.wire.codec encode_frames": framing,
+    "loadax.wire.codec encode": encoding,
+    "loadax.wire.codec decode": decoding,
     "memcpy": memcpy,
 }
 

@@ -218,7 +218,7 @@ def targets(results: Results) -> list[tuple[str, str, str]]:
     ratio("T1: gRPC ≥ 90% of gRPC raw bytes", "T1", 0.9, "loadax gRPC", "gRPC raw bytes")
     # The target's design: a header plus out-of-band array buffers (what ZeroMQ sends).
     for direction in ("encode_frames", "decode"):
-        rows.append(_at_least(results, "codec", f"loadax.codec {direction}", 3.0, "GB/s"))
+        rows.append(_at_least(results, "codec", f"loadax.wire.codec {direction}", 3.0, "GB/s"))
     for system in results.systems.get("P1", []):
         rows.append(_at_least(results, "P1", system["name"], 10e6, "indices/s"))
     rows.append(_p1_constant_memory(results))

@@ -21,6 +21,7 @@ from typing import Any
 from loadax.client.stats import StatsRecorder
 from loadax.client.targets import Target
 from loadax.errors import WorkerError
+from loadax.validation import require_positive
 from loadax.wire.v1 import worker_pb2 as wire
 
 # Codes that say nothing about the request itself: another worker may well succeed.
@@ -41,14 +42,9 @@ class FailoverOptions:
 
     def __post_init__(self) -> None:
         for name in ("request_timeout", "no_worker_timeout", "backoff_initial", "backoff_max"):
-            _require_positive(name, getattr(self, name))
+            require_positive(name, getattr(self, name), unit="seconds")
         if self.hedge_after is not None:
-            _require_positive("hedge_after", self.hedge_after)
-
-
-def _require_positive(name: str, value: Any) -> None:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
-        raise ValueError(f"{name} must be a number of seconds > 0, got {value!r}")
+            require_positive("hedge_after", self.hedge_after, unit="seconds")
 
 
 class Scheduler:

@@ -21,12 +21,11 @@ from loadax.client.dispatch import Dispatcher, FailoverOptions
 from loadax.client.security import ClientSecurity
 from loadax.client.stats import LoaderStats, StatsRecorder
 from loadax.client.targets import Target, TargetSpec, connect
-from loadax.engine import BatchSource, Pending
+from loadax.execution.executor import Executor, Pending
 from loadax.loader import DEFAULT_PREFETCH, Loader, LoaderBuilder, LoaderOptions
-from loadax.permutation import IndexArray
-from loadax.plan import Plan
-from loadax.stream import StreamWindow
-from loadax.wire.plans import compatible_versions, plan_to_wire
+from loadax.plan.planner import Plan
+from loadax.plan.work import Work
+from loadax.wire.plans import batch_request, compatible_versions, plan_to_wire
 from loadax.wire.v1 import worker_pb2 as wire
 
 _log = logging.getLogger("loadax.client")
@@ -161,13 +160,13 @@ class RemoteLoader(Loader[Any]):
         self._dispatcher = Dispatcher(targets, failover, stats)
         dispatcher, fingerprint = self._dispatcher, self._fingerprint
 
-        def source() -> BatchSource[Any]:
-            return RemoteSource(dispatcher, pipeline, fingerprint, stats)
+        def executor() -> Executor[Any]:
+            return RemoteExecutor(dispatcher, pipeline, fingerprint, stats)
 
         super().__init__(
             self._handshake_plan,
             options,
-            source,
+            executor,
             prefetch=options.prefetch or DEFAULT_PREFETCH,
             stream_window=agreed.stream_window or None,
         )
@@ -250,8 +249,8 @@ class RemoteLoader(Loader[Any]):
             _log.warning("re-resolving %s failed: %s", self._names, error)
 
 
-class RemoteSource(BatchSource[Any]):
-    """Hands each step's request to the dispatcher, which sees it through to one answer."""
+class RemoteExecutor(Executor[Any]):
+    """Hands each work item's request to the dispatcher, which sees it through to one answer."""
 
     def __init__(
         self, dispatcher: Dispatcher, pipeline: str, fingerprint: str, stats: StatsRecorder
@@ -259,26 +258,9 @@ class RemoteSource(BatchSource[Any]):
         self._dispatcher, self._pipeline, self._fingerprint = dispatcher, pipeline, fingerprint
         self._stats = stats
 
-    def submit(self, plan: Plan, step: int, rows: IndexArray | None) -> Pending[Any]:
-        request = wire.BatchRequest(
-            pipeline=self._pipeline,
-            fingerprint=self._fingerprint,
-            plan=plan_to_wire(plan),
-            step=step,
-            rows=[] if rows is None else rows.tolist(),
-        )
-        return self._stats.timed(self._dispatcher.send(request))
-
-    def submit_window(self, plan: Plan, window: StreamWindow) -> Pending[Any]:
-        request = wire.BatchRequest(
-            pipeline=self._pipeline,
-            fingerprint=self._fingerprint,
-            plan=plan_to_wire(plan),
-            # Spreads the windows over the workers as steps are spread.
-            step=window.index * window.shards + window.shard,
-            window=wire.StreamWindow(shards=window.shards, shard=window.shard, index=window.index),
-        )
-        return self._stats.timed(self._dispatcher.send(request), window=True)
+    def submit(self, plan: Plan, work: Work) -> Pending[Any]:
+        request = batch_request(self._pipeline, self._fingerprint, plan, work)
+        return self._stats.timed(self._dispatcher.send(request), window=work.streams)
 
     def release(self, wait: bool) -> None:
         """The connections belong to the loader, not to one iterator."""

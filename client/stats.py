@@ -15,7 +15,7 @@ from typing import Any
 
 import jax
 
-from loadax.engine import FuturePending
+from loadax.execution.executor import FuturePending
 
 LATENCY_WINDOW = 1024
 """Per worker, the latencies of this many most recent answers make its percentiles."""

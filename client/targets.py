@@ -13,8 +13,8 @@ import grpc
 
 from loadax.client.security import ClientSecurity
 from loadax.client.zmq_transport import ZmqTarget
-from loadax.codec import decode, decode_frames
 from loadax.errors import WorkerError
+from loadax.wire.codec import decode, decode_frames
 from loadax.wire.payloads import LOAD_BATCH_PAYLOAD, EncodedBatch
 from loadax.wire.v1 import worker_pb2 as wire
 from loadax.wire.v1 import worker_pb2_grpc

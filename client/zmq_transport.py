@@ -19,9 +19,9 @@ import zmq
 from zmq.utils.monitor import parse_monitor_message
 
 from loadax.client.security import ClientSecurity
-from loadax.codec import CodecError, decode_frames
 from loadax.errors import WorkerError
 from loadax.wire import zmq_frames
+from loadax.wire.codec import CodecError, decode_frames
 from loadax.wire.v1 import worker_pb2 as wire
 
 log = logging.getLogger(__name__)

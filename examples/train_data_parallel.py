@@ -29,7 +29,7 @@ from local_processes import (
 )
 
 from loadax import Batcher, DataLoader, Loader
-from loadax.sharding_utilities import ddp_sharding
+from loadax.delivery.meshes import ddp_sharding
 
 RECORDS = 512
 SHUFFLE_SEED = 0

@@ -40,9 +40,9 @@ from local_processes import (
     stop_worker,
 )
 
-from loadax.checkpoint import LoaderRestore, LoaderSave
 from loadax.client import RemoteDataLoader
-from loadax.sharding_utilities import ddp_sharding
+from loadax.delivery.meshes import ddp_sharding
+from loadax.state.checkpoint import LoaderRestore, LoaderSave
 
 PIPELINE = "regression"
 FACTORY = "demo_pipeline:regression"

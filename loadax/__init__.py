@@ -1,9 +1,10 @@
 """loadax: deterministic, checkpointable data loading for JAX."""
 
-from loadax.batcher import Batcher, stack
-from loadax.dataset import (
+from loadax.collate.batcher import Batcher, stack
+from loadax.collate.padding import PaddedStack, pad_batcher
+from loadax.dataset.mix import MixedDataset
+from loadax.dataset.ops import (
     ConcatenatedDataset,
-    Dataset,
     DatasetBase,
     MappedDataset,
     RandomMappedDataset,
@@ -12,18 +13,18 @@ from loadax.dataset import (
     SlicedDataset,
     read_records,
 )
-from loadax.engine import BatchIterator, LoaderIterator
+from loadax.dataset.protocol import Dataset
+from loadax.dataset.stream import Stream
 from loadax.errors import RecordError, WorkerError
+from loadax.execution.pipeline import Pipeline
+from loadax.execution.processes import WorkerProcessError
+from loadax.iterators.base import LoaderIterator
+from loadax.iterators.batches import BatchIterator
 from loadax.loader import DataLoader, Loader
-from loadax.mix import MixedDataset
-from loadax.numpy_source import NumpyDataset
-from loadax.padding import PaddedStack, pad_batcher
-from loadax.pipeline import Pipeline
-from loadax.plan import Plan
-from loadax.process_source import WorkerProcessError
-from loadax.sources import InMemoryDataset, RangeDataset
-from loadax.sqlite_source import SQLiteDataset
-from loadax.stream import Stream
+from loadax.plan.planner import Plan
+from loadax.sources.memory import InMemoryDataset, RangeDataset
+from loadax.sources.numpy import NumpyDataset
+from loadax.sources.sqlite import SQLiteDataset
 
 __version__ = "0.3.0"
 

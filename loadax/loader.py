@@ -10,17 +10,20 @@ from typing import Any, Generic, Literal, Self, get_args
 from jax.sharding import Mesh
 from typing_extensions import TypeVar
 
-from loadax.batcher import Batcher
-from loadax.dataset import Dataset
-from loadax.delivery import DeviceIterator
-from loadax.engine import BatchIterator, BatchSource, LoaderIterator
-from loadax.local_sources import InlineSource, ThreadedSource
-from loadax.pipeline import Pipeline
-from loadax.plan import Plan
-from loadax.process_source import PickledPipeline, ProcessSource
-from loadax.sharding import DataAxis, ShardingStrategy, data_axis_of
-from loadax.stream import Stream
-from loadax.stream_iterator import StreamIterator
+from loadax.collate.batcher import Batcher
+from loadax.dataset.protocol import Dataset
+from loadax.dataset.stream import Stream
+from loadax.delivery.device import DeviceIterator
+from loadax.delivery.sharding import DataAxis, ShardingStrategy, data_axis_of
+from loadax.execution.executor import Executor
+from loadax.execution.inline import InlineExecutor
+from loadax.execution.pipeline import Pipeline
+from loadax.execution.processes import PickledPipeline, ProcessExecutor
+from loadax.execution.threads import ThreadExecutor
+from loadax.iterators.base import LoaderIterator
+from loadax.iterators.batches import BatchIterator
+from loadax.iterators.streams import StreamIterator
+from loadax.plan.planner import Plan
 from loadax.validation import require_bool, require_int
 
 T = TypeVar("T", default=Any)
@@ -203,7 +206,7 @@ class DataLoader(LoaderBuilder, Generic[T, B]):
         I/O). With `kind="processes"`, each process loads whole batches, several at once: for
         Python transforms that hold the GIL. The pipeline is pickled when the loader is built,
         so its functions must be defined at module level, and batches come back through shared
-        memory, so they must be what `loadax.codec` encodes (dicts, lists and tuples of arrays).
+        memory, so they must be what `loadax.wire.codec` encodes (dicts, lists, tuples of arrays).
         With processes, `prefetch` defaults to at least `count`. Batches and checkpoints are the
         same for every count and kind.
 
@@ -243,10 +246,10 @@ class DataLoader(LoaderBuilder, Generic[T, B]):
         workers = options.workers
         pickled = PickledPipeline(pipeline) if options.worker_kind == "processes" else None
 
-        def source() -> BatchSource[B]:
+        def executor() -> Executor[B]:
             if pickled is not None:
-                return ProcessSource(pickled, workers)
-            return ThreadedSource(pipeline, workers) if workers else InlineSource(pipeline)
+                return ProcessExecutor(pickled, workers)
+            return ThreadExecutor(pipeline, workers) if workers else InlineExecutor(pipeline)
 
         # Each process loads whole batches: keep every one of them busy.
         default_prefetch = DEFAULT_PREFETCH if pickled is None else max(DEFAULT_PREFETCH, workers)
@@ -255,7 +258,7 @@ class DataLoader(LoaderBuilder, Generic[T, B]):
         return Loader(
             plan,
             options,
-            source,
+            executor,
             prefetch=prefetch,
             pipeline=pipeline,
             stream_window=None if stream is None else stream.window,
@@ -280,7 +283,7 @@ class Loader(Generic[B]):
         self,
         plan: Plan,
         options: LoaderOptions,
-        source: Callable[[], BatchSource[B]],
+        executor: Callable[[], Executor[B]],
         *,
         prefetch: int,
         pipeline: Pipeline[Any, B] | None = None,
@@ -294,18 +297,18 @@ class Loader(Generic[B]):
             self.sharding_strategy.check_batch_length(
                 short, "the last batch of each epoch (drop it with .drop_remainder())"
             )
-        self._source, self._prefetch = source, prefetch
+        self._executor, self._prefetch = executor, prefetch
         self._device_prefetch = options.device_prefetch
 
     def __iter__(self) -> LoaderIterator[B]:
         host_batches: LoaderIterator[B]
         if self.stream_window is None:
             host_batches = BatchIterator(
-                self._source(), self.plan, self.sharding_strategy, prefetch=self._prefetch
+                self._executor(), self.plan, self.sharding_strategy, prefetch=self._prefetch
             )
         else:
             host_batches = StreamIterator(
-                self._source(),
+                self._executor(),
                 self.plan,
                 self.sharding_strategy,
                 self.stream_window,

@@ -18,7 +18,8 @@ from typing import Any, NoReturn
 
 import zmq
 
-from loadax.pipeline import Pipeline
+from loadax.execution.pipeline import Pipeline
+from loadax.validation import is_int
 from loadax.wire.zmq_frames import check_token, curve_key
 
 _SERVER_KEYS = (
@@ -414,9 +415,9 @@ def _check_keys(source: str, table: Mapping[str, Any], known: tuple[str, ...], p
 
 def _positive_int(source: str, server: Mapping[str, Any], key: str, default: int) -> int:
     value = server.get(key, default)
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+    if not is_int(value, minimum=1):
         raise ConfigError(f"{source}: [server].{key} must be an int >= 1, got {_show(value)}")
-    return value
+    return int(value)
 
 
 def _address(source: str, key: str, value: Any) -> str:

@@ -10,25 +10,23 @@ from __future__ import annotations
 import hashlib
 import json
 import traceback
-from collections.abc import Callable, Mapping
-from functools import partial
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 import loadax
-from loadax.codec import encode_frames
-from loadax.engine import Pending
 from loadax.errors import RecordError, WorkerError
-from loadax.local_sources import ThreadedSource
-from loadax.pipeline import Pipeline
-from loadax.plan import Plan
+from loadax.execution.executor import Pending
+from loadax.execution.pipeline import Pipeline
+from loadax.execution.threads import ThreadExecutor
+from loadax.plan.planner import Plan
+from loadax.plan.work import Work
 from loadax.server.config import WorkerConfig, build_pipelines, load_config
 from loadax.server.memory import MemoryBudget
-from loadax.stream import StreamWindow, window_positions
+from loadax.validation import is_int, require_positive
+from loadax.wire.codec import encode_frames
 from loadax.wire.payloads import EncodedBatch
-from loadax.wire.plans import compatible_versions, plan_from_wire
+from loadax.wire.plans import compatible_versions, plan_from_wire, work_from_wire
 from loadax.wire.v1 import worker_pb2 as wire
 
 DEFAULT_MEMORY_WAIT_S = 30.0
@@ -75,28 +73,19 @@ class Worker:
     ) -> None:
         if not pipelines:
             raise ValueError("a worker needs at least one pipeline")
-        if memory_budget_bytes is not None and (
-            isinstance(memory_budget_bytes, bool)
-            or not isinstance(memory_budget_bytes, int)
-            or memory_budget_bytes < 1
-        ):
+        if memory_budget_bytes is not None and not is_int(memory_budget_bytes, minimum=1):
             raise ValueError(
                 f"memory_budget_bytes must be None or an int >= 1, got {memory_budget_bytes!r}"
             )
-        if (
-            isinstance(memory_wait_s, bool)
-            or not isinstance(memory_wait_s, int | float)
-            or not memory_wait_s > 0
-        ):
-            raise ValueError(f"memory_wait_s must be a number > 0, got {memory_wait_s!r}")
+        require_positive("memory_wait_s", memory_wait_s)
         for name, pipeline in pipelines.items():
             if not isinstance(pipeline, Pipeline):
                 raise ValueError(
                     f"pipeline {name!r} must be a loadax.Pipeline, got {type(pipeline).__name__}"
                 )
         self._pipelines = dict(pipelines)
-        self._sources = {
-            name: ThreadedSource(pipeline, threads) for name, pipeline in pipelines.items()
+        self._executors = {
+            name: ThreadExecutor(pipeline, threads) for name, pipeline in pipelines.items()
         }
         self._fingerprints = {
             name: fingerprint(name, pipeline, (origins or {}).get(name, {}))
@@ -147,10 +136,11 @@ class Worker:
             pipeline=request.pipeline,
             fingerprint=self._fingerprints[request.pipeline],
             num_records=num_records,
-            stream_window=_stream_window(pipeline),
+            stream_window=pipeline.window,
         )
 
     def load_batch(self, request: wire.BatchRequest) -> EncodedBatch:
+        """Identity check, the work from the wire, admission (the memory budget), loading."""
         pipeline = self._pipeline(request.pipeline)
         expected = self._fingerprints[request.pipeline]
         if request.fingerprint != expected:
@@ -167,31 +157,20 @@ class Worker:
                 f"{request.pipeline!r} has {num_records}",
             )
         plan = plan_from_wire(request.plan)
-        step = request.step
-        work: Callable[[], Pending[Any]]
-        if pipeline.stream is not None or request.HasField("window"):
-            window, size = self._window(request, pipeline, plan)
-            what = f"window {window.index} of data shard {window.shard} of {window.shards}"
-            work = partial(self._sources[request.pipeline].submit_window, plan, window)
-        else:
-            total = plan.num_steps
-            if total is not None and step >= total:
-                raise WorkerError("OUT_OF_RANGE", f"step {step} is beyond the plan's {total} steps")
-            rows = self._rows(request, plan.batch_length(step))
-            size = plan.batch_length(step) if rows is None else rows.size
-            what = f"step {step}"
-            work = partial(self._sources[request.pipeline].submit, plan, step, rows)
+        work = work_from_wire(request)
+        size = _checked(request.pipeline, pipeline, plan, work)
+        executor = self._executors[request.pipeline]
         if self._budget is None:
-            return EncodedBatch(step, self._build(work, what))
+            return EncodedBatch(request.step, _encoded(executor.submit(plan, work), work))
         kind = (request.pipeline, size)
-        reserved = self._budget.reserve(kind, step)
+        reserved = self._budget.reserve(kind, request.step)
         try:
-            batch = EncodedBatch(step, self._build(work, what))
+            batch = EncodedBatch(request.step, _encoded(executor.submit(plan, work), work))
             self._budget.learn(kind, batch.size)
             if batch.size > self._budget.limit:
                 raise WorkerError(
                     "RESOURCE_EXHAUSTED",
-                    f"{what} of pipeline {request.pipeline!r} encodes to {batch.size} "
+                    f"{work} of pipeline {request.pipeline!r} encodes to {batch.size} "
                     f"bytes ({size} rows), more than this worker's memory budget of "
                     f"{self._budget.limit} bytes; ask for fewer rows per request",
                 )
@@ -209,7 +188,7 @@ class Worker:
                     name=name,
                     fingerprint=self._fingerprints[name],
                     num_records=pipeline.num_records,
-                    stream_window=_stream_window(pipeline),
+                    stream_window=pipeline.window,
                 )
                 for name, pipeline in self._pipelines.items()
             ],
@@ -217,8 +196,8 @@ class Worker:
 
     def close(self) -> None:
         """Release the record-loading threads (after in-flight work finishes)."""
-        for source in self._sources.values():
-            source.release(wait=True)
+        for executor in self._executors.values():
+            executor.release(wait=True)
 
     def _pipeline(self, name: str) -> Pipeline[Any, Any]:
         if name not in self._pipelines:
@@ -228,67 +207,29 @@ class Worker:
             )
         return self._pipelines[name]
 
-    @staticmethod
-    def _window(
-        request: wire.BatchRequest, pipeline: Pipeline[Any, Any], plan: Plan
-    ) -> tuple[StreamWindow, int]:
-        """The window a request asks for, and how many records it reads."""
-        stream = pipeline.stream
-        if stream is None:
-            raise WorkerError(
-                "FAILED_PRECONDITION",
-                f"pipeline {request.pipeline!r} is random-access: ask for steps, not windows",
-            )
-        if not request.HasField("window"):
-            raise WorkerError(
-                "FAILED_PRECONDITION",
-                f"pipeline {request.pipeline!r} is a stream (filter, pack): ask for windows",
-            )
-        if request.rows:
-            raise WorkerError("INVALID_ARGUMENT", "a window request has no rows")
-        shards, shard, index = request.window.shards, request.window.shard, request.window.index
-        try:
-            window = StreamWindow(shards, shard, index)
-            size = window_positions(plan, stream.window, window).size
-        except ValueError as error:
-            raise WorkerError(
-                "INVALID_ARGUMENT", f"window {shards}/{shard}/{index}: {error}"
-            ) from None
-        except IndexError as error:
-            raise WorkerError("OUT_OF_RANGE", str(error)) from None
-        return window, size
 
-    @staticmethod
-    def _build(work: Callable[[], Pending[Any]], what: str) -> list[bytes | memoryview]:
-        try:
-            return encode_frames(work().result())
-        except RecordError as error:
-            cause = error.__cause__ or error
-            text = "".join(traceback.format_exception(cause))
-            raise WorkerError("DATA_LOSS", f"{error}\n{text}") from error
-        except Exception as error:
-            text = "".join(traceback.format_exception(error))
-            raise WorkerError("INTERNAL", f"{what} failed: {error!r}\n{text}") from error
-
-    @staticmethod
-    def _rows(request: wire.BatchRequest, batch_length: int) -> np.ndarray[Any, Any] | None:
-        if not request.rows:
-            return None
-        # Checked as Python ints: values of 2**63 and more would wrap in int64.
-        if max(request.rows) >= batch_length:
-            raise WorkerError(
-                "INVALID_ARGUMENT",
-                f"rows must lie within the batch of {batch_length} rows, got {max(request.rows)}",
-            )
-        rows = np.asarray(request.rows, dtype=np.int64)
-        if np.any(np.diff(rows) <= 0):
-            raise WorkerError(
-                "INVALID_ARGUMENT",
-                f"rows must ascend within the batch of {batch_length} rows, got "
-                f"{rows[:8].tolist()}{'...' if rows.size > 8 else ''}",
-            )
-        return rows
+def _checked(name: str, pipeline: Pipeline[Any, Any], plan: Plan, work: Work) -> int:
+    """How many records `work` reads, once it is checked against the pipeline and the plan."""
+    try:
+        pipeline.require_kind(work)
+    except TypeError as error:
+        raise WorkerError("FAILED_PRECONDITION", f"pipeline {name!r}: {error}") from None
+    try:
+        return work.check(plan, pipeline.window)
+    except ValueError as error:
+        raise WorkerError("INVALID_ARGUMENT", str(error)) from None
+    except IndexError as error:
+        raise WorkerError("OUT_OF_RANGE", str(error)) from None
 
 
-def _stream_window(pipeline: Pipeline[Any, Any]) -> int:
-    return 0 if pipeline.stream is None else pipeline.stream.window
+def _encoded(pending: Pending[Any], work: Work) -> list[bytes | memoryview]:
+    """The frames of the batch `pending` yields; a failure is a `WorkerError` naming `work`."""
+    try:
+        return encode_frames(pending.result())
+    except RecordError as error:
+        cause = error.__cause__ or error
+        text = "".join(traceback.format_exception(cause))
+        raise WorkerError("DATA_LOSS", f"{error}\n{text}") from error
+    except Exception as error:
+        text = "".join(traceback.format_exception(error))
+        raise WorkerError("INTERNAL", f"{work} failed: {error!r}\n{text}") from error

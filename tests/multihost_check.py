@@ -21,7 +21,7 @@ from jax.experimental import multihost_utils
 from jax.sharding import Mesh
 
 from loadax import Batcher, DataLoader, RangeDataset
-from loadax.sharding_utilities import ddp_sharding, devices_by_process, fsdp_sharding
+from loadax.delivery.meshes import ddp_sharding, devices_by_process, fsdp_sharding
 
 GLOBAL_BATCH = 16
 RECORDS = 56  # 3 full batches per epoch, 8 records dropped

@@ -22,8 +22,8 @@ from jax.experimental import multihost_utils
 from jax.sharding import NamedSharding, PartitionSpec
 
 from loadax import Batcher, DataLoader, Loader, RangeDataset
-from loadax.checkpoint import LoaderRestore, LoaderSave
-from loadax.sharding_utilities import ddp_sharding
+from loadax.delivery.meshes import ddp_sharding
+from loadax.state.checkpoint import LoaderRestore, LoaderSave
 
 GLOBAL_BATCH = 16
 RECORDS = 56  # 3 full batches per epoch, 8 records dropped

@@ -70,7 +70,7 @@ def stubborn(index: int) -> int:
 
 
 def a_set(records: list[Any]) -> set[int]:
-    """A batcher whose batches loadax.codec cannot send."""
+    """A batcher whose batches loadax.wire.codec cannot send."""
     return {int(item["y"]) for item in records}
 
 

@@ -12,8 +12,8 @@ import numpy as np
 from array_record.python.array_record_module import ArrayRecordWriter
 
 import loadax
-from loadax.arrayrecord_source import ArrayRecordDataset
-from loadax.huggingface_source import HuggingFaceDataset
+from loadax.sources.arrayrecord import ArrayRecordDataset
+from loadax.sources.huggingface import HuggingFaceDataset
 
 WIDTH = 6  # floats in each record's "x"
 FEATURES = datasets.Features(

@@ -10,8 +10,8 @@ from typing import Any
 import numpy as np
 
 import loadax
-from loadax.numpy_source import NumpyDataset
-from loadax.sqlite_source import SQLiteDataset
+from loadax.sources.numpy import NumpyDataset
+from loadax.sources.sqlite import SQLiteDataset
 
 
 def write_numpy_rows(directory: str | os.PathLike[str], records: int = 40) -> Path:

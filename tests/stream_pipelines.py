@@ -7,7 +7,7 @@ from typing import Any
 import numpy as np
 
 import loadax
-from loadax.stream import Stream
+from loadax.dataset.stream import Stream
 
 
 def sequence(index: int) -> dict[str, Any]:

@@ -13,8 +13,8 @@ import pyarrow as pa  # type: ignore[import-untyped]
 import pyarrow.parquet as pq  # type: ignore[import-untyped]
 
 import loadax
-from loadax.parquet_source import ParquetDataset
-from loadax.polars_source import PolarsDataset
+from loadax.sources.parquet import ParquetDataset
+from loadax.sources.polars import PolarsDataset
 
 FILES, ROW_GROUP = 3, 4
 

@@ -14,7 +14,7 @@ from equivalence import BATCH, digests, digests_in_every_mode, loader
 from helpers import assert_batches_equal
 
 from loadax import InMemoryDataset
-from loadax.arrayrecord_source import ArrayRecordDataset
+from loadax.sources.arrayrecord import ArrayRecordDataset
 
 
 @pytest.fixture(autouse=True)

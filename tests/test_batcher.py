@@ -9,7 +9,7 @@ import pytest
 from helpers import assert_batches_equal
 
 from loadax import Batcher, DataLoader, stack
-from loadax.batcher import SharedStack
+from loadax.collate.batcher import SharedStack
 
 
 def test_stacks_python_ints() -> None:

@@ -14,7 +14,7 @@ SYSTEMS = {
     "W1": ["loadax 0w", "loadax 2w"],
     "R1": ["loadax ZeroMQ 1w", "loadax 2w"],  # loadax 2w is R1's local mode too
     "T1": ["loadax gRPC"],
-    "codec": ["loadax.codec encode"],
+    "codec": ["loadax.wire.codec encode"],
     "P1": ["Plan.indices batch 4096"],
 }
 REMOTE = {"loadax ZeroMQ 1w", "loadax gRPC"}

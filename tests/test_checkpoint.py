@@ -1,4 +1,4 @@
-"""loadax.checkpoint with the real Orbax: a CheckpointManager resumes every iterator exactly."""
+"""loadax.state.checkpoint with the real Orbax: a CheckpointManager resumes iterators exactly."""
 
 from __future__ import annotations
 
@@ -21,8 +21,8 @@ from processes import run_jax_processes
 from workers import WorkerProcess, worker_processes
 
 from loadax import DataLoader, Loader
-from loadax.checkpoint import LoaderCheckpointHandler, LoaderRestore, LoaderSave
 from loadax.client import RemoteDataLoader
+from loadax.state.checkpoint import LoaderCheckpointHandler, LoaderRestore, LoaderSave
 
 IMAGES = """
 [pipelines.images]

@@ -1,4 +1,4 @@
-"""loadax.codec: round trips, zero-copy decoding, and refusal of what it cannot carry or parse."""
+"""loadax.wire.codec: round trips, zero-copy decoding, refusal of what it cannot carry or parse."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from loadax.codec import _EXTRA_DTYPES, MAGIC, MAX_DIMENSIONS, CodecError, decode, encode
+from loadax.wire.codec import _EXTRA_DTYPES, MAGIC, MAX_DIMENSIONS, CodecError, decode, encode
 
 EXTRA_DTYPES = [
     np.dtype(ml_dtypes.bfloat16),

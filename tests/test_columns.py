@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from loadax.columns import check_columns, choose_columns
+from loadax.sources.columns import check_columns, choose_columns
 
 
 def test_none_chooses_every_column_in_order() -> None:

@@ -20,7 +20,7 @@ from loadax import (
     ShuffledDataset,
     read_records,
 )
-from loadax.permutation import KeyPurpose, derive_key, permute, record_rng
+from loadax.plan.permutation import KeyPurpose, derive_key, permute, record_rng
 
 
 class CountingFn:

@@ -15,18 +15,19 @@ from loadax import DataLoader, DatasetBase, LoaderIterator, Plan
 
 FLAGS = doctest.NORMALIZE_WHITESPACE | doctest.ELLIPSIS
 
-EXPORTING_MODULES = ("loadax", "loadax.client", "loadax.checkpoint")
+EXPORTING_MODULES = ("loadax", "loadax.client", "loadax.state.checkpoint")
 """Modules whose `__all__` lists public names."""
 
 PUBLIC_NAMES = {
-    "loadax.sharding_utilities": ("ddp_sharding", "fsdp_sharding", "devices_by_process"),
-    "loadax.stream": ("Stream", "StreamWindow"),
-    "loadax.packing": ("FirstFitPacker",),
-    "loadax.codec": ("encode", "decode", "CodecError"),
-    "loadax.parquet_source": ("ParquetDataset",),
-    "loadax.polars_source": ("PolarsDataset",),
-    "loadax.huggingface_source": ("HuggingFaceDataset",),
-    "loadax.arrayrecord_source": ("ArrayRecordDataset",),
+    "loadax.delivery.meshes": ("ddp_sharding", "fsdp_sharding", "devices_by_process"),
+    "loadax.dataset.stream": ("Stream",),
+    "loadax.plan.work": ("StepWork", "StreamWindow"),
+    "loadax.dataset.packing": ("FirstFitPacker",),
+    "loadax.wire.codec": ("encode", "decode", "CodecError"),
+    "loadax.sources.parquet": ("ParquetDataset",),
+    "loadax.sources.polars": ("PolarsDataset",),
+    "loadax.sources.huggingface": ("HuggingFaceDataset",),
+    "loadax.sources.arrayrecord": ("ArrayRecordDataset",),
 }
 """Public names of modules without an `__all__`."""
 

@@ -33,13 +33,13 @@ from hypothesis import strategies as st
 from workers import WorkerProcess, worker_process
 
 import loadax
-from loadax.codec import decode, decode_frames
-from loadax.dataset import dataset_length
+from loadax.dataset.ops import dataset_length
 from loadax.errors import WorkerError
-from loadax.pipeline import Pipeline
-from loadax.plan import Plan
+from loadax.execution.pipeline import Pipeline
+from loadax.plan.planner import Plan
 from loadax.server.worker import Worker
 from loadax.wire import zmq_frames
+from loadax.wire.codec import decode, decode_frames
 from loadax.wire.payloads import EncodedBatch
 from loadax.wire.plans import plan_from_wire, plan_to_wire
 from loadax.wire.v1 import worker_pb2 as wire

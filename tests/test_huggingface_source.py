@@ -13,7 +13,7 @@ from equivalence import digests, digests_in_every_mode, loader
 from helpers import assert_batches_equal
 
 from loadax import InMemoryDataset
-from loadax.huggingface_source import HuggingFaceDataset
+from loadax.sources.huggingface import HuggingFaceDataset
 
 
 @pytest.fixture(autouse=True)

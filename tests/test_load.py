@@ -26,12 +26,12 @@ from pipelines import blobs
 from workers import worker_with_settings
 
 import loadax
-from loadax.codec import decode
-from loadax.dataset import DatasetBase
+from loadax.dataset.ops import DatasetBase
 from loadax.errors import WorkerError
-from loadax.permutation import IndexArray
-from loadax.plan import Plan
+from loadax.plan.permutation import IndexArray
+from loadax.plan.planner import Plan
 from loadax.server.worker import Worker
+from loadax.wire.codec import decode
 from loadax.wire.plans import plan_to_wire
 from loadax.wire.v1 import worker_pb2 as wire
 from loadax.wire.v1 import worker_pb2_grpc

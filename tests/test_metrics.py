@@ -17,7 +17,7 @@ from workers import worker_env, worker_with_settings, write_config
 
 import loadax
 from loadax.errors import WorkerError
-from loadax.plan import Plan
+from loadax.plan.planner import Plan
 from loadax.server.config import ConfigError, load_config
 from loadax.server.grpc_server import GrpcServer
 from loadax.server.memory import MemoryBudget

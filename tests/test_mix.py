@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 import loadax
 from loadax import Batcher, DataLoader, RangeDataset
 from loadax.client import RemoteDataLoader
-from loadax.mix import DEFAULT_WINDOW, MixedDataset, window_counts
+from loadax.dataset.mix import DEFAULT_WINDOW, MixedDataset, window_counts
 from loadax.server.worker import Worker
 
 

@@ -13,7 +13,7 @@ from equivalence import digests_in_every_mode, loader
 from helpers import assert_batches_equal
 
 from loadax import InMemoryDataset
-from loadax.numpy_source import NumpyDataset
+from loadax.sources.numpy import NumpyDataset
 
 
 def saved(tmp_path: Path, array: np.ndarray[Any, Any], name: str = "data.npy") -> Path:

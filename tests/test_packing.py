@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from loadax.packing import POSITIONS, SEGMENT_IDS, TOKENS, FirstFitPacker
+from loadax.dataset.packing import POSITIONS, SEGMENT_IDS, TOKENS, FirstFitPacker
 
 LENGTH = 12
 

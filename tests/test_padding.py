@@ -14,8 +14,8 @@ from hypothesis import strategies as st
 import loadax
 from loadax import DataLoader, RangeDataset, stack
 from loadax.client import RemoteDataLoader
-from loadax.mix import MixedDataset
-from loadax.padding import PaddedStack, pad_batcher
+from loadax.collate.padding import PaddedStack, pad_batcher
+from loadax.dataset.mix import MixedDataset
 from loadax.server.worker import Worker
 
 

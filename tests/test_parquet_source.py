@@ -16,7 +16,7 @@ from equivalence import digests_in_every_mode, loader
 from helpers import assert_batches_equal, assert_concurrent_reads_are_right, assert_records_equal
 
 from loadax import InMemoryDataset
-from loadax.parquet_source import ParquetDataset
+from loadax.sources.parquet import ParquetDataset
 
 RECORDS = 40
 

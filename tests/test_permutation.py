@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from loadax.permutation import KeyPurpose, derive_key, permute, record_rng
+from loadax.plan.permutation import KeyPurpose, derive_key, permute, record_rng
 
 # Powers of two +-1 bracket binary domains, squares and k*(k+1) +-1 bracket mixed-radix ones
 # (a domain of a*b just above n); 2**16 is the block size of `permute`, so sizes past it exercise

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from loadax.plan import PLAN_VERSION, Plan
+from loadax.plan.planner import PLAN_VERSION, Plan
 
 HYPOTHESIS = settings(max_examples=60, deadline=None)
 

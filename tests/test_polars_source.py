@@ -13,7 +13,7 @@ from equivalence import digests, digests_in_every_mode, loader
 from helpers import assert_batches_equal, assert_concurrent_reads_are_right, assert_records_equal
 
 from loadax import InMemoryDataset
-from loadax.polars_source import PolarsDataset
+from loadax.sources.polars import PolarsDataset
 
 RECORDS = 40
 

@@ -53,13 +53,14 @@ from loadax import (
     RecordError,
     SQLiteDataset,
 )
-from loadax.arrayrecord_source import ArrayRecordDataset
-from loadax.codec import CodecError
-from loadax.huggingface_source import HuggingFaceDataset
-from loadax.parquet_source import ParquetDataset
-from loadax.polars_source import PolarsDataset
-from loadax.process_source import PickledPipeline, ProcessSource, WorkerProcessError
-from loadax.stream import Stream
+from loadax.dataset.stream import Stream
+from loadax.execution.processes import PickledPipeline, ProcessExecutor, WorkerProcessError
+from loadax.plan.work import StepWork
+from loadax.sources.arrayrecord import ArrayRecordDataset
+from loadax.sources.huggingface import HuggingFaceDataset
+from loadax.sources.parquet import ParquetDataset
+from loadax.sources.polars import PolarsDataset
+from loadax.wire.codec import CodecError
 
 SEGMENT_PREFIX = f"loadax{os.getpid()}_"
 
@@ -178,7 +179,9 @@ def test_other_errors_keep_their_type_and_carry_the_process_traceback() -> None:
 
     with pytest.raises(CodecError, match="cannot encode a set") as unsendable:
         drain(processes(DataLoader(Batcher(a_set)).batch_size(4)).build(dataset))
-    assert "process workers send batches with loadax.codec" in "\n".join(unsendable.value.__notes__)
+    assert "process workers send batches with loadax.wire.codec" in "\n".join(
+        unsendable.value.__notes__
+    )
     assert_nothing_left()
 
 
@@ -220,15 +223,15 @@ def test_when_the_last_process_dies_the_queued_batches_fail_too(tmp_path: Path) 
     marker.touch()
     pipeline = Pipeline(RangeDataset(0, 12).map(KillOnce(marker, 1)), Batcher())
     plan = Plan(num_records=12, batch_size=4)
-    source = ProcessSource(PickledPipeline(pipeline), workers=1)
-    pending = [source.submit(plan, step, None) for step in range(3)]
+    executor = ProcessExecutor(PickledPipeline(pipeline), workers=1)
+    pending = [executor.submit(plan, StepWork(step)) for step in range(3)]
     with pytest.raises(WorkerProcessError, match=r"step 0 was not loaded: .* killed by SIGKILL"):
         pending[0].result()
     for step in (1, 2):
         with pytest.raises(WorkerProcessError, match=rf"step {step} .* no worker process is left"):
             pending[step].result()
-    assert_batches_equal([source.submit(plan, 1, None).result()], [pipeline.load(plan, 1)])
-    source.release(wait=True)
+    assert_batches_equal([executor.submit(plan, StepWork(1)).result()], [pipeline.load(plan, 1)])
+    executor.release(wait=True)
     assert_nothing_left()
 
 

@@ -31,7 +31,7 @@ from loadax.client.security import ClientSecurity
 from loadax.client.targets import GrpcTarget, Target, connect
 from loadax.client.zmq_transport import ZmqTarget
 from loadax.errors import WorkerError
-from loadax.plan import Plan
+from loadax.plan.planner import Plan
 from loadax.server.config import ConfigError, load_config
 from loadax.wire import zmq_frames
 from loadax.wire.plans import plan_to_wire

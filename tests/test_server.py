@@ -20,9 +20,8 @@ from helpers import assert_batches_equal
 from workers import WorkerProcess, worker_env, worker_process, write_config
 
 import loadax
-from loadax.codec import decode
 from loadax.errors import WorkerError
-from loadax.plan import Plan
+from loadax.plan.planner import Plan
 from loadax.server.config import (
     ConfigError,
     PipelineConfig,
@@ -30,6 +29,7 @@ from loadax.server.config import (
 )
 from loadax.server.grpc_server import SERVICE, GrpcServer
 from loadax.server.worker import Worker
+from loadax.wire.codec import decode
 from loadax.wire.plans import plan_to_wire
 from loadax.wire.v1 import worker_pb2 as wire
 from loadax.wire.v1 import worker_pb2_grpc

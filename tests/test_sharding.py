@@ -11,8 +11,8 @@ from helpers import assert_batches_equal, assert_equal_output_after_checkpoint
 from jax.sharding import Mesh
 
 from loadax import Batcher, DataLoader, RangeDataset, RecordError
-from loadax.sharding import ShardingStrategy, rows_for_devices
-from loadax.sharding_utilities import ddp_sharding, fsdp_sharding
+from loadax.delivery.meshes import ddp_sharding, fsdp_sharding
+from loadax.delivery.sharding import ShardingStrategy, rows_for_devices
 
 DEVICES = np.array(jax.devices())
 # Two pretend processes of four devices each: rows are derived for a set of devices.

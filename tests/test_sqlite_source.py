@@ -16,7 +16,7 @@ from equivalence import digests_in_every_mode, loader
 from helpers import assert_batches_equal
 
 from loadax import InMemoryDataset
-from loadax.sqlite_source import SQLiteDataset
+from loadax.sources.sqlite import SQLiteDataset
 
 
 def database(tmp_path: Path, *statements: str, rows: Sequence[tuple[Any, ...]] = ()) -> Path:

@@ -18,10 +18,11 @@ from workers import worker_process
 
 from loadax import Batcher, DataLoader, InMemoryDataset, Plan, RangeDataset, RecordError
 from loadax.client import RemoteDataLoader
+from loadax.dataset.packing import SEGMENT_IDS
+from loadax.dataset.stream import Stream
 from loadax.errors import WorkerError
-from loadax.packing import SEGMENT_IDS
+from loadax.plan.work import StreamWindow, shard_length, window_positions
 from loadax.server.worker import Worker
-from loadax.stream import Stream, StreamWindow, shard_length, window_positions
 from loadax.wire.plans import plan_to_wire
 from loadax.wire.v1 import worker_pb2 as wire
 

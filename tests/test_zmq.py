@@ -11,11 +11,11 @@ import pytest
 import zmq
 from helpers import assert_batches_equal
 
-import loadax
+import loadax.wire.codec
 from loadax.client.zmq_transport import ZmqTarget
-from loadax.dataset import DatasetBase
+from loadax.dataset.ops import DatasetBase
 from loadax.errors import WorkerError
-from loadax.permutation import IndexArray
+from loadax.plan.permutation import IndexArray
 from loadax.server.worker import Worker
 from loadax.server.zmq_server import ZmqServer
 from loadax.wire import zmq_frames
@@ -201,10 +201,10 @@ def test_replies_round_trip() -> None:
 
 def test_batch_reply_sends_each_array_from_its_own_memory_and_decodes_views() -> None:
     array = np.arange(6)
-    batch = EncodedBatch(3, loadax.codec.encode_frames({"x": array}))
+    batch = EncodedBatch(3, loadax.wire.codec.encode_frames({"x": array}))
     frames = zmq_frames.reply_frames(5, batch)
     assert frames[3:] == list(batch.frames)
-    assert b"".join(frames[3:]) == loadax.codec.encode({"x": array})
+    assert b"".join(frames[3:]) == loadax.wire.codec.encode({"x": array})
     assert any(np.shares_memory(np.frombuffer(frame, np.uint8), array) for frame in frames[3:])
     head = wire.BatchResponse()
     head.ParseFromString(bytes(frames[2]))
@@ -212,7 +212,7 @@ def test_batch_reply_sends_each_array_from_its_own_memory_and_decodes_views() ->
     reply = zmq_frames.parse_batch_reply(frames)
     assert (reply.request_id, reply.step) == (5, 3)
     assert all(view.readonly for view in reply.payload)
-    decoded = loadax.codec.decode_frames(reply.payload)["x"]
+    decoded = loadax.wire.codec.decode_frames(reply.payload)["x"]
     np.testing.assert_array_equal(decoded, array)
     assert np.shares_memory(decoded, array)  # sent and received in place: no copy anywhere
 

@@ -18,7 +18,7 @@ LOAD_BATCH_PAYLOAD = f"/{PAYLOAD_SERVICE}/LoadBatch"
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class EncodedBatch:
-    """The batch (or stream window) a request asked for, as `loadax.codec.encode_frames` gives
+    """The batch (or stream window) a request asked for, as `loadax.wire.codec.encode_frames` gives
     it: the arrays' frames are views of the batch's arrays, not copies."""
 
     step: int

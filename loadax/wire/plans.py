@@ -1,9 +1,12 @@
-"""Plans and versions on the wire, shared by the worker and the client."""
+"""Plans, work items and versions on the wire, shared by the worker and the client."""
 
 from __future__ import annotations
 
+import numpy as np
+
 from loadax.errors import WorkerError
-from loadax.plan import Plan
+from loadax.plan.planner import Plan
+from loadax.plan.work import MAX_POSITION, StepWork, StreamWindow, Work
 from loadax.wire.v1 import worker_pb2 as wire
 
 
@@ -38,3 +41,47 @@ def plan_from_wire(message: wire.Plan, num_records: int | None = None) -> Plan:
         )
     except ValueError as error:
         raise WorkerError("INVALID_ARGUMENT", f"invalid plan: {error}") from error
+
+
+def batch_request(pipeline: str, fingerprint: str, plan: Plan, work: Work) -> wire.BatchRequest:
+    """The request that asks a worker for `work` of `plan` from the named pipeline."""
+    request = wire.BatchRequest(
+        pipeline=pipeline, fingerprint=fingerprint, plan=plan_to_wire(plan), step=work.ordinal
+    )
+    if isinstance(work, StreamWindow):
+        request.window.CopyFrom(
+            wire.StreamWindow(shards=work.shards, shard=work.shard, index=work.index)
+        )
+    elif isinstance(work, StepWork) and work.rows is not None:
+        request.rows.extend(work.rows.tolist())
+    return request
+
+
+def work_from_wire(request: wire.BatchRequest) -> Work:
+    """The work a request asks for; a malformed one is an INVALID_ARGUMENT `WorkerError`.
+
+    Whether it lies within the plan is for `Work.check` to say.
+    """
+    if request.HasField("window"):
+        if request.rows:
+            raise WorkerError("INVALID_ARGUMENT", "a window request has no rows")
+        shards, shard, index = request.window.shards, request.window.shard, request.window.index
+        try:
+            return StreamWindow(shards, shard, index)
+        except ValueError as error:
+            raise WorkerError(
+                "INVALID_ARGUMENT", f"window {shards}/{shard}/{index}: {error}"
+            ) from None
+    if not request.rows:
+        return StepWork(request.step)
+    # Unsigned, as sent: positions of 2**63 and more must not wrap before they are checked.
+    rows = np.array(request.rows, dtype=np.uint64)
+    if np.any(rows[1:] <= rows[:-1]):
+        raise WorkerError(
+            "INVALID_ARGUMENT",
+            f"rows must ascend within the batch, got "
+            f"{rows[:8].tolist()}{'...' if rows.size > 8 else ''}",
+        )
+    if rows[-1] >= MAX_POSITION:
+        raise WorkerError("INVALID_ARGUMENT", f"rows must lie within the batch, got {rows[-1]}")
+    return StepWork(request.step, rows.astype(np.int64))

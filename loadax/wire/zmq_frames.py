@@ -4,7 +4,7 @@ A request is `[request_id, method, body]`, or `[request_id, method, body, b"Bear
 to a worker that requires a token (a shared secret); a reply is `[request_id, b"ok", body]`,
 `[request_id, b"ok", head, *payload]` for a batch, or `[request_id, b"error", ErrorReply]`.
 The request id is 8 bytes, a big-endian uint64 the client chooses; the worker echoes it.
-A batch reply carries its payload as frames of their own (`loadax.codec.encode_frames`: the
+A batch reply carries its payload as frames of their own (`loadax.wire.codec.encode_frames`: the
 header, then each array's bytes, sent from the array without a copy), not inside the protobuf,
 so that the client decodes each array as a view of the received frame (parsing a protobuf
 copies `bytes`): its `head` is a `BatchResponse` whose `payload` is left empty.
@@ -187,7 +187,7 @@ def parse_reply(frames: Sequence[Buffer], expected: type[R]) -> Reply[R]:
 def parse_batch_reply(frames: Sequence[Buffer]) -> BatchReply:
     """The reply in `frames` to a batch request; errors as in `parse_reply`.
 
-    The payload is not copied: `loadax.codec.decode_frames(reply.payload)` gives arrays that
+    The payload is not copied: `loadax.wire.codec.decode_frames(reply.payload)` gives arrays that
     view it.
     """
     request_id = _parse_status(frames, 4, "BatchResponse", more_allowed=True)

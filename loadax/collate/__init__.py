@@ -1,0 +1,1 @@
+"""Collation: how a list of records becomes a batch."""

@@ -1,0 +1,166 @@
+"""Collation: a `Batcher` turns the list of records of one batch into the batch."""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from collections.abc import Callable
+from typing import Any, Generic, overload
+
+import jax
+import numpy as np
+from typing_extensions import TypeVar
+
+T = TypeVar("T", default=Any)
+B = TypeVar("B", default=Any)
+
+
+_PLAIN_SCALARS = frozenset({int, float, bool, complex})
+
+
+def stack(records: list[Any]) -> Any:
+    """Stack a list of pytrees (dicts, lists, tuples of arrays or scalars) leaf-wise with numpy.
+
+    >>> import numpy as np
+    >>> from loadax import stack
+    >>> batch = stack([{"x": np.zeros(2), "y": 1}, {"x": np.ones(2), "y": 2}])
+    >>> batch["x"].tolist(), batch["y"].tolist()
+    ([[0.0, 0.0], [1.0, 1.0]], [1, 2])
+    """
+    if not records:
+        raise ValueError("cannot stack an empty list of records")
+    if all(type(record) in _PLAIN_SCALARS for record in records):
+        return np.array(records)  # what stacking them gives, without a pytree walk each
+    structure, columns = leaf_columns(records)
+    try:
+        return jax.tree.unflatten(structure, [np.stack(column) for column in columns])
+    except ValueError as error:
+        ragged = _ragged_leaf(records[0], columns)
+        if ragged is None:
+            raise
+        raise ValueError(ragged) from error
+
+
+def leaf_columns(records: list[Any], where: str = "") -> tuple[Any, list[list[Any]]]:
+    """The pytree structure shared by `records`, and the column of each of its leaves.
+
+    A record whose structure differs is a ValueError naming it (and `where`, a path inside it).
+    """
+    structure: Any
+    first, structure = jax.tree.flatten(records[0])
+    columns: list[list[Any]] = [[leaf] for leaf in first]
+    for position, record in enumerate(records[1:], start=1):
+        leaves, record_structure = jax.tree.flatten(record)
+        if record_structure != structure:
+            raise ValueError(
+                f"{where + ' of ' if where else ''}record {position} of the batch has structure "
+                f"{record_structure}, but record 0 has {structure}"
+            )
+        for column, leaf in zip(columns, leaves, strict=True):
+            column.append(leaf)
+    return structure, columns
+
+
+def _ragged_leaf(first: Any, columns: list[list[Any]]) -> str | None:
+    """Which leaf of which record has a shape unlike record 0's, said plainly (None: none)."""
+    paths = [jax.tree_util.keystr(path) for path, _ in jax.tree_util.tree_leaves_with_path(first)]
+    for path, column in zip(paths, columns, strict=True):
+        shapes = [np.shape(value) for value in column]
+        for position, shape in enumerate(shapes):
+            if shape != shapes[0]:
+                return (
+                    f"leaf {path or '(the record itself)'} of record {position} has shape "
+                    f"{shape}, but record 0's has shape {shapes[0]}; pad ragged leaves with "
+                    "loadax.pad_batcher(...)"
+                )
+    return None
+
+
+class Batcher(Generic[T, B]):
+    """Collates the records of a batch with `fn`; without `fn`, stacks pytrees of arrays.
+
+    >>> from loadax import Batcher
+    >>> Batcher()([1, 2, 3]).tolist()
+    [1, 2, 3]
+    >>> Batcher(sum)([1, 2, 3])
+    6
+    """
+
+    @overload
+    def __init__(self: Batcher[Any, Any]) -> None: ...
+    @overload
+    def __init__(self, fn: Callable[[list[T]], B]) -> None: ...
+    def __init__(self, fn: Callable[[list[T]], B] | None = None) -> None:
+        if fn is not None and not callable(fn):
+            raise ValueError(f"fn must be callable, got {fn!r}")
+        self._fn: Callable[[list[T]], B] = stack if fn is None else fn
+
+    @property
+    def stacks(self) -> bool:
+        """True for the default batcher, which stacks records leaf-wise."""
+        return self._fn is stack
+
+    def __call__(self, records: list[T]) -> B:
+        return self._fn(records)
+
+    def __repr__(self) -> str:
+        return f"Batcher({getattr(self._fn, '__qualname__', self._fn)!r})"
+
+
+class SharedStack:
+    """`stack` of a batch read in parts by several threads, each copying its part's rows into
+    one shared array per leaf, so that no thread copies the whole batch at the end.
+
+    `place(position, records)` is called once per part (of `sizes[position]` records), from any
+    thread. When the parts' leaves do not all share one structure, shape and dtype, `batch()` is
+    None: then stack the records with `stack`, which promotes dtypes or names the ragged leaf.
+
+    >>> import numpy as np
+    >>> from loadax.collate.batcher import SharedStack
+    >>> shared = SharedStack([2, 1])
+    >>> shared.place(1, [{"x": np.array([5, 6])}])
+    >>> shared.place(0, [{"x": np.array([1, 2])}, {"x": np.array([3, 4])}])
+    >>> shared.batch()["x"].tolist()
+    [[1, 2], [3, 4], [5, 6]]
+    """
+
+    def __init__(self, sizes: list[int]) -> None:
+        self._starts = [0, *itertools.accumulate(sizes)]
+        self._lock = threading.Lock()
+        self._layout: tuple[Any, list[tuple[tuple[int, ...], np.dtype[Any]]]] | None = None
+        self._leaves: list[np.ndarray[Any, Any]] = []
+        self._mixed = False
+
+    def place(self, position: int, records: list[Any]) -> None:
+        """Copy the rows of part `position` into their place in the batch."""
+        try:
+            structure, columns = leaf_columns(records)
+        except ValueError:
+            self._mixed = True
+            return
+        kinds = []
+        for column in columns:
+            first = np.asarray(column[0])
+            kind = (first.shape, first.dtype)
+            if any((np.shape(value), np.asarray(value).dtype) != kind for value in column):
+                self._mixed = True
+                return
+            kinds.append(kind)
+        with self._lock:
+            if self._layout is None:
+                self._layout = (structure, kinds)
+                rows = self._starts[-1]
+                self._leaves = [np.empty((rows, *shape), dtype) for shape, dtype in kinds]
+            elif self._layout != (structure, kinds):
+                self._mixed = True
+            if self._mixed:
+                return
+        start, stop = self._starts[position], self._starts[position + 1]
+        for column, leaf in zip(columns, self._leaves, strict=True):
+            np.stack(column, out=leaf[start:stop])
+
+    def batch(self) -> Any | None:
+        """The stacked batch, once every part is placed; None if the parts did not match."""
+        if self._mixed or self._layout is None:
+            return None
+        return jax.tree.unflatten(self._layout[0], self._leaves)

@@ -1,0 +1,376 @@
+"""`DatasetBase`, and the lazy transforms that keep a dataset random-access.
+
+loadax's own datasets know the epoch a read belongs to, so that per-epoch shuffles and
+per-record random maps are a pure function of (seed, epoch, record index).
+"""
+
+from __future__ import annotations
+
+import abc
+import operator
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Any, cast
+
+import numpy as np
+import numpy.typing as npt
+from typing_extensions import TypeVar
+
+from loadax.dataset.packing import PackedRow
+from loadax.dataset.protocol import Dataset, ReadsRows, dataset_length, dataset_lengths, reads_rows
+from loadax.dataset.stream import Stream
+from loadax.plan.permutation import IndexArray, KeyPurpose, derive_key, permute, record_rng
+from loadax.validation import require_int
+
+T = TypeVar("T", default=Any)
+U = TypeVar("U", default=Any)
+
+
+def read_records(dataset: Dataset[T], indices: IndexArray, epoch: int = 0) -> list[T]:
+    """The records at `indices` (valid, non-negative) of any dataset, as read in `epoch`.
+
+    >>> import numpy as np
+    >>> from loadax import read_records
+    >>> read_records(["a", "b", "c"], np.array([2, 0]))
+    ['c', 'a']
+    """
+    if isinstance(dataset, DatasetBase):
+        return dataset.read(indices, epoch)
+    get_many = getattr(dataset, "__getitems__", None)
+    if get_many is not None:
+        return list(get_many(indices.tolist()))
+    return [dataset[index] for index in indices.tolist()]
+
+
+class DatasetBase(Dataset[T], abc.ABC):
+    """Base of loadax's datasets: Python indexing rules, batched reads and chainable transforms.
+
+    A subclass defines `__len__` and `read`:
+
+    >>> from loadax import DatasetBase
+    >>> class Squares(DatasetBase[int]):
+    ...     def __len__(self) -> int:
+    ...         return 5
+    ...     def read(self, indices, epoch):
+    ...         return [i * i for i in indices.tolist()]
+    >>> squares = Squares()
+    >>> squares[-1], list(squares.map(str).slice(1, 3))
+    (16, ['1', '4'])
+    """
+
+    @abc.abstractmethod
+    def __len__(self) -> int: ...
+
+    @abc.abstractmethod
+    def read(self, indices: IndexArray, epoch: int) -> list[T]:
+        """The records at `indices` (already checked to lie in [0, len)) as read in `epoch`."""
+
+    def __getitem__(self, index: int, /) -> T:
+        return self.read(np.array([self._normalise(index)], dtype=np.int64), 0)[0]
+
+    def __getitems__(self, indices: Sequence[int], /) -> list[T]:
+        return self.read(np.array([self._normalise(i) for i in indices], dtype=np.int64), 0)
+
+    def __iter__(self) -> Iterator[T]:
+        return (self[index] for index in range(len(self)))
+
+    def map(self, fn: Callable[[T], U]) -> MappedDataset[U]:
+        """Apply `fn` to every record, lazily.
+
+        >>> from loadax import RangeDataset
+        >>> list(RangeDataset(0, 3).map(lambda x: x * 10))
+        [0, 10, 20]
+        """
+        return MappedDataset(self, fn)
+
+    def random_map(
+        self, fn: Callable[[T, np.random.Generator], U], seed: int | None = None
+    ) -> RandomMappedDataset[U]:
+        """Apply `fn(record, rng)`, with `rng` keyed by (seed, epoch, record index).
+
+        A record gets the same draws on every read, in any process:
+
+        >>> from loadax import RangeDataset
+        >>> def jitter(x, rng):
+        ...     return x + int(rng.integers(100))
+        >>> noisy = RangeDataset(0, 3).random_map(jitter, seed=0)
+        >>> list(noisy), list(noisy)
+        ([81, 68, 4], [81, 68, 4])
+        """
+        return RandomMappedDataset(self, fn, seed)
+
+    def shuffle(self, seed: int | None = None) -> ShuffledDataset[T]:
+        """Visit the records in a keyed random order, different in every epoch.
+
+        >>> from loadax import RangeDataset
+        >>> list(RangeDataset(0, 6).shuffle(seed=2))
+        [4, 5, 2, 1, 0, 3]
+        """
+        return ShuffledDataset(self, seed)
+
+    def slice(
+        self, start: int | None = None, stop: int | None = None, step: int | None = None
+    ) -> SlicedDataset[T]:
+        """The records of `self[start:stop:step]`, lazily.
+
+        >>> from loadax import RangeDataset
+        >>> list(RangeDataset(0, 10).slice(1, None, 4))
+        [1, 5, 9]
+        """
+        return SlicedDataset(self, start, stop, step)
+
+    def concatenate(self, *others: Dataset[T]) -> ConcatenatedDataset[T]:
+        """The records of `self`, then those of each of `others` in turn.
+
+        >>> from loadax import RangeDataset
+        >>> list(RangeDataset(0, 2).concatenate([10, 11], RangeDataset(5, 6)))
+        [0, 1, 10, 11, 5]
+        """
+        return ConcatenatedDataset([self, *others])
+
+    def repeat(self, count: int) -> RepeatedDataset[T]:
+        """The records `count` times over; each pass reads as its own epoch (new shuffle, rng).
+
+        >>> from loadax import RangeDataset
+        >>> list(RangeDataset(0, 3).shuffle(seed=3).repeat(2))
+        [2, 1, 0, 0, 2, 1]
+        """
+        return RepeatedDataset(self, count)
+
+    def filter(self, predicate: Callable[[T], bool]) -> Stream[T]:
+        """A stream of the records for which `predicate` is True (no longer random-access).
+
+        A loader batches the records that survive:
+
+        >>> from loadax import Batcher, DataLoader, RangeDataset
+        >>> evens = RangeDataset(0, 10).filter(lambda x: x % 2 == 0)
+        >>> [batch.tolist() for batch in DataLoader(Batcher()).batch_size(2).build(evens)]
+        [[0, 2], [4, 6], [8]]
+        """
+        return Stream(self).filter(predicate)
+
+    def pack(
+        self, length: int, *, pad_value: int | float = 0, truncate: bool = False
+    ) -> Stream[PackedRow]:
+        """A stream of token sequences first-fit packed into rows of `length` (see Stream.pack).
+
+        >>> from loadax import Batcher, DataLoader, InMemoryDataset
+        >>> packed = InMemoryDataset([[1, 2, 3], [4, 5], [6, 7, 8, 9]]).pack(5)
+        >>> batch = next(iter(DataLoader(Batcher()).batch_size(2).build(packed)))
+        >>> batch["tokens"].tolist()
+        [[1, 2, 3, 4, 5], [6, 7, 8, 9, 0]]
+        >>> batch["segment_ids"].tolist()
+        [[1, 1, 1, 2, 2], [1, 1, 1, 1, 0]]
+        """
+        return Stream(self).pack(length, pad_value=pad_value, truncate=truncate)
+
+    def _normalise(self, index: int) -> int:
+        try:
+            position = operator.index(index)
+        except TypeError:
+            raise TypeError(
+                f"{type(self).__name__} indices must be ints, not {type(index).__name__}"
+            ) from None
+        size = len(self)
+        if position < 0:
+            position += size
+        if not 0 <= position < size:
+            raise IndexError(f"index {index} is out of range for {type(self).__name__} of {size}")
+        return position
+
+
+def _seed(seed: int | None) -> int:
+    # None is the fixed default seed 0, not fresh entropy: a pipeline must be reproducible.
+    return 0 if seed is None else require_int("seed", seed, minimum=0)
+
+
+class MappedDataset(DatasetBase[U]):
+    """`fn` applied lazily to each record of `dataset`.
+
+    >>> from loadax import MappedDataset
+    >>> list(MappedDataset([1, 2, 3], str))
+    ['1', '2', '3']
+    """
+
+    def __init__(self, dataset: Dataset[T], fn: Callable[[T], U]) -> None:
+        if not callable(fn):
+            raise ValueError(f"fn must be callable, got {fn!r}")
+        self._dataset, self._fn, self._length = dataset, fn, dataset_length(dataset)
+
+    def __len__(self) -> int:
+        return self._length
+
+    def read(self, indices: IndexArray, epoch: int) -> list[U]:
+        return [self._fn(record) for record in read_records(self._dataset, indices, epoch)]
+
+
+class RandomMappedDataset(DatasetBase[U]):
+    """`fn(record, rng)` applied lazily; `rng` depends only on (seed, epoch, record index).
+
+    >>> import numpy as np
+    >>> from loadax import RandomMappedDataset
+    >>> tagged = RandomMappedDataset(["a", "b", "c"], lambda x, rng: x + str(rng.integers(10)))
+    >>> tagged.read(np.arange(3), epoch=0), tagged.read(np.arange(3), epoch=1)
+    (['a8', 'b6', 'c0'], ['a2', 'b6', 'c7'])
+    """
+
+    def __init__(
+        self,
+        dataset: Dataset[T],
+        fn: Callable[[T, np.random.Generator], U],
+        seed: int | None = None,
+    ) -> None:
+        if not callable(fn):
+            raise ValueError(f"fn must be callable, got {fn!r}")
+        self._dataset, self._fn, self._length = dataset, fn, dataset_length(dataset)
+        self._seed = _seed(seed)
+
+    def __len__(self) -> int:
+        return self._length
+
+    def read(self, indices: IndexArray, epoch: int) -> list[U]:
+        records = read_records(self._dataset, indices, epoch)
+        return [
+            self._fn(record, record_rng(self._seed, epoch, index))
+            for record, index in zip(records, indices.tolist(), strict=True)
+        ]
+
+
+class ShuffledDataset(DatasetBase[T]):
+    """`dataset` in a keyed random order, reshuffled in every epoch; no O(n) table.
+
+    >>> import numpy as np
+    >>> from loadax import ShuffledDataset
+    >>> shuffled = ShuffledDataset(["a", "b", "c", "d"], seed=1)
+    >>> shuffled.read(np.arange(4), epoch=0), shuffled.read(np.arange(4), epoch=1)
+    (['c', 'd', 'b', 'a'], ['b', 'c', 'a', 'd'])
+    """
+
+    def __init__(self, dataset: Dataset[T], seed: int | None = None) -> None:
+        self._dataset, self._length, self._seed = dataset, dataset_length(dataset), _seed(seed)
+
+    def __len__(self) -> int:
+        return self._length
+
+    def read(self, indices: IndexArray, epoch: int) -> list[T]:
+        return read_records(self._dataset, self._parent(indices, epoch), epoch)
+
+    @property
+    def reads_rows(self) -> bool:
+        return reads_rows(self._dataset)
+
+    def read_rows(self, indices: IndexArray, epoch: int) -> npt.NDArray[Any]:
+        return cast(ReadsRows, self._dataset).read_rows(self._parent(indices, epoch), epoch)
+
+    def _parent(self, indices: IndexArray, epoch: int) -> IndexArray:
+        key = derive_key(KeyPurpose.DATASET_SHUFFLE, self._seed, epoch)
+        return permute(indices, self._length, key)
+
+
+def _optional_int(name: str, value: int | None) -> int | None:
+    return None if value is None else require_int(name, value)
+
+
+class SlicedDataset(DatasetBase[T]):
+    """`dataset[start:stop:step]` with Python's slicing rules, read lazily in one batched call.
+
+    >>> from loadax import SlicedDataset
+    >>> list(SlicedDataset(range(10), 1, 8, 3))
+    [1, 4, 7]
+    """
+
+    def __init__(
+        self,
+        dataset: Dataset[T],
+        start: int | None = None,
+        stop: int | None = None,
+        step: int | None = None,
+    ) -> None:
+        bounds = slice(
+            _optional_int("start", start), _optional_int("stop", stop), _optional_int("step", step)
+        )
+        if bounds.step == 0:
+            raise ValueError("step must not be zero")
+        self._dataset = dataset
+        self._range = range(dataset_length(dataset))[bounds]
+
+    def __len__(self) -> int:
+        return len(self._range)
+
+    def read(self, indices: IndexArray, epoch: int) -> list[T]:
+        return read_records(self._dataset, self._parent(indices), epoch)
+
+    @property
+    def reads_rows(self) -> bool:
+        return reads_rows(self._dataset)
+
+    def read_rows(self, indices: IndexArray, epoch: int) -> npt.NDArray[Any]:
+        return cast(ReadsRows, self._dataset).read_rows(self._parent(indices), epoch)
+
+    def _parent(self, indices: IndexArray) -> IndexArray:
+        parent = self._range.start + indices * self._range.step
+        return parent.astype(np.int64, copy=False)
+
+
+class ConcatenatedDataset(DatasetBase[T]):
+    """The records of each of `datasets` in turn; each dataset is read once per batched read.
+
+    >>> from loadax import ConcatenatedDataset
+    >>> list(ConcatenatedDataset([[1, 2], [3]]))
+    [1, 2, 3]
+    """
+
+    def __init__(self, datasets: Iterable[Dataset[T]]) -> None:
+        self._datasets = tuple(datasets)
+        lengths = dataset_lengths(self._datasets)
+        # _ends[d] is one past the last global index of dataset d.
+        self._ends = np.cumsum(np.array(lengths, dtype=np.int64))
+        self._starts = self._ends - np.array(lengths, dtype=np.int64)
+
+    def __len__(self) -> int:
+        return int(self._ends[-1])
+
+    def read(self, indices: IndexArray, epoch: int) -> list[T]:
+        owners = np.searchsorted(self._ends, indices, side="right")
+        local = indices - self._starts[owners]
+        return _read_grouped(
+            owners, lambda owner, chosen: read_records(self._datasets[owner], local[chosen], epoch)
+        )
+
+
+class RepeatedDataset(DatasetBase[T]):
+    """`dataset` `count` times over; pass p of epoch e reads `dataset` as epoch e * count + p.
+
+    >>> from loadax import RepeatedDataset
+    >>> list(RepeatedDataset(["a", "b"], 2))
+    ['a', 'b', 'a', 'b']
+    """
+
+    def __init__(self, dataset: Dataset[T], count: int) -> None:
+        self._dataset, self._length = dataset, dataset_length(dataset)
+        self._count = require_int("count", count, minimum=1)
+
+    def __len__(self) -> int:
+        return self._length * self._count
+
+    def read(self, indices: IndexArray, epoch: int) -> list[T]:
+        passes, local = np.divmod(indices, self._length)
+        return _read_grouped(
+            passes,
+            lambda repeat, chosen: read_records(
+                self._dataset, local[chosen], epoch * self._count + repeat
+            ),
+        )
+
+
+def _read_grouped(groups: IndexArray, read: Callable[[int, IndexArray], list[T]]) -> list[T]:
+    """`read(group, positions)` once per group of `groups`, the records put back in order."""
+    if len(groups) == 0:
+        return []
+    order = np.argsort(groups, kind="stable")
+    keys, firsts = np.unique(groups[order], return_index=True)
+    grouped: list[T] = []
+    for key, chosen in zip(keys.tolist(), np.split(order, firsts[1:]), strict=True):
+        grouped.extend(read(key, chosen))
+    inverse = np.empty_like(order)
+    inverse[order] = np.arange(len(order))
+    return [grouped[position] for position in inverse.tolist()]

@@ -1,0 +1,178 @@
+"""Streams: `filter` and `pack` change how many records make a batch, so they are not random-access.
+
+A stream reads the records of a random-access dataset in plan order and passes them through its
+ops one window at a time. Each data shard has a stream of its own: with `shards` data shards,
+shard `s` reads positions s, s + shards, s + 2 * shards, ... of the plan's record order (epochs
+back to back). Window `k` of a shard is its positions [k * window, (k + 1) * window); what a window
+yields depends on nothing else, so windows load in parallel, locally or on any worker, and a
+loader cuts batches from their outputs in order. The order is deterministic for a fixed number
+of data shards; changing it changes the batches.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+from typing import Any, Generic
+
+import numpy as np
+from typing_extensions import TypeVar
+
+from loadax.dataset.packing import FirstFitPacker, PackedRow
+from loadax.dataset.protocol import Dataset, require_dataset
+from loadax.errors import RecordError
+from loadax.validation import require_int
+
+T = TypeVar("T", default=Any)
+U = TypeVar("U", default=Any)
+
+DEFAULT_WINDOW = 256
+"""Records per window: each window is one unit of work, locally or on a worker."""
+
+Origins = list[tuple[int, int]] | None
+"""(record index, epoch) of each item of a window, while items are still single records."""
+
+
+class Stream(Generic[T]):
+    """The records of `dataset` in plan order, passed through stream ops, `window` at a time.
+
+    `InMemoryDataset(texts).map(tokenize).filter(lambda t: len(t) > 2).pack(128)` is a stream;
+    a loader batches it by stacking rows (the default `Batcher()`).
+
+    >>> from loadax import Batcher, DataLoader, Stream
+    >>> stream = Stream(["a", "bb", "ccc", "dddd"]).map(len).filter(lambda n: n > 1)
+    >>> [batch.tolist() for batch in DataLoader(Batcher()).batch_size(2).build(stream)]
+    [[2, 3], [4]]
+    """
+
+    def __init__(
+        self,
+        dataset: Dataset[Any],
+        *,
+        window: int = DEFAULT_WINDOW,
+        ops: Sequence[Callable[[list[Any], Origins], tuple[list[Any], Origins]]] = (),
+    ) -> None:
+        self.dataset = require_dataset(dataset, "a stream reads a random-access dataset")
+        self.window = require_int("window", window, minimum=1)
+        self.ops = tuple(ops)
+
+    def filter(self, predicate: Callable[[T], bool]) -> Stream[T]:
+        """Keep the records for which `predicate` returns True."""
+        return self._then(Filter(_callable("predicate", predicate)))
+
+    def map(self, fn: Callable[[T], U]) -> Stream[U]:
+        """Apply `fn` to every item of the stream (records, or packed rows)."""
+        return self._then(StreamMap(_callable("fn", fn)))
+
+    def pack(
+        self, length: int, *, pad_value: int | float = 0, truncate: bool = False
+    ) -> Stream[PackedRow]:
+        """First-fit pack token sequences into rows of `length`, with segment ids and positions.
+
+        Sequences are packed within each window; see `loadax.dataset.packing.FirstFitPacker`.
+        """
+        return self._then(Pack(FirstFitPacker(length, pad_value, truncate)))
+
+    def apply(self, records: list[Any], origins: Origins) -> list[Any]:
+        """What the ops make of the records of one window (`origins` names them in errors)."""
+        items: list[Any] = records
+        for op in self.ops:
+            items, origins = op(items, origins)
+        return items
+
+    def __repr__(self) -> str:
+        ops = ", ".join(repr(op) for op in self.ops)
+        return f"Stream({type(self.dataset).__name__}, window={self.window}, ops=[{ops}])"
+
+    def _then(self, op: Callable[[list[Any], Origins], tuple[list[Any], Origins]]) -> Stream[Any]:
+        return Stream(self.dataset, window=self.window, ops=(*self.ops, op))
+
+
+def _callable(name: str, fn: Any) -> Any:
+    if not callable(fn):
+        raise ValueError(f"{name} must be callable, got {fn!r}")
+    return fn
+
+
+def _name(fn: Any) -> str:
+    return str(getattr(fn, "__qualname__", fn))
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Filter:
+    """Keeps the items for which `predicate` returns a true bool."""
+
+    predicate: Callable[[Any], bool]
+
+    def __call__(self, items: list[Any], origins: Origins) -> tuple[list[Any], Origins]:
+        kept, kept_origins = [], []
+        for position, item in enumerate(items):
+            verdict = _each(self.predicate, item, position, origins, "filtering")
+            if not isinstance(verdict, bool | np.bool_):
+                raise _failure(
+                    position,
+                    origins,
+                    TypeError(
+                        f"filter predicate {_name(self.predicate)} returned {verdict!r}; "
+                        "it must return a bool"
+                    ),
+                    "filtering",
+                )
+            if verdict:
+                kept.append(item)
+                if origins is not None:
+                    kept_origins.append(origins[position])
+        return kept, None if origins is None else kept_origins
+
+    def __repr__(self) -> str:
+        return f"filter({_name(self.predicate)})"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class StreamMap:
+    """Applies `fn` to every item."""
+
+    fn: Callable[[Any], Any]
+
+    def __call__(self, items: list[Any], origins: Origins) -> tuple[list[Any], Origins]:
+        mapped = [
+            _each(self.fn, item, position, origins, "mapping")
+            for position, item in enumerate(items)
+        ]
+        return mapped, origins
+
+    def __repr__(self) -> str:
+        return f"map({_name(self.fn)})"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Pack:
+    """Packs the window's sequences into rows; after it, items are rows, not records."""
+
+    packer: FirstFitPacker
+
+    def __call__(self, items: list[Any], origins: Origins) -> tuple[list[Any], Origins]:
+        indices = None if origins is None else [index for index, _ in origins]
+        return self.packer(items, indices), None
+
+    def __repr__(self) -> str:
+        packer = self.packer
+        return f"pack({packer.length}, pad_value={packer.pad_value}, truncate={packer.truncate})"
+
+
+def _each(fn: Callable[[Any], Any], item: Any, position: int, origins: Origins, what: str) -> Any:
+    try:
+        return fn(item)
+    except Exception as error:
+        raise _failure(position, origins, error, what) from error
+
+
+def _failure(position: int, origins: Origins, error: Exception, what: str) -> Exception:
+    """An error naming the record (or, after packing, the row) that `error` happened on."""
+    if origins is not None:
+        index, epoch = origins[position]
+        failure = RecordError(index, epoch, error)
+        failure.__cause__ = error
+        return failure
+    error.add_note(f"loadax: while {what} packed row {position} of its window")
+    return error

@@ -1,0 +1,59 @@
+"""Delivery to devices: an iterator of global jax.Arrays whose next batches are already copying.
+
+`jax.device_put` returns before the copy is done, so distributing the next `depth` batches
+ahead of time overlaps their host-to-device copies with the current training step.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Any
+
+from loadax.delivery.sharding import ShardingStrategy
+from loadax.iterators.base import LoaderIterator
+
+
+class DeviceIterator(LoaderIterator[Any]):
+    """Global device arrays of the batches of `host_batches`, `depth` of them copied ahead."""
+
+    def __init__(
+        self, host_batches: LoaderIterator[Any], sharding: ShardingStrategy, depth: int
+    ) -> None:
+        self._host_batches, self._sharding, self._depth = host_batches, sharding, depth
+        # Each batch on the device, with the host iterator's state from before it was loaded.
+        self._on_device: deque[tuple[dict[str, Any], Any]] = deque()
+
+    def __next__(self) -> Any:
+        self._fill(defer_errors=False)
+        if not self._on_device:
+            raise StopIteration
+        _, batch = self._on_device.popleft()
+        self._fill(defer_errors=True)
+        return batch
+
+    def get_state(self) -> dict[str, Any]:
+        # The batches already on the device have not reached the training loop yet.
+        if self._on_device:
+            return self._on_device[0][0]
+        return self._host_batches.get_state()
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        self._host_batches.set_state(state)
+        self._on_device.clear()
+
+    def close(self) -> None:
+        self._host_batches.close()
+        self._on_device.clear()
+
+    def _fill(self, defer_errors: bool) -> None:
+        while len(self._on_device) <= self._depth:
+            state = self._host_batches.get_state()
+            try:
+                batch = next(self._host_batches)
+            except StopIteration:
+                return
+            except Exception:
+                if defer_errors or self._on_device:
+                    return  # it is raised again when the loop reaches the failed step
+                raise
+            self._on_device.append((state, self._sharding.distribute_global_batch(batch)))

@@ -1,0 +1,56 @@
+"""Executors: where work items load (the calling thread, a pool of threads, processes, workers).
+
+An `Executor` starts loading a work item and hands back a `Pending` result at once; the iterators
+keep several in flight and take them in order.
+"""
+
+from __future__ import annotations
+
+import abc
+from concurrent.futures import Future
+from typing import Any, Generic, Protocol
+
+from typing_extensions import TypeVar
+
+from loadax.plan.planner import Plan
+from loadax.plan.work import Work
+
+B = TypeVar("B", default=Any)
+B_co = TypeVar("B_co", covariant=True, default=Any)
+
+
+class Pending(Protocol[B_co]):
+    """A batch being loaded."""
+
+    def result(self) -> B_co:
+        """The batch, once loaded (blocking without spinning); raises what loading raised."""
+        ...
+
+    def cancel(self) -> None:
+        """Drop the batch: work not yet started is not done."""
+        ...
+
+
+class FuturePending(Generic[B]):
+    """A batch that a `concurrent.futures.Future` will hold."""
+
+    def __init__(self, future: Future[B]) -> None:
+        self._future = future
+
+    def result(self) -> B:
+        return self._future.result()
+
+    def cancel(self) -> None:
+        self._future.cancel()
+
+
+class Executor(abc.ABC, Generic[B]):
+    """Starts loading work items; holds the threads, processes or connections it takes."""
+
+    @abc.abstractmethod
+    def submit(self, plan: Plan, work: Work) -> Pending[Any]:
+        """Start loading `work`: a batch's rows, or the stacked rows (None: none) of a window."""
+
+    @abc.abstractmethod
+    def release(self, wait: bool) -> None:
+        """Free threads and connections; a later `submit` acquires them again."""

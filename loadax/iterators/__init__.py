@@ -1,0 +1,1 @@
+"""The iterators every loader shares: ordered, bounded prefetch, checkpointable."""

@@ -1,0 +1,222 @@
+"""The iterator of a stream: batches cut in order from the stacked rows of consecutive windows.
+
+Each data shard this process reads has its own stream; the process's rows of a batch are the
+next `batch_size / shards` rows of each of its shards, in shard order. Windows load ahead,
+`prefetch` per shard. The state is a cursor per shard, (window, rows of it already used): small,
+and the same whether the windows were made locally or by workers.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections import deque
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import numpy as np
+
+from loadax.delivery.sharding import ShardingStrategy
+from loadax.execution.executor import Executor, Pending
+from loadax.iterators.base import LoaderIterator
+from loadax.plan.planner import Plan
+from loadax.plan.work import StreamWindow, shard_length
+from loadax.state.checks import STATE_VERSION, checked_step, require_same
+
+
+class StreamIterator(LoaderIterator[Any]):
+    """Yields this process's rows of each batch of a stream, cut from its shards' windows.
+
+    Iteration ends at the first batch that one of this process's shards cannot fill; that short
+    batch is yielded only when there is one data shard and the plan keeps remainders.
+    """
+
+    def __init__(
+        self,
+        executor: Executor[Any],
+        plan: Plan,
+        sharding: ShardingStrategy,
+        window_size: int,
+        *,
+        prefetch: int,
+    ) -> None:
+        self._executor, self._plan, self._window_size = executor, plan, window_size
+        self._num_shards = sharding.num_data_shards
+        own = sharding.rows(self._num_shards)
+        shards = range(self._num_shards) if own is None else own.tolist()
+        self._shards = [
+            _ShardStream(executor, plan, window_size, StreamWindow(self._num_shards, shard, 0))
+            for shard in shards
+        ]
+        self._rows_per_shard = plan.batch_size // self._num_shards
+        self._prefetch = prefetch
+        self._step = 0
+        self._closed = False
+        self._finalizer = weakref.finalize(self, executor.release, False)
+
+    def __next__(self) -> Any:
+        if self._closed:
+            raise StopIteration
+        wanted = self._rows_per_shard
+        try:
+            available = min(shard.available(wanted) for shard in self._shards)
+        except BaseException:
+            # The cursors still point at the failed batch: a next() or a restore retries it.
+            for shard in self._shards:
+                shard.cancel()
+            raise
+        keep_short = self._num_shards == 1 and not self._plan.drop_remainder
+        if available == 0 or (available < wanted and not keep_short):
+            self._release(wait=False)
+            raise StopIteration
+        parts = [shard.take(available, self._prefetch) for shard in self._shards]
+        self._step += 1
+        return _concatenate(parts)
+
+    def get_state(self) -> dict[str, Any]:
+        return {
+            "version": STATE_VERSION,
+            "step": self._step,
+            "plan": self._plan.describe(),
+            "stream": {
+                "window": self._window_size,
+                "shards": self._num_shards,
+                "cursors": {str(shard.shard): shard.cursor for shard in self._shards},
+            },
+        }
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        step = checked_step(state, self._plan)
+        cursors = self._checked_cursors(state.get("stream"))
+        for shard in self._shards:
+            shard.seek(*cursors[str(shard.shard)])
+        self._step = step
+
+    def close(self) -> None:
+        self._closed = True
+        self._release(wait=True)
+
+    def _checked_cursors(self, stream: Any) -> dict[str, tuple[int, int]]:
+        if not isinstance(stream, dict):
+            raise ValueError(
+                f"iterator state has stream {stream!r}; a stream's state has a dict of cursors "
+                "(is it the state of a random-access loader?)"
+            )
+        require_same(stream, {"window": self._window_size, "shards": self._num_shards}, "stream")
+        cursors = stream.get("cursors")
+        if not isinstance(cursors, dict):
+            raise ValueError(f"iterator state has cursors {cursors!r}; it must be a dict")
+        checked = {}
+        for shard in self._shards:
+            cursor = cursors.get(str(shard.shard))
+            if not (
+                isinstance(cursor, list | tuple)
+                and len(cursor) == 2
+                and all(type(value) is int and value >= 0 for value in cursor)
+            ):
+                raise ValueError(
+                    f"iterator state has cursor {cursor!r} for data shard {shard.shard}; it must "
+                    f"be [window, offset] (ints >= 0). The state holds shards {sorted(cursors)}: "
+                    "restore each process's own state"
+                )
+            checked[str(shard.shard)] = (cursor[0], cursor[1])
+        return checked
+
+    def _release(self, wait: bool) -> None:
+        for shard in self._shards:
+            shard.cancel()
+        self._executor.release(wait)
+
+
+class _ShardStream:
+    """One data shard's stream: windows loading ahead, and the cursor of the next unused row."""
+
+    def __init__(
+        self, executor: Executor[Any], plan: Plan, window_size: int, first: StreamWindow
+    ) -> None:
+        self._executor, self._plan = executor, plan
+        self._shards, self.shard = first.shards, first.shard
+        length = shard_length(plan, first.shards, first.shard)
+        self._num_windows = None if length is None else -(-length // window_size)
+        self._window, self._offset = 0, 0  # the cursor: window, rows of it already taken
+        self._loaded: deque[tuple[Any, int]] = deque()  # windows from the cursor's on: rows, count
+        self._in_flight: deque[Pending[Any]] = deque()  # the windows after those
+        self._next_submit = 0
+
+    @property
+    def cursor(self) -> list[int]:
+        return [self._window, self._offset]
+
+    def seek(self, window: int, offset: int) -> None:
+        self.cancel()
+        self._window, self._offset = window, offset
+        self._loaded.clear()
+        self._next_submit = window
+
+    def available(self, wanted: int) -> int:
+        """Load windows until `wanted` rows are ready or the stream ends; how many are ready."""
+        ready = sum(count for _, count in self._loaded) - self._offset
+        while ready < wanted and not self._ended(self._window + len(self._loaded)):
+            if not self._in_flight:
+                self._submit_next()
+            rows = self._in_flight[0].result()
+            self._in_flight.popleft()
+            count = 0 if rows is None else len(jax.tree.leaves(rows)[0])
+            self._loaded.append((rows, count))
+            ready += count
+        return min(wanted, ready)
+
+    def take(self, count: int, prefetch: int) -> Any:
+        """The next `count` rows (already `available`), and more windows started loading."""
+        parts = []
+        while count:
+            rows, size = self._loaded[0]
+            used = min(count, size - self._offset)
+            if used:
+                part = slice(self._offset, self._offset + used)
+                parts.append(jax.tree.map(lambda leaf, part=part: leaf[part], rows))
+            count -= used
+            self._offset += used
+            if self._offset == size:
+                self._loaded.popleft()
+                self._window, self._offset = self._window + 1, 0
+        while len(self._in_flight) < prefetch and not self._ended(self._next_submit):
+            self._submit_next()
+        return _concatenate(parts)
+
+    def cancel(self) -> None:
+        while self._in_flight:
+            self._in_flight.popleft().cancel()
+        self._next_submit = self._window + len(self._loaded)
+
+    def _ended(self, window: int) -> bool:
+        return self._num_windows is not None and window >= self._num_windows
+
+    def _submit_next(self) -> None:
+        window = StreamWindow(self._shards, self.shard, self._next_submit)
+        self._in_flight.append(self._executor.submit(self._plan, window))
+        self._next_submit += 1
+
+
+def merged_state(states: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """One stream state with the cursors of every data shard that any of `states` holds.
+
+    `states` are the states that the processes of one job saved at the same step; the merged
+    state restores in any process, whichever data shards it reads now.
+    """
+    first = states[0]
+    cursors: dict[str, Any] = {}
+    for state in states:
+        if (state.get("step"), state.get("plan")) != (first.get("step"), first.get("plan")):
+            raise ValueError(
+                f"the processes' stream states differ: step {state.get('step')!r} and "
+                f"{first.get('step')!r}; they must come from one checkpoint"
+            )
+        cursors.update(state.get("stream", {}).get("cursors", {}))
+    return {**first, "stream": {**first["stream"], "cursors": cursors}}
+
+
+def _concatenate(parts: list[Any]) -> Any:
+    if len(parts) == 1:
+        return parts[0]
+    return jax.tree.map(lambda *leaves: np.concatenate(leaves), *parts)

@@ -1,0 +1,1 @@
+"""Record sources: random-access records from memory, arrays, files and databases."""

@@ -1,0 +1,1 @@
+"""State: the iterator checkpoint format, and its Orbax integration."""
