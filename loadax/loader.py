@@ -17,8 +17,9 @@ from loadax.delivery.device import DeviceIterator
 from loadax.delivery.sharding import DataAxis, ShardingStrategy, data_axis_of
 from loadax.execution.executor import Executor
 from loadax.execution.inline import InlineExecutor
+from loadax.execution.pickled import PickledPipeline
 from loadax.execution.pipeline import Pipeline
-from loadax.execution.processes import PickledPipeline, ProcessExecutor
+from loadax.execution.processes import ProcessExecutor
 from loadax.execution.threads import ThreadExecutor
 from loadax.iterators.base import LoaderIterator
 from loadax.iterators.batches import BatchIterator
@@ -164,6 +165,9 @@ class LoaderBuilder:
 
     def device_prefetch(self, depth: int = 2) -> Self:
         """Yield global jax.Arrays, with the copies of the next `depth` batches under way.
+
+        Right after a batch is yielded, exactly the `depth` batches after it have been loaded
+        and are copying (0: each batch is loaded and copied when it is asked for).
 
         >>> import jax
         >>> from loadax import Batcher, DataLoader, RangeDataset

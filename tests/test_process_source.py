@@ -54,7 +54,8 @@ from loadax import (
     SQLiteDataset,
 )
 from loadax.dataset.stream import Stream
-from loadax.execution.processes import PickledPipeline, ProcessExecutor, WorkerProcessError
+from loadax.execution.pickled import PickledPipeline
+from loadax.execution.processes import ProcessExecutor, WorkerProcessError
 from loadax.plan.work import StepWork
 from loadax.sources.arrayrecord import ArrayRecordDataset
 from loadax.sources.huggingface import HuggingFaceDataset

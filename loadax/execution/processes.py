@@ -30,14 +30,14 @@ from multiprocessing import get_context
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
 from multiprocessing.shared_memory import SharedMemory
-from typing import Any, Generic
+from typing import Any
 
 import jax
 from typing_extensions import TypeVar
 
 from loadax.errors import RecordError
 from loadax.execution.executor import Executor, FuturePending, Pending
-from loadax.execution.pipeline import Pipeline
+from loadax.execution.pickled import PickledPipeline
 from loadax.plan.planner import Plan
 from loadax.plan.work import Work
 from loadax.wire.codec import CodecError, decode, encode_frames
@@ -62,51 +62,6 @@ class WorkerProcessError(RuntimeError):
     ...         print(error)
     the batch of step 0 was not loaded: worker process 0 (pid ...) exited with code 3
     """
-
-
-class PickledPipeline(Generic[B]):
-    """A pipeline pickled once for worker processes; one that cannot be is a ValueError."""
-
-    def __init__(self, pipeline: Pipeline[Any, B]) -> None:
-        try:
-            self.data = pickle.dumps(pipeline, protocol=pickle.HIGHEST_PROTOCOL)
-        except Exception as error:
-            path, part, cause = _unpicklable_part(pipeline, "pipeline", error, set())
-            raise ValueError(
-                f"process workers need a picklable pipeline, but {path} ({part!r:.120}) cannot be "
-                f"pickled: {cause}. Define the functions it uses (map, filter, batcher, decode) at "
-                "module level in an importable module, not as lambdas or local functions"
-            ) from None
-
-
-def _unpicklable_part(
-    value: Any, path: str, error: Exception, seen: set[int]
-) -> tuple[str, Any, Exception]:
-    """The innermost part of `value` (which `error` stopped pickling) that cannot be pickled."""
-    for name, part in _parts(value):
-        if id(part) in seen:
-            continue
-        seen.add(id(part))
-        try:
-            pickle.dumps(part)
-        except Exception as part_error:
-            return _unpicklable_part(part, path + name, part_error, seen)
-    return path, value, error
-
-
-def _parts(value: Any) -> list[tuple[str, Any]]:
-    """The items or attributes of `value`, each with how to name it after its parent's name."""
-    if isinstance(value, dict):
-        return [(f"[{key!r}]", item) for key, item in value.items()]
-    if isinstance(value, list | tuple):
-        return [(f"[{position}]", item) for position, item in enumerate(value)]
-    attributes = dict(getattr(value, "__dict__", {}))
-    for cls in type(value).__mro__:
-        slots = getattr(cls, "__slots__", ())
-        for name in [slots] if isinstance(slots, str) else slots:
-            if hasattr(value, name):
-                attributes[name] = getattr(value, name)
-    return [(f".{name}", item) for name, item in attributes.items()]
 
 
 @functools.cache
