@@ -29,8 +29,8 @@ class MemoryBudget:
         self._queue: deque[object] = deque()
         self._estimates: OrderedDict[tuple[str, int], int] = OrderedDict()
 
-    def reserve(self, kind: tuple[str, int], step: int) -> int:
-        """Wait for room for a request of `kind` (pipeline, rows); the bytes it reserved."""
+    def reserve(self, kind: tuple[str, int], work: object) -> int:
+        """Wait for room for `work`, a request of `kind` (pipeline, rows); the bytes reserved."""
         with self._condition:
             self._refuse_if_too_large(kind)
             ticket = object()
@@ -46,9 +46,9 @@ class MemoryBudget:
             try:
                 if not admissible():
                     log.debug(
-                        "step %d of pipeline %r waits for %d bytes of the memory budget "
+                        "%s of pipeline %r waits for %d bytes of the memory budget "
                         "(%d of %d in use)",
-                        step,
+                        work,
                         kind[0],
                         self._need(kind),
                         self._used,
@@ -63,7 +63,7 @@ class MemoryBudget:
             if not admitted:
                 raise WorkerError(
                     "RESOURCE_EXHAUSTED",
-                    f"step {step} of pipeline {kind[0]!r} waited {self._wait_s:g} s for "
+                    f"{work} of pipeline {kind[0]!r} waited {self._wait_s:g} s for "
                     f"{need} bytes of this worker's memory budget of {self.limit} bytes "
                     f"({self._used} in use, {len(self._queue)} requests waiting); retry later "
                     "or on another worker",

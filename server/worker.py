@@ -163,7 +163,7 @@ class Worker:
         if self._budget is None:
             return EncodedBatch(request.step, _encoded(executor.submit(plan, work), work))
         kind = (request.pipeline, size)
-        reserved = self._budget.reserve(kind, request.step)
+        reserved = self._budget.reserve(kind, work)
         try:
             batch = EncodedBatch(request.step, _encoded(executor.submit(plan, work), work))
             self._budget.learn(kind, batch.size)

@@ -28,6 +28,7 @@ PUBLIC_NAMES = {
     "loadax.sources.polars": ("PolarsDataset",),
     "loadax.sources.huggingface": ("HuggingFaceDataset",),
     "loadax.sources.arrayrecord": ("ArrayRecordDataset",),
+    "loadax.sources.handles": ("HandlePool",),
 }
 """Public names of modules without an `__all__`."""
 

@@ -18,6 +18,7 @@ from workers import worker_env, worker_with_settings, write_config
 import loadax
 from loadax.errors import WorkerError
 from loadax.plan.planner import Plan
+from loadax.plan.work import StepWork
 from loadax.server.config import ConfigError, load_config
 from loadax.server.grpc_server import GrpcServer
 from loadax.server.memory import MemoryBudget
@@ -125,7 +126,7 @@ def test_the_memory_gauges_follow_the_budget_and_are_absent_without_one() -> Non
     metrics = WorkerMetrics(budget)
     assert value(metrics, "loadax_worker_memory_budget_bytes") == 1000
     assert value(metrics, "loadax_worker_memory_reserved_bytes") == 0
-    reserved = budget.reserve(("numbers", 4), step=0)  # a kind never seen: the whole budget
+    reserved = budget.reserve(("numbers", 4), StepWork(0))  # a kind never seen: the whole budget
     assert value(metrics, "loadax_worker_memory_reserved_bytes") == reserved == 1000
     budget.release(reserved)
     assert value(metrics, "loadax_worker_memory_reserved_bytes") == 0

@@ -210,7 +210,7 @@ def test_many_files_are_read_with_a_bounded_number_open(tmp_path: Path) -> None:
     order = list(range(24))
     random.Random(1).shuffle(order)
     assert [record["v"] for record in dataset.__getitems__(order)] == order
-    (state,) = dataset._states
+    (state,) = dataset._states.handles()
     assert len(state.files) == 8
     assert len(state.groups) == 2
     dataset.close()

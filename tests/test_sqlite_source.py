@@ -151,7 +151,7 @@ def test_batches_larger_than_the_parameter_limit_are_read_in_chunks(tmp_path: Pa
 def test_connections_are_read_only(people: Path) -> None:
     dataset = SQLiteDataset(people, table="people")
     with pytest.raises(sqlite3.OperationalError, match="readonly"):
-        dataset._connection().execute("DELETE FROM people")
+        dataset._connections.get().execute("DELETE FROM people")
     assert len(list(dataset)) == 18
     dataset.close()
     assert dataset[0] == expected_people()[0]  # a read after close opens a new connection

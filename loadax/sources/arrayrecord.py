@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import contextlib
 import os
-import threading
 from collections.abc import Callable, Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any, cast
 
@@ -15,6 +15,7 @@ from typing_extensions import TypeVar
 
 from loadax.dataset.ops import DatasetBase
 from loadax.plan.permutation import IndexArray
+from loadax.sources.handles import HandlePool
 
 T = TypeVar("T", default=bytes)
 
@@ -59,9 +60,7 @@ class ArrayRecordDataset(DatasetBase[T]):
             raise ValueError(f"ArrayRecordDataset: decode must be callable, got {decode!r}")
         self._paths = tuple(Path(path) for path in listed)
         self._decode = decode
-        self._local = threading.local()
-        self._readers: list[Any] = []
-        self._lock = threading.Lock()
+        self._readers = HandlePool(partial(_open_all, self._paths), _close_all)
         lengths = []
         for path in self._paths:
             reader = _open(path)
@@ -86,7 +85,7 @@ class ArrayRecordDataset(DatasetBase[T]):
         owners = np.searchsorted(self._ends, indices, side="right")
         local = indices - self._starts[owners]
         records: list[bytes | None] = [None] * len(indices)
-        readers = self._thread_readers()
+        readers = self._readers.get()
         for owner in np.unique(owners).tolist():
             (positions,) = np.nonzero(owners == owner)
             try:
@@ -104,11 +103,7 @@ class ArrayRecordDataset(DatasetBase[T]):
 
     def close(self) -> None:
         """Close every thread's readers; a later read opens new ones."""
-        with self._lock:
-            readers, self._readers = self._readers, []
-            self._local = threading.local()
-        for reader in readers:
-            reader.close()
+        self._readers.close()
 
     def __repr__(self) -> str:
         shown = [str(path) for path in self._paths]
@@ -118,14 +113,15 @@ class ArrayRecordDataset(DatasetBase[T]):
         # Pickled by path (for worker processes): unpickling opens the files again.
         return (type(self), ([path.absolute() for path in self._paths], self._decode))
 
-    def _thread_readers(self) -> list[Any]:
-        readers: list[Any] | None = getattr(self._local, "readers", None)
-        if readers is None:
-            readers = [_open(path) for path in self._paths]
-            with self._lock:
-                self._local.readers = readers
-                self._readers.extend(readers)
-        return readers
+
+def _open_all(paths: tuple[Path, ...]) -> list[Any]:
+    """A reader of each file of `paths`, in order: one thread's readers."""
+    return [_open(path) for path in paths]
+
+
+def _close_all(readers: list[Any]) -> None:
+    for reader in readers:
+        reader.close()
 
 
 def _open(path: Path) -> Any:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import threading
 from collections import OrderedDict
 from collections.abc import Sequence
 from pathlib import Path
@@ -16,6 +15,7 @@ import pyarrow.parquet as pq  # type: ignore[import-untyped]
 from loadax.dataset.ops import DatasetBase
 from loadax.plan.permutation import IndexArray
 from loadax.sources.columns import check_columns, choose_columns
+from loadax.sources.handles import HandlePool
 
 _CACHED_GROUPS = 2  # decoded row groups kept per reading thread
 _OPEN_FILES = 8  # open files kept per reading thread
@@ -88,9 +88,7 @@ class ParquetDataset(DatasetBase[dict[str, Any]]):
         self._files = np.array(files, dtype=np.int64)
         first_of_file = np.searchsorted(self._files, self._files, side="left")
         self._locals = np.arange(len(files), dtype=np.int64) - first_of_file
-        self._local = threading.local()
-        self._states: list[_ThreadState] = []
-        self._lock = threading.Lock()
+        self._states = HandlePool(_ThreadState, _ThreadState.close)
 
     def __len__(self) -> int:
         return int(self._ends[-1]) if len(self._ends) else 0
@@ -126,11 +124,7 @@ class ParquetDataset(DatasetBase[dict[str, Any]]):
 
     def close(self) -> None:
         """Close every thread's files and drop its cached row groups; later reads reopen them."""
-        with self._lock:
-            states, self._states = self._states, []
-            self._local = threading.local()
-        for state in states:
-            state.close()
+        self._states.close()
 
     def __repr__(self) -> str:
         shown = [str(path) for path in self._paths]
@@ -143,7 +137,7 @@ class ParquetDataset(DatasetBase[dict[str, Any]]):
 
     def _row_group(self, group: int) -> Any:
         """Row group `group` (global numbering) with the selected columns, decoded or cached."""
-        state = self._state()
+        state = self._states.get()
         table = state.groups.get(group)
         if table is None:
             file, local = int(self._files[group]), int(self._locals[group])
@@ -163,7 +157,7 @@ class ParquetDataset(DatasetBase[dict[str, Any]]):
 
     def _read_row_group(self, file: int, group: int) -> Any:
         """Decode row group `group` of file `file`, selected columns only: a `pyarrow.Table`."""
-        state = self._state()
+        state = self._states.get()
         handle = state.files.get(file)
         path = self._paths[file]
         if handle is None:
@@ -179,15 +173,6 @@ class ParquetDataset(DatasetBase[dict[str, Any]]):
             raise ValueError(
                 f"ParquetDataset: cannot read row group {group} of {str(path)!r}: {error}"
             ) from None
-
-    def _state(self) -> _ThreadState:
-        state: _ThreadState | None = getattr(self._local, "state", None)
-        if state is None:
-            state = _ThreadState()
-            with self._lock:
-                self._local.state = state
-                self._states.append(state)
-        return state
 
 
 class _ThreadState:

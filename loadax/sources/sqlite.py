@@ -5,8 +5,8 @@ from __future__ import annotations
 import os
 import re
 import sqlite3
-import threading
 from collections.abc import Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +15,7 @@ import numpy as np
 from loadax.dataset.ops import DatasetBase
 from loadax.plan.permutation import IndexArray
 from loadax.sources.columns import check_columns, choose_columns
+from loadax.sources.handles import HandlePool
 
 _ORDER_BY = re.compile(r"\border\s+by\b", re.IGNORECASE)
 _MAX_PARAMETERS = 999  # SQLite's smallest SQLITE_MAX_VARIABLE_NUMBER across versions
@@ -64,10 +65,8 @@ class SQLiteDataset(DatasetBase[dict[str, Any]]):
         if (table is None) == (query is None):
             raise ValueError("SQLiteDataset: give exactly one of table and query")
         check_columns(columns, "SQLiteDataset")
-        self._uri = self._path.resolve().as_uri() + "?mode=ro"
-        self._local = threading.local()
-        self._connections: list[sqlite3.Connection] = []
-        self._lock = threading.Lock()
+        uri = self._path.resolve().as_uri() + "?mode=ro"
+        self._connections = HandlePool(partial(_connect, uri), sqlite3.Connection.close)
         self._table, self._query = table, query
         try:
             if table is not None:
@@ -101,11 +100,7 @@ class SQLiteDataset(DatasetBase[dict[str, Any]]):
 
     def close(self) -> None:
         """Close every thread's connection; a later read opens new ones."""
-        with self._lock:
-            connections, self._connections = self._connections, []
-            self._local = threading.local()
-        for connection in connections:
-            connection.close()
+        self._connections.close()
 
     def __repr__(self) -> str:
         source = f"table={self._table!r}" if self._table is not None else f"query={self._query!r}"
@@ -116,7 +111,7 @@ class SQLiteDataset(DatasetBase[dict[str, Any]]):
         return (type(self), (self._path.absolute(), self._table, self._query, self._columns))
 
     def _init_table(self, table: str, columns: Sequence[str] | None) -> None:
-        connection = self._connection()
+        connection = self._connections.get()
         found = connection.execute(
             "SELECT type FROM sqlite_master WHERE name = ? AND type IN ('table', 'view')", (table,)
         ).fetchone()
@@ -168,7 +163,7 @@ class SQLiteDataset(DatasetBase[dict[str, Any]]):
                 f"SQLiteDataset: {self._where()} has no ORDER BY; without one SQLite may return "
                 "its rows in any order, and positions would not name the same rows every time"
             )
-        connection = self._connection()
+        connection = self._connections.get()
         names = [
             item[0] for item in connection.execute(f"SELECT * FROM ({query}) LIMIT 0").description
         ]
@@ -180,7 +175,7 @@ class SQLiteDataset(DatasetBase[dict[str, Any]]):
         self._length = int(count)
 
     def _read_rowids(self, rowids: np.ndarray[Any, np.dtype[np.int64]]) -> list[dict[str, Any]]:
-        connection = self._connection()
+        connection = self._connections.get()
         wanted = np.unique(rowids).tolist()
         rows: dict[int, dict[str, Any]] = {}
         for start in range(0, len(wanted), _MAX_PARAMETERS):
@@ -201,7 +196,7 @@ class SQLiteDataset(DatasetBase[dict[str, Any]]):
         first, last = int(indices.min()), int(indices.max())
         wanted = set(indices.tolist())
         rows: dict[int, dict[str, Any]] = {}
-        cursor = self._connection().execute(
+        cursor = self._connections.get().execute(
             f"{self._select} LIMIT ? OFFSET ?", (last - first + 1, first)
         )
         for position, values in enumerate(cursor, start=first):
@@ -214,22 +209,15 @@ class SQLiteDataset(DatasetBase[dict[str, Any]]):
             )
         return [dict(rows[position]) for position in indices.tolist()]
 
-    def _connection(self) -> sqlite3.Connection:
-        connection: sqlite3.Connection | None = getattr(self._local, "connection", None)
-        if connection is None:
-            # isolation_level=None: reads run in autocommit; _init_table begins its own transaction.
-            connection = sqlite3.connect(
-                self._uri, uri=True, check_same_thread=False, isolation_level=None
-            )
-            with self._lock:
-                self._local.connection = connection
-                self._connections.append(connection)
-        return connection
-
     def _where(self) -> str:
         if self._table is not None:
             return f"table {self._table!r} of {str(self._path)!r}"
         return f"query {self._query!r} of {str(self._path)!r}"
+
+
+def _connect(uri: str) -> sqlite3.Connection:
+    # isolation_level=None: reads run in autocommit; _init_table begins its own transaction.
+    return sqlite3.connect(uri, uri=True, check_same_thread=False, isolation_level=None)
 
 
 def _quote(identifier: str) -> str:
