@@ -1,7 +1,11 @@
-"""`loadax`: ping a worker, check a worker config, run the benchmark suite.
+"""`loadax`: the client's command line. `loadax ping ADDR` checks a worker as a client would.
+
+It imports the client and the core only, never the worker: a worker config is validated by the
+worker's own command (`loadax-worker --config CONFIG --check`), and the benchmark suite runs from
+a source checkout (`make bench`). `loadax check` and `loadax bench` say so.
 
 Exit status: 0 success; 1 a worker that cannot be reached, is not serving or refuses; 2 a usage
-error (bad arguments, an invalid config, no benchmark suite). `bench` exits with the suite's status.
+error (bad arguments, or a command that moved).
 """
 
 from __future__ import annotations
@@ -12,10 +16,8 @@ import functools
 import json
 import math
 import signal
-import subprocess
 import sys
 import time
-import tomllib
 from collections.abc import Callable, Container, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
@@ -28,9 +30,6 @@ from loadax.client.security import ClientSecurity
 from loadax.client.targets import GrpcTarget
 from loadax.client.zmq_transport import ZmqTarget
 from loadax.errors import WorkerError
-from loadax.server.check import check_report
-from loadax.server.config import ConfigError, load_config
-from loadax.server.worker import Worker
 from loadax.wire.v1 import worker_pb2 as wire
 
 try:  # grpcio-health-checking comes with the worker extra; without it, ping skips health checks
@@ -42,9 +41,15 @@ EXIT_OK = 0
 EXIT_FAILED = 1
 """A worker that cannot be reached, is not serving, or refuses a call."""
 EXIT_USAGE = 2
-"""Bad arguments, an invalid config, or no benchmark suite."""
+"""Bad arguments, or a command that moved."""
 DEFAULT_TIMEOUT_S = 5.0
-SUITE = Path("benchmarks", "run.py")
+MOVED = {
+    "check": "validating a worker config is the worker's job: run "
+    "`loadax-worker --config CONFIG --check [--json]`",
+    "bench": "the benchmark suite is part of a loadax source checkout, not of an installed "
+    "loadax: run `make bench` (or `python benchmarks/run.py [--quick]`) in the checkout",
+}
+"""Commands this CLI no longer has, and where each went."""
 _SERVICE = wire.DESCRIPTOR.services_by_name["Worker"].full_name
 R = TypeVar("R")
 
@@ -52,16 +57,14 @@ R = TypeVar("R")
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command the command line names; returns the exit status."""
     parser = _parser()
-    # Unknown arguments are the benchmark suite's: `bench` passes them on, the others refuse them.
+    # A moved command takes any arguments, to answer with where it went.
     args, extra = parser.parse_known_args(argv)
-    if args.command != "bench" and extra:
+    if args.command in MOVED:
+        return _usage_error(args.command, MOVED[args.command])
+    if extra:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     try:
-        if args.command == "ping":
-            return _ping(args)
-        if args.command == "check":
-            return _check(args.config, as_json=args.json)
-        return _bench(args.suite, extra)
+        return _ping(args)
     except KeyboardInterrupt:
         print(f"loadax {args.command}: interrupted", file=sys.stderr)
         return 128 + signal.SIGINT
@@ -70,9 +73,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="loadax",
-        description="Ping loadax workers, check worker configs and run the benchmark suite. "
-        "Exit status: 0 success; 1 a worker cannot be reached, is not serving or refuses; "
-        "2 a usage error (bad arguments, an invalid config, no benchmark suite).",
+        description="Check loadax workers the way a RemoteDataLoader would (ping). A worker "
+        "config is validated by `loadax-worker --config CONFIG --check [--json]`; the benchmark "
+        "suite runs from a loadax source checkout (`make bench`). Exit status: 0 success; 1 a "
+        "worker cannot be reached, is not serving or refuses; 2 a usage error.",
     )
     parser.add_argument("--version", action="version", version=f"loadax {loadax.__version__}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -135,31 +139,8 @@ def _parser() -> argparse.ArgumentParser:
         "secret-key (for workers with allowed_clients; default: a fresh keypair)",
     )
 
-    check = commands.add_parser(
-        "check",
-        help="validate a worker config, as loadax-worker --check does",
-        description="Parse a worker config, read its TLS, CURVE and token files, import and call "
-        "every factory, and print one line per pipeline and per security setting. Exit status "
-        "0 when the config is valid, 2 when it is not (the message names the file and the key).",
-    )
-    check.add_argument("config", metavar="CONFIG", help="the worker's TOML config")
-    check.add_argument("--json", action="store_true", help="print one JSON object instead")
-
-    bench = commands.add_parser(
-        "bench",
-        allow_abbrev=False,
-        help=f"run the benchmark suite ({SUITE}) of a loadax source checkout",
-        description=f"Run the benchmark suite {SUITE} of the loadax source checkout that holds "
-        "the current directory, with this interpreter and the other arguments (e.g. --quick); "
-        "put -- before those that bench takes too (-- --help). Exits with the suite's status; "
-        "2 when there is no suite (an installed loadax does not include it).",
-    )
-    bench.add_argument(
-        "--suite",
-        type=Path,
-        metavar="PATH",
-        help="the suite to run instead: a run.py, or the directory that holds it",
-    )
+    for name in MOVED:  # no help: not listed; main() says where each went
+        commands.add_parser(name, add_help=False)
     return parser
 
 
@@ -405,75 +386,6 @@ def _table(rows: Sequence[Sequence[str]], right: Container[int] = ()) -> list[st
         ).rstrip()
         for row in rows
     ]
-
-
-# --- check ----------------------------------------------------------------------------------
-
-
-def _check(path: str, *, as_json: bool) -> int:
-    try:
-        config = load_config(path)
-        worker = Worker.from_config(config)
-    except ConfigError as error:
-        if as_json:
-            print(json.dumps({"valid": False, "config": path, "error": str(error)}))
-            return EXIT_USAGE
-        return _usage_error("check", str(error))
-    try:
-        report = check_report(config, worker)
-    finally:
-        worker.close()
-    if as_json:
-        print(json.dumps({"valid": True, **report.to_json()}))
-    else:
-        print("\n".join(report.lines()))
-    return EXIT_OK
-
-
-# --- bench ----------------------------------------------------------------------------------
-
-
-def _bench(suite: Path | None, suite_args: list[str]) -> int:
-    try:
-        script = _find_suite(suite)
-    except ValueError as error:
-        return _usage_error("bench", str(error))
-    if "--" in suite_args:  # the separator is bench's, not the suite's
-        suite_args.remove("--")
-    with subprocess.Popen([sys.executable, str(script), *suite_args]) as process:
-        while True:
-            try:
-                status = process.wait()
-            except KeyboardInterrupt:
-                continue  # Ctrl-C reached the suite too: its status says how it ended
-            # Killed by a signal: the shell's convention, 128 + its number.
-            return status if status >= 0 else 128 - status
-
-
-def _find_suite(given: Path | None) -> Path:
-    """`given` (a run.py or its directory), else the suite of the checkout around the cwd."""
-    if given is not None:
-        script = given / "run.py" if given.is_dir() else given
-        if not script.is_file():
-            raise ValueError(f"--suite {given}: no such file (give a run.py or its directory)")
-        return script
-    cwd = Path.cwd()
-    for directory in (cwd, *cwd.parents):
-        if (directory / SUITE).is_file() and _is_loadax_checkout(directory):
-            return directory / SUITE
-    raise ValueError(
-        f"no benchmark suite: {cwd} is not inside a loadax source checkout (a directory with "
-        f"loadax's pyproject.toml and {SUITE}); an installed loadax does not include the suite. "
-        "Run this in a checkout, or give --suite PATH"
-    )
-
-
-def _is_loadax_checkout(directory: Path) -> bool:
-    try:
-        project = tomllib.loads((directory / "pyproject.toml").read_text())["project"]
-    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError, KeyError, TypeError):
-        return False
-    return isinstance(project, dict) and project.get("name") == "loadax"
 
 
 if __name__ == "__main__":

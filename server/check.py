@@ -1,6 +1,6 @@
-"""What a valid worker config serves, as `loadax-worker --check` and `loadax check` report it.
+"""What a valid worker config serves, as `loadax-worker --check` reports it.
 
-Needs only the worker's core (no gRPC server extras), so that the `loadax` CLI can use it anywhere.
+Needs only the worker's core (no gRPC server extras): a config checks where it cannot be served.
 """
 
 from __future__ import annotations

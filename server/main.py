@@ -42,7 +42,10 @@ class _Server(Protocol):
 
 def main(argv: Sequence[str] | None = None) -> None:
     """Run the worker (or, with --check, validate its config) as the command line says."""
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if args.json and not args.check:
+        parser.error("--json goes with --check")
     logging.basicConfig(
         level=args.log_level,
         stream=sys.stderr,
@@ -52,11 +55,20 @@ def main(argv: Sequence[str] | None = None) -> None:
         config = load_config(args.config, grpc=args.grpc, zmq=args.zmq, metrics=args.metrics)
         worker = Worker.from_config(config)
     except ConfigError as error:
-        print(f"loadax-worker: {error}", file=sys.stderr)
+        if args.json:
+            print(json.dumps({"valid": False, "config": args.config, "error": str(error)}))
+        else:
+            print(f"loadax-worker: {error}", file=sys.stderr)
         raise SystemExit(EXIT_CONFIG) from None
     if args.check:
-        print("\n".join(check_report(config, worker).lines()))
-        worker.close()
+        try:
+            report = check_report(config, worker)
+        finally:
+            worker.close()
+        if args.json:
+            print(json.dumps({"valid": True, **report.to_json()}))
+        else:
+            print("\n".join(report.lines()))
         return
     _serve(config, worker, args.grace)
 
@@ -85,6 +97,13 @@ def _parser() -> argparse.ArgumentParser:
         help="validate the config (parse it, read the TLS, CURVE and token files, import and "
         "call every factory), print one line per pipeline and per security setting and exit 0; "
         "exit 2 on an error",
+    )
+    parser.add_argument(
+        "--json",
+        action="store_true",
+        help='with --check: print one JSON object instead, {"valid": true, "config": ..., '
+        '"grpc": ..., "zmq": ..., "metrics": ..., "pipelines": [...], "security": [...]}, or '
+        '{"valid": false, "config": ..., "error": ...} with exit status 2',
     )
     parser.add_argument(
         "--grpc",

@@ -1,4 +1,4 @@
-"""The `loadax` command line: ping real workers over gRPC and ZeroMQ, check configs, run a suite.
+"""The `loadax` command line: ping real workers over gRPC and ZeroMQ; moved commands say where.
 
 End-to-end paths run the installed console script in a process of its own; the other cases call
 `main()` in this process (the same code, without a second interpreter's start-up time).
@@ -35,6 +35,7 @@ from loadax.client import cli
 from loadax.server.grpc_server import SERVICE
 
 SCRIPT = Path(sys.executable).with_name("loadax")
+WORKER_SCRIPT = SCRIPT.with_name("loadax-worker")
 TOKEN = "s3cret-token-0123456789abcdef"
 
 
@@ -187,7 +188,7 @@ images         40  [0-9a-f]{{12}}  ok \\({ms}\\)
     assert re.fullmatch(expected, result.stdout), result.stdout
 
 
-def test_ping_json_over_zeromq_lists_what_check_reports(
+def test_ping_json_over_zeromq_lists_what_the_worker_check_reports(
     served: WorkerProcess, run_main: Callable[..., Result], tmp_path: Path
 ) -> None:
     assert served.zmq is not None
@@ -208,9 +209,17 @@ def test_ping_json_over_zeromq_lists_what_check_reports(
     assert all(ms > 0 for ms in timings)
     assert 0 < report["round_trip_ms"] <= min(timings)
     # The same config, checked without a worker, has the same fingerprints.
-    checked = run_main("check", str(write_config(tmp_path, SERVED, zmq=True)), "--json")
+    config = write_config(tmp_path, SERVED, zmq=True)
+    checked = subprocess.run(
+        [str(WORKER_SCRIPT), "--config", str(config), "--check", "--json"],
+        capture_output=True,
+        text=True,
+        env=worker_env(),
+        timeout=120,
+        check=True,
+    )
     assert [(p["name"], p["fingerprint"]) for p in pipelines] == [
-        (p["name"], p["fingerprint"]) for p in checked.json()["pipelines"]
+        (p["name"], p["fingerprint"]) for p in json.loads(checked.stdout)["pipelines"]
     ]
 
 
@@ -410,169 +419,33 @@ def test_usage_errors_exit_2_naming_the_problem(
     assert "Traceback" not in result.stderr
 
 
-# --- check ----------------------------------------------------------------------------------
+# --- moved commands -------------------------------------------------------------------------
 
 
-def test_check_prints_what_loadax_worker_check_prints(tmp_path: Path) -> None:
-    config = write_config(tmp_path, SERVED, zmq=True)
-    result = run_script("check", str(config))
-    assert result.status == 0, result.stderr
-    worker = subprocess.run(
-        [str(SCRIPT.with_name("loadax-worker")), "--config", str(config), "--check"],
-        capture_output=True,
-        text=True,
-        env=worker_env(),
-        timeout=120,
-        check=True,
-    )
-    assert result.stdout == worker.stdout
-    assert result.stdout.startswith('numbers: pipelines:numbers(**{"records": 30}) -> 30 records')
-
-
-def test_check_json_reports_pipelines_addresses_and_security(
-    tmp_path: Path, run_main: Callable[..., Result]
-) -> None:
-    (tmp_path / "token").write_text(TOKEN)
-    text = '[server]\ngrpc = "127.0.0.1:50051"\ntoken_file = "token"\n' + SERVED
-    (tmp_path / "worker.toml").write_text(text)
-    result = run_main("check", str(tmp_path / "worker.toml"), "--json")
-    assert result.status == 0, result.stderr
-    report = result.json()
-    fingerprints = [p.pop("fingerprint") for p in report["pipelines"]]
-    assert all(len(fingerprint) == 64 for fingerprint in fingerprints)
-    assert report == {
-        "valid": True,
-        "config": str(tmp_path / "worker.toml"),
-        "grpc": "127.0.0.1:50051",
-        "zmq": None,
-        "metrics": None,
-        "pipelines": [
-            {
-                "name": "numbers",
-                "factory": "pipelines:numbers",
-                "args": {"records": 30},
-                "num_records": 30,
-            },
-            {
-                "name": "images",
-                "factory": "pipelines:images",
-                "args": {"records": 40, "side": 8},
-                "num_records": 40,
-            },
-        ],
-        "security": ["token: required on every request"],
-    }
-
-
-@pytest.mark.parametrize("as_json", [False, True])
-def test_check_refuses_a_bad_config_with_status_2_naming_the_key(
-    tmp_path: Path, run_main: Callable[..., Result], as_json: bool
-) -> None:
-    config = tmp_path / "worker.toml"
-    config.write_text('[server]\ngrpc = "127.0.0.1:0"\nmax_inflight = 3\n' + SERVED)
-    result = run_main("check", str(config), *(["--json"] if as_json else []))
-    assert result.status == 2
-    if as_json:
-        report = result.json()
-        assert (report["valid"], report["config"]) == (False, str(config))
-        assert report["error"].startswith(f"{config}: unknown key [server].max_inflight")
-    else:
-        assert result.stdout == ""
-        assert result.stderr.startswith(
-            f"loadax check: {config}: unknown key [server].max_inflight"
-        )
-
-
-def test_check_names_a_missing_config(run_main: Callable[..., Result], tmp_path: Path) -> None:
-    result = run_main("check", str(tmp_path / "absent.toml"))
-    assert result.status == 2
-    assert result.stderr.startswith(f"loadax check: {tmp_path / 'absent.toml'}: cannot read")
-
-
-# --- bench ----------------------------------------------------------------------------------
-
-FAKE_SUITE = """
-import json, os, signal, sys
-print(json.dumps({"args": sys.argv[1:], "prefix": sys.prefix}), flush=True)
-if "--die" in sys.argv:
-    os.kill(os.getpid(), signal.SIGTERM)
-sys.exit(int(sys.argv[-1]))
-"""
-
-
-@pytest.fixture
-def fake_suite(tmp_path: Path) -> Path:
-    """A directory whose run.py prints its arguments and exits with the last one."""
-    directory = tmp_path / "suite"
-    directory.mkdir()
-    (directory / "run.py").write_text(FAKE_SUITE)
-    return directory
-
-
-def test_bench_passes_its_arguments_on_and_exits_with_the_suites_status(
-    fake_suite: Path, tmp_path: Path
-) -> None:
-    result = run_script("bench", "--suite", str(fake_suite), "--quick", "--steps", "5", "3")
-    assert result.status == 3, result.stderr
-    assert json.loads(result.stdout) == {
-        "args": ["--quick", "--steps", "5", "3"],
-        "prefix": sys.prefix,  # the same interpreter: the same environment
-    }
+WORKER_CHECK = "`loadax-worker --config CONFIG --check [--json]`"
 
 
 @pytest.mark.parametrize(
-    ("args", "status", "passed"),
+    ("args", "pointer"),
     [
-        (["--", "--suite", "x", "-h", "0"], 0, ["--suite", "x", "-h", "0"]),
-        (["--die", "0"], 128 + 15, ["--die", "0"]),
+        (["check", "worker.toml", "--json"], f"run {WORKER_CHECK}"),
+        (["check", "--help"], f"run {WORKER_CHECK}"),
+        (["bench", "--quick"], "run `make bench` (or `python benchmarks/run.py [--quick]`)"),
     ],
 )
-def test_bench_keeps_what_follows_the_separator_and_reports_a_signal(
-    fake_suite: Path,
-    run_main: Callable[..., Result],
-    args: list[str],
-    status: int,
-    passed: list[str],
+def test_a_moved_command_exits_2_saying_where_it_went(
+    run_main: Callable[..., Result], args: list[str], pointer: str
 ) -> None:
-    result = run_main("bench", "--suite", str(fake_suite / "run.py"), *args)
-    assert result.status == status, result.stderr
-    assert json.loads(result.stdout)["args"] == passed
-
-
-def make_checkout(root: Path, name: str) -> Path:
-    (root / "benchmarks").mkdir(parents=True)
-    (root / "benchmarks" / "run.py").write_text(FAKE_SUITE)
-    (root / "pyproject.toml").write_text(f'[project]\nname = "{name}"\n')
-    inside = root / "docs" / "deep"
-    inside.mkdir(parents=True)
-    return inside
-
-
-def test_bench_finds_the_suite_of_the_checkout_around_the_current_directory(
-    tmp_path: Path, run_main: Callable[..., Result], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.chdir(make_checkout(tmp_path / "loadax", "loadax"))
-    result = run_main("bench", "--quick", "0")
-    assert result.status == 0, result.stderr
-    assert json.loads(result.stdout)["args"] == ["--quick", "0"]
-
-
-def test_bench_without_a_suite_exits_2(tmp_path: Path) -> None:
-    inside = make_checkout(tmp_path / "other", "not-loadax")  # another project's benchmarks
-    result = run_script("bench", "--quick", cwd=inside)
+    result = run_main(*args)
     assert result.status == 2
     assert result.stdout == ""
-    assert result.stderr.startswith(
-        f"loadax bench: no benchmark suite: {inside} is not inside a loadax source checkout"
-    )
+    assert result.stderr.startswith(f"loadax {args[0]}: ")
+    assert pointer in result.stderr
 
 
-def test_bench_names_a_suite_path_that_does_not_exist(
-    tmp_path: Path, run_main: Callable[..., Result]
-) -> None:
-    result = run_main("bench", "--suite", str(tmp_path / "absent"))
-    assert result.status == 2
-    assert result.stderr == (
-        f"loadax bench: --suite {tmp_path / 'absent'}: no such file (give a run.py or its "
-        "directory)\n"
-    )
+def test_help_lists_ping_only_and_points_to_the_worker_check() -> None:
+    result = run_script("--help")
+    assert result.status == 0, result.stderr
+    listed = result.stdout.partition("  COMMAND\n")[2].partition("\n\n")[0]
+    assert [line.split()[0] for line in listed.splitlines()] == ["ping"]
+    assert WORKER_CHECK in " ".join(result.stdout.split())

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import signal
 import subprocess
 import sys
@@ -263,6 +264,60 @@ def test_check_refuses_a_bad_config_with_status_2(tmp_path: Path, text: str, exp
     assert expected in result.stderr
 
 
+def test_check_json_reports_pipelines_addresses_and_security(tmp_path: Path) -> None:
+    (tmp_path / "token").write_text("s3cret-token-0123456789abcdef")
+    text = '[server]\ngrpc = "127.0.0.1:50051"\ntoken_file = "token"\n' + pipelines.SERVED
+    path = write(tmp_path, text)
+    result = run_cli("--config", str(path), "--check", "--json", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    fingerprints = [p.pop("fingerprint") for p in report["pipelines"]]
+    assert all(len(fingerprint) == 64 for fingerprint in fingerprints)
+    assert report == {
+        "valid": True,
+        "config": str(path),
+        "grpc": "127.0.0.1:50051",
+        "zmq": None,
+        "metrics": None,
+        "pipelines": [
+            {
+                "name": "numbers",
+                "factory": "pipelines:numbers",
+                "args": {"records": 30},
+                "num_records": 30,
+            },
+            {
+                "name": "images",
+                "factory": "pipelines:images",
+                "args": {"records": 40, "side": 8},
+                "num_records": 40,
+            },
+        ],
+        "security": ["token: required on every request"],
+    }
+
+
+def test_check_json_refuses_a_bad_config_with_status_2_naming_the_key(tmp_path: Path) -> None:
+    path = write(tmp_path, SERVER + "max_inflight = 3\n" + SERVED)
+    result = run_cli("--config", str(path), "--check", "--json", cwd=tmp_path)
+    assert result.returncode == 2
+    report = json.loads(result.stdout)
+    assert (report["valid"], report["config"]) == (False, str(path))
+    assert report["error"].startswith(f"{path}: unknown key [server].max_inflight")
+
+
+def test_check_names_a_missing_config(tmp_path: Path) -> None:
+    result = run_cli("--config", str(tmp_path / "absent.toml"), "--check", cwd=tmp_path)
+    assert result.returncode == 2
+    assert result.stderr.startswith(f"loadax-worker: {tmp_path / 'absent.toml'}: cannot read")
+
+
+def test_json_without_check_is_a_usage_error(tmp_path: Path) -> None:
+    result = run_cli("--config", str(write(tmp_path, GOOD)), "--json", cwd=tmp_path)
+    assert result.returncode == 2
+    assert "--json goes with --check" in result.stderr
+
+
 def test_a_bad_address_override_is_refused_with_status_2(tmp_path: Path) -> None:
     result = run_cli("--config", str(write(tmp_path, GOOD)), "--zmq", "tcp://x", cwd=tmp_path)
     assert result.returncode == 2
@@ -274,7 +329,16 @@ def test_help_documents_every_flag() -> None:
     result = subprocess.run(
         [str(script), "--help"], capture_output=True, text=True, timeout=60, check=True
     )
-    flags = ("--config", "--check", "--grpc", "--zmq", "--metrics", "--grace", "--log-level")
+    flags = (
+        "--config",
+        "--check",
+        "--json",
+        "--grpc",
+        "--zmq",
+        "--metrics",
+        "--grace",
+        "--log-level",
+    )
     for flag in (*flags, "--help"):
         assert flag in result.stdout
     assert '"event": "ready"' in result.stdout

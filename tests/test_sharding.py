@@ -123,6 +123,32 @@ def test_device_prefetch_restores_at_every_step(depth: int) -> None:
     assert_equal_output_after_checkpoint(loader.build(DATASET))
 
 
+@pytest.mark.parametrize("depth", [0, 1, 3])
+def test_device_prefetch_keeps_exactly_depth_batches_ahead(depth: int) -> None:
+    read: list[int] = []
+
+    def record(i: int) -> int:
+        read.append(i)
+        return i
+
+    loader = (
+        DataLoader(Batcher())
+        .batch_size(4)
+        .workers(0)  # no host prefetch: every read is the device iterator's doing
+        .device_prefetch(depth)
+        .build(RangeDataset(0, 40).map(record))
+    )
+    iterator = iter(loader)
+    for step in range(len(loader)):
+        batch = next(iterator)
+        np.testing.assert_array_equal(batch, range(4 * step, 4 * step + 4))
+        taken = min(step + 1 + depth, len(loader))  # this batch, then `depth` ahead
+        assert sorted(read) == list(range(4 * taken)), f"depth {depth}, after step {step}"
+    with pytest.raises(StopIteration):
+        next(iterator)
+    assert sorted(read) == list(range(40))
+
+
 def test_a_state_saved_with_device_prefetch_restores_without_it() -> None:
     mesh = Mesh(DEVICES, ("data",))
     device_iterator = iter(sharded(mesh).device_prefetch(3).build(DATASET))

@@ -14,7 +14,11 @@ from loadax.iterators.base import LoaderIterator
 
 
 class DeviceIterator(LoaderIterator[Any]):
-    """Global device arrays of the batches of `host_batches`, `depth` of them copied ahead."""
+    """Global device arrays of the batches of `host_batches`, `depth` of them copied ahead.
+
+    Right after `next()` returns batch n, batches n+1 .. n+depth (those that exist) have been
+    taken from `host_batches` and are copying; with depth 0, none.
+    """
 
     def __init__(
         self, host_batches: LoaderIterator[Any], sharding: ShardingStrategy, depth: int
@@ -24,11 +28,11 @@ class DeviceIterator(LoaderIterator[Any]):
         self._on_device: deque[tuple[dict[str, Any], Any]] = deque()
 
     def __next__(self) -> Any:
-        self._fill(defer_errors=False)
+        self._fill(1, defer_errors=False)
         if not self._on_device:
             raise StopIteration
         _, batch = self._on_device.popleft()
-        self._fill(defer_errors=True)
+        self._fill(self._depth, defer_errors=True)
         return batch
 
     def get_state(self) -> dict[str, Any]:
@@ -45,15 +49,16 @@ class DeviceIterator(LoaderIterator[Any]):
         self._host_batches.close()
         self._on_device.clear()
 
-    def _fill(self, defer_errors: bool) -> None:
-        while len(self._on_device) <= self._depth:
+    def _fill(self, count: int, defer_errors: bool) -> None:
+        """Take host batches until `count` are on the device, or the host iterator ends."""
+        while len(self._on_device) < count:
             state = self._host_batches.get_state()
             try:
                 batch = next(self._host_batches)
             except StopIteration:
                 return
             except Exception:
-                if defer_errors or self._on_device:
+                if defer_errors:
                     return  # it is raised again when the loop reaches the failed step
                 raise
             self._on_device.append((state, self._sharding.distribute_global_batch(batch)))
