@@ -11,7 +11,7 @@ from pathlib import Path
 
 import zmq
 
-from loadax.wire.zmq_frames import check_token, curve_key
+from loadax.wire.credentials import check_token, curve_key
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

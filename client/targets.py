@@ -11,16 +11,15 @@ from typing import Any, Protocol
 
 import grpc
 
+from loadax.client.replies import decode_batch
 from loadax.client.security import ClientSecurity
 from loadax.client.zmq_transport import ZmqTarget
 from loadax.errors import WorkerError
-from loadax.wire.codec import decode, decode_frames
+from loadax.wire.credentials import bearer
+from loadax.wire.limits import DEFAULT_TIMEOUT_S, MAX_BATCH_BYTES
 from loadax.wire.payloads import LOAD_BATCH_PAYLOAD, EncodedBatch
 from loadax.wire.v1 import worker_pb2 as wire
 from loadax.wire.v1 import worker_pb2_grpc
-
-_MAX_BATCH_BYTES = 1 << 30
-DEFAULT_TIMEOUT_S = 30.0
 
 
 class Target(Protocol):
@@ -54,7 +53,7 @@ class GrpcTarget:
     def __init__(self, address: str, security: ClientSecurity | None = None) -> None:
         self.name = address
         security = security or ClientSecurity()
-        options: list[tuple[str, Any]] = [("grpc.max_receive_message_length", _MAX_BATCH_BYTES)]
+        options: list[tuple[str, Any]] = [("grpc.max_receive_message_length", MAX_BATCH_BYTES)]
         target = address.removeprefix("grpc://")
         if security.ca_cert is None:
             self._channel = grpc.insecure_channel(target, options=options)
@@ -69,7 +68,9 @@ class GrpcTarget:
             )
             self._channel = grpc.secure_channel(target, credentials, options=options)
         self._metadata = (
-            None if security.token is None else (("authorization", f"Bearer {security.token}"),)
+            None
+            if security.token is None
+            else (("authorization", bearer(security.token).decode("ascii")),)
         )
         self._stub = worker_pb2_grpc.WorkerStub(self._channel)
         # The payload arrives as the raw reply: decoded as views of it, never copied.
@@ -103,13 +104,13 @@ class GrpcTarget:
             if batch.cancelled():
                 return
             try:
-                batch.set_result(decode(finished.result()))
+                batch.set_result(decode_batch([finished.result()], request.step, self.name))
             except grpc.FutureCancelledError:
                 batch.cancel()
             except grpc.RpcError as error:
                 batch.set_exception(_worker_error(error))
-            except Exception as error:
-                batch.set_exception(WorkerError("DATA_LOSS", f"undecodable batch: {error}"))
+            except WorkerError as error:
+                batch.set_exception(error)
 
         call.add_done_callback(done)
         batch.add_done_callback(lambda future: future.cancelled() and call.cancel())
@@ -141,7 +142,10 @@ class InProcessTarget:
         return self._worker.handshake(request)
 
     def load_batch(self, request: wire.BatchRequest) -> Future[Any]:
-        return self._pool.submit(lambda: decode_frames(self._worker.load_batch(request).frames))
+        return self._pool.submit(self._load, request)
+
+    def _load(self, request: wire.BatchRequest) -> Any:
+        return decode_batch(self._worker.load_batch(request).frames, request.step, self.name)
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)

@@ -18,19 +18,19 @@ from typing import Any, Generic, TypeVar
 import zmq
 from zmq.utils.monitor import parse_monitor_message
 
+from loadax.client.replies import decode_batch
 from loadax.client.security import ClientSecurity
 from loadax.errors import WorkerError
 from loadax.wire import zmq_frames
-from loadax.wire.codec import CodecError, decode_frames
+from loadax.wire.limits import DEFAULT_TIMEOUT_S, ZMQ_HEARTBEAT_MS, ZMQ_HEARTBEAT_TIMEOUT_MS
+from loadax.wire.messages import RequestMessage, method_of
 from loadax.wire.v1 import worker_pb2 as wire
 
 log = logging.getLogger(__name__)
 
-DEFAULT_TIMEOUT_S = 30.0
 _BURST = 256  # replies taken per poll, so that submissions are not starved
 _REFUSAL_WAIT_MS = 200  # how long a failed send waits for the event saying the worker refused
 _WAKE = "inproc://loadax-zmq-wake"
-_HEARTBEAT_MS, _HEARTBEAT_TIMEOUT_MS = 1_000, 10_000
 _EVENTS = (
     zmq.EVENT_DISCONNECTED
     | zmq.EVENT_HANDSHAKE_SUCCEEDED
@@ -89,8 +89,8 @@ class ZmqTarget:
             self._dealer.setsockopt(zmq.MAXMSGSIZE, max_reply_bytes)
         # A worker that dies without closing its connection is found by missing heartbeats;
         # the worker's ZeroMQ I/O thread answers them however busy its handlers are.
-        self._dealer.setsockopt(zmq.HEARTBEAT_IVL, _HEARTBEAT_MS)
-        self._dealer.setsockopt(zmq.HEARTBEAT_TIMEOUT, _HEARTBEAT_TIMEOUT_MS)
+        self._dealer.setsockopt(zmq.HEARTBEAT_IVL, ZMQ_HEARTBEAT_MS)
+        self._dealer.setsockopt(zmq.HEARTBEAT_TIMEOUT, ZMQ_HEARTBEAT_TIMEOUT_MS)
         # A lost connection loses the requests it carried: they are failed, to be retried.
         # A refused security handshake fails them for good.
         self._monitor = self._dealer.get_monitor_socket(_EVENTS)
@@ -142,13 +142,7 @@ class ZmqTarget:
             reply = zmq_frames.parse_batch_reply(frames)
             if reply.step != step:
                 raise WorkerError("DATA_LOSS", f"{name} answered step {reply.step} for step {step}")
-            try:
-                # The arrays keep the frame alive: they view a memoryview of it.
-                return decode_frames(reply.payload)
-            except CodecError as error:
-                raise WorkerError(
-                    "DATA_LOSS", f"undecodable batch of step {step} from {name}: {error}"
-                ) from error
+            return decode_batch(reply.payload, step, name)
 
         return self._submit(request, batch)
 
@@ -164,16 +158,13 @@ class ZmqTarget:
     def __exit__(self, *exc_info: object) -> None:
         self.close()
 
-    def _call(
-        self, request: zmq_frames.RequestMessage, complete: Callable[[Frames], T], timeout: float
-    ) -> T:
+    def _call(self, request: RequestMessage, complete: Callable[[Frames], T], timeout: float) -> T:
         future = self._submit(request, complete)
         try:
             return future.result(timeout)
         except TimeoutError:
             future.cancel()
-            method = zmq_frames.method_of(request).decode()
-            message = f"{self.name} did not answer {method} within {timeout} s"
+            message = f"{self.name} did not answer {method_of(request)} within {timeout} s"
             if self._handshake_failures:
                 message += (
                     f"; {self._handshake_failures} connections failed their security handshake: "
@@ -185,9 +176,7 @@ class ZmqTarget:
                 )
             raise WorkerError("DEADLINE_EXCEEDED", message) from None
 
-    def _submit(
-        self, request: zmq_frames.RequestMessage, complete: Callable[[Frames], T]
-    ) -> Future[T]:
+    def _submit(self, request: RequestMessage, complete: Callable[[Frames], T]) -> Future[T]:
         future: Future[T] = Future()
         request_id = next(self._ids)
         frames = zmq_frames.request_frames(request_id, request, self._token)

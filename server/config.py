@@ -20,7 +20,7 @@ import zmq
 
 from loadax.execution.pipeline import Pipeline
 from loadax.validation import is_int
-from loadax.wire.zmq_frames import check_token, curve_key
+from loadax.wire.credentials import check_token, curve_key
 
 _SERVER_KEYS = (
     "grpc",

@@ -8,36 +8,38 @@ with every Worker call; health checks and reflection stay open to probes.
 
 from __future__ import annotations
 
-import hmac
-import logging
 import threading
 from collections.abc import Callable
 from concurrent import futures
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from loadax.errors import WorkerError
+from loadax.server.admission import Admission, Transport
 from loadax.server.config import TlsConfig
 from loadax.server.metrics import WorkerMetrics
 from loadax.server.worker import Worker
 from loadax.validation import require_int
+from loadax.wire.limits import MAX_BATCH_BYTES
+from loadax.wire.messages import LOAD_BATCH, RequestMessage
 from loadax.wire.payloads import PAYLOAD_SERVICE, EncodedBatch
 from loadax.wire.v1 import worker_pb2 as wire
 from loadax.wire.v1 import worker_pb2_grpc
-from loadax.wire.zmq_frames import RequestMessage, method_of
 
 SERVICE = wire.DESCRIPTOR.services_by_name["Worker"].full_name
-MAX_SEND_BYTES = 1 << 30
-"""The largest reply: a batch (or the rows of it one request asks for) of up to 1 GiB."""
 MAX_RECEIVE_BYTES = 4 << 20
 """Requests are small: plan parameters, a step and row numbers."""
 MAX_DETAILS = 4000
 """Status details travel in a header: keep them well under the client's metadata limit."""
+_TRANSPORT = Transport(
+    "grpc",
+    send_token="send the metadata 'authorization: Bearer <token>'",
+    counted="LoadBatch calls",
+)
 
-log = logging.getLogger("loadax.server")
 R = TypeVar("R")
 
 
@@ -73,7 +75,9 @@ class GrpcServer:
             require_int(name, value, minimum=1)
         self._address = address
         self._tls = tls
-        metrics = metrics or WorkerMetrics()
+        admission = Admission(
+            _TRANSPORT, metrics or WorkerMetrics(), token, max_in_flight_per_client
+        )
         # One handler thread per admitted call, so that a call is counted against its client
         # as soon as it arrives rather than when a busy pool gets round to it.
         self._executor = futures.ThreadPoolExecutor(
@@ -81,16 +85,16 @@ class GrpcServer:
         )
         self._server = grpc.server(
             self._executor,
-            interceptors=[] if token is None else [_TokenCheck(token, metrics)],
+            interceptors=[] if token is None else [_TokenCheck(admission)],
             maximum_concurrent_rpcs=max_concurrent_rpcs,
             options=[
-                ("grpc.max_send_message_length", MAX_SEND_BYTES),
+                ("grpc.max_send_message_length", MAX_BATCH_BYTES),
                 ("grpc.max_receive_message_length", MAX_RECEIVE_BYTES),
                 # Two workers must not silently share a port.
                 ("grpc.so_reuseport", 0),
             ],
         )
-        servicer = WorkerServicer(worker, threads, max_in_flight_per_client, metrics)
+        servicer = WorkerServicer(worker, threads, admission)
         worker_pb2_grpc.add_WorkerServicer_to_server(servicer, self._server)
         payloads = grpc.unary_unary_rpc_method_handler(
             lambda request, context: servicer.load_payload(request, context).payload,
@@ -141,38 +145,33 @@ class GrpcServer:
 
 
 class _TokenCheck(grpc.ServerInterceptor):  # type: ignore[misc]
-    """Refuses Worker calls without `authorization: Bearer <token>` before their request is
+    """Refuses Worker calls without the right `authorization` metadata before their request is
     parsed; other services (health, reflection) pass."""
 
-    def __init__(self, token: str, metrics: WorkerMetrics) -> None:
-        self._expected = f"Bearer {token}".encode("ascii")
+    def __init__(self, admission: Admission) -> None:
+        self._admission = admission
         self._prefixes = (f"/{SERVICE}/", f"/{PAYLOAD_SERVICE}/")
-        self._metrics = metrics
 
     def intercept_service(self, continuation: Callable[[Any], Any], details: Any) -> Any:
         if not details.method.startswith(self._prefixes):
             return continuation(details)
-        method = details.method.rpartition("/")[2]
-        given = [
-            value for key, value in details.invocation_metadata or () if key == "authorization"
+        credentials = [
+            value if isinstance(value, bytes) else value.encode("utf-8", "replace")
+            for key, value in details.invocation_metadata or ()
+            if key == "authorization"
         ]
-        if not given:
-            return self._refusal(
-                method,
-                "this worker requires a token: send the metadata 'authorization: Bearer <token>'",
-            )
-        value = given[0] if isinstance(given[0], bytes) else given[0].encode("utf-8", "replace")
-        if len(given) == 1 and hmac.compare_digest(value, self._expected):
-            return continuation(details)
-        return self._refusal(method, "the token is wrong")
+        try:
+            self._admission.authenticate(credentials)
+        except WorkerError as error:
+            return self._refusal(details.method.rpartition("/")[2], error)
+        return continuation(details)
 
-    def _refusal(self, method: str, message: str) -> Any:
-        """A handler that answers UNAUTHENTICATED; the request stays unparsed bytes."""
+    def _refusal(self, method: str, error: WorkerError) -> Any:
+        """A handler that answers `error`; the request stays unparsed bytes."""
 
         def refuse(request: bytes, context: Any) -> None:
-            self._metrics.refused("grpc", method, "UNAUTHENTICATED")
-            log.warning("%s from %s refused: UNAUTHENTICATED %s", method, context.peer(), message)
-            context.abort(grpc.StatusCode.UNAUTHENTICATED, message)
+            self._admission.refuse(method, context.peer(), error)
+            _abort(context, error)
 
         return grpc.unary_unary_rpc_method_handler(refuse)
 
@@ -180,15 +179,10 @@ class _TokenCheck(grpc.ServerInterceptor):  # type: ignore[misc]
 class WorkerServicer:
     """The `loadax.wire.v1.Worker` service: `Worker` calls, with errors mapped to statuses."""
 
-    def __init__(
-        self, worker: Worker, threads: int, max_in_flight_per_client: int, metrics: WorkerMetrics
-    ) -> None:
+    def __init__(self, worker: Worker, threads: int, admission: Admission) -> None:
         self._worker = worker
-        self._metrics = metrics
+        self._admission = admission
         self._loading = threading.BoundedSemaphore(threads)
-        self._limit = max_in_flight_per_client
-        self._lock = threading.Lock()
-        self._in_flight: dict[str, int] = {}
 
     def Handshake(self, request: wire.HandshakeRequest, context: Any) -> wire.HandshakeResponse:
         return self._reply(request, context, lambda: self._worker.handshake(request))
@@ -204,70 +198,42 @@ class WorkerServicer:
     def load_payload(self, request: wire.BatchRequest, context: Any) -> EncodedBatch:
         """A batch request, within this client's in-flight limit and the loading threads."""
         peer = context.peer()
-        with self._lock:
-            count = self._in_flight.get(peer, 0)
-            if count < self._limit:
-                self._in_flight[peer] = count + 1
-        if count >= self._limit:
-            return self._reply(request, context, lambda: self._refuse(count))
+        try:
+            self._admission.admit(peer)
+        except WorkerError as error:
+            self._admission.refuse(LOAD_BATCH, peer, error)
+            _abort(context, error)
         try:
             return self._reply(request, context, lambda: self._load(request, context))
         finally:
-            with self._lock:
-                self._in_flight[peer] -= 1
-                if not self._in_flight[peer]:
-                    del self._in_flight[peer]
+            self._admission.release(peer)
 
     def _reply(self, request: RequestMessage, context: Any, call: Callable[[], R]) -> R:
-        """`call()`, the reply to `request`, counted in the metrics; errors become statuses."""
-        return _answer(
-            method_of(request).decode(),
-            context,
-            lambda: self._metrics.observe("grpc", request, call),
-        )
-
-    def _refuse(self, count: int) -> EncodedBatch:
-        raise WorkerError(
-            "RESOURCE_EXHAUSTED",
-            f"this client has {count} LoadBatch calls in flight already, the most this worker "
-            f"allows (max_in_flight_per_client = {self._limit}); retry when one has finished",
-        )
+        """`call()`, the reply to `request`; an error becomes the call's status instead."""
+        reply = self._admission.answer(request, context.peer(), call)
+        if isinstance(reply, WorkerError):
+            _abort(context, reply)
+        return reply
 
     def _load(self, request: wire.BatchRequest, context: Any) -> EncodedBatch:
         with self._loading:
             if not context.is_active():  # the client gave up while the call waited its turn
                 raise WorkerError("CANCELLED", f"step {request.step} was cancelled by the client")
             response = self._worker.load_batch(request)
-        if response.size > MAX_SEND_BYTES - 1024:
+        if response.size > MAX_BATCH_BYTES - 1024:
             raise WorkerError(
                 "RESOURCE_EXHAUSTED",
                 f"the batch of step {request.step} encodes to {response.size} bytes, "
-                f"more than the {MAX_SEND_BYTES} a reply may hold; ask for fewer rows",
+                f"more than the {MAX_BATCH_BYTES} a reply may hold; ask for fewer rows",
             )
         return response
 
 
-def _answer(method: str, context: Any, call: Callable[[], R]) -> R:
-    """`call()`'s reply; a WorkerError or a failure becomes the call's status instead."""
-    try:
-        return call()
-    except WorkerError as error:
-        status = grpc.StatusCode.__members__.get(error.code, grpc.StatusCode.UNKNOWN)
-        message = error.message
-        log.warning(
-            "%s from %s refused: %s %s", method, context.peer(), error.code, _first_line(message)
-        )
-    except Exception as error:
-        status = grpc.StatusCode.INTERNAL
-        message = f"the worker failed: {type(error).__name__}: {error}"
-        log.exception("%s from %s failed: INTERNAL %s", method, context.peer(), error)
-    # Outside the except blocks: abort raises, and must not chain the handled error.
-    context.abort(status, _shorten(message))
+def _abort(context: Any, error: WorkerError) -> NoReturn:
+    """End the call with `error` as its status."""
+    status = grpc.StatusCode.__members__.get(error.code, grpc.StatusCode.UNKNOWN)
+    context.abort(status, _shorten(error.message))
     raise AssertionError("context.abort returned")  # pragma: no cover
-
-
-def _first_line(message: str) -> str:
-    return message.partition("\n")[0]
 
 
 def _shorten(message: str) -> str:

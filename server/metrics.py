@@ -22,9 +22,9 @@ from prometheus_client import (
 
 from loadax.errors import WorkerError
 from loadax.server.memory import MemoryBudget
+from loadax.wire.messages import RequestMessage, method_of
 from loadax.wire.payloads import EncodedBatch
 from loadax.wire.v1 import worker_pb2 as wire
-from loadax.wire.zmq_frames import RequestMessage, method_of
 
 METHODS = frozenset(wire.DESCRIPTOR.services_by_name["Worker"].methods_by_name)
 """The method labels; any other name a client sends is counted as "unknown", so that clients
@@ -95,7 +95,7 @@ class WorkerMetrics:
         """`call()`, the answer to `request`, counted: in flight while it runs, then its time
         and status code (a WorkerError's code, INTERNAL for another exception) and, for a
         batch, its pipeline and payload size. Exceptions propagate."""
-        method = method_of(request).decode()
+        method = method_of(request)
         in_flight = self._in_flight.labels(transport)
         in_flight.inc()
         started = time.perf_counter()

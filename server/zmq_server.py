@@ -8,7 +8,6 @@ shared token must come with every request.
 
 from __future__ import annotations
 
-import hmac
 import logging
 import math
 import threading
@@ -20,11 +19,15 @@ import zmq
 from zmq.auth.thread import ThreadAuthenticator
 
 from loadax.errors import WorkerError
+from loadax.server.admission import Admission, Transport
 from loadax.server.config import CurveConfig
 from loadax.server.metrics import WorkerMetrics
 from loadax.server.worker import Worker
 from loadax.validation import require_int
 from loadax.wire import zmq_frames
+from loadax.wire.credentials import BEARER
+from loadax.wire.limits import ZMQ_HEARTBEAT_MS, ZMQ_HEARTBEAT_TIMEOUT_MS
+from loadax.wire.messages import RequestMessage, ResponseMessage
 from loadax.wire.v1 import worker_pb2 as wire
 
 log = logging.getLogger(__name__)
@@ -33,7 +36,9 @@ MAX_REQUEST_BYTES = 16 * 2**20
 _BURST = 256  # messages taken from one socket per poll, so neither direction starves the other
 _MIN_FLUSH_S = 0.5  # how long replies sent last may take to leave at stop, grace or not
 _REPLIES = "inproc://loadax-zmq-replies"
-_HEARTBEAT_MS, _HEARTBEAT_TIMEOUT_MS = 1_000, 10_000
+_TRANSPORT = Transport(
+    "zmq", send_token="send a 4th request frame, 'Bearer <token>'", counted="requests"
+)
 
 
 class ZmqServer:
@@ -71,8 +76,9 @@ class ZmqServer:
         self._max_in_flight = max_in_flight_per_client
         self._max_request_bytes = max_request_bytes
         self._curve = curve
-        self._token = None if token is None else token.encode("ascii")
-        self._metrics = metrics or WorkerMetrics()
+        self._admission = Admission(
+            _TRANSPORT, metrics or WorkerMetrics(), token, max_in_flight_per_client
+        )
         self._authenticator: ThreadAuthenticator | None = None
         self._stopping = threading.Event()
         self._stop_lock = threading.Lock()  # a second stop() waits for the first
@@ -85,9 +91,6 @@ class ZmqServer:
         # Handler threads share one PUSH socket; the lock is what makes that safe.
         self._push_lock = threading.Lock()
         self._push: zmq.Socket[bytes] | None = None
-        # Owned by the I/O thread.
-        self._in_flight: dict[bytes, int] = {}
-        self._in_flight_total = 0
 
     def start(self) -> str:
         """Bind and start serving; returns the bound endpoint, e.g. "tcp://127.0.0.1:40123"."""
@@ -104,8 +107,8 @@ class ZmqServer:
         router.setsockopt(zmq.RCVHWM, 2 * self._max_in_flight + 64)
         router.setsockopt(zmq.SNDHWM, 2 * self._max_in_flight + 64)
         # Frees what a client that vanished without closing its connection holds.
-        router.setsockopt(zmq.HEARTBEAT_IVL, _HEARTBEAT_MS)
-        router.setsockopt(zmq.HEARTBEAT_TIMEOUT, _HEARTBEAT_TIMEOUT_MS)
+        router.setsockopt(zmq.HEARTBEAT_IVL, ZMQ_HEARTBEAT_MS)
+        router.setsockopt(zmq.HEARTBEAT_TIMEOUT, ZMQ_HEARTBEAT_TIMEOUT_MS)
         if self._curve is not None:
             self._secure(context, router, self._curve)
         try:
@@ -169,7 +172,7 @@ class ZmqServer:
                     self._push.close(linger=0)
                     self._push = None
             # Past the grace, handlers may still run: their replies are dropped, not awaited.
-            self._pool.shutdown(wait=self._in_flight_total == 0, cancel_futures=True)
+            self._pool.shutdown(wait=self._admission.in_flight == 0, cancel_futures=True)
             self._stop_authenticator()
             self._context.term()
             self._thread = self._context = None
@@ -189,7 +192,7 @@ class ZmqServer:
                 if deadline is None and self._stopping.is_set():
                     deadline = time.monotonic() + self._grace
                 if deadline is not None and (
-                    self._in_flight_total == 0 or time.monotonic() >= deadline
+                    self._admission.in_flight == 0 or time.monotonic() >= deadline
                 ):
                     # Answer what is already queued UNAVAILABLE, so that clients retry elsewhere.
                     self._receive_requests(router)
@@ -230,60 +233,35 @@ class ZmqServer:
             request_id = None
         if request_id is None:
             log.warning(
-                "dropped a message of %d frames from client %s: no request id to answer",
+                "dropped a message of %d frames from %s: no request id to answer",
                 len(frames),
-                identity.hex(),
+                _client(identity),
             )
             return
         try:
             request = zmq_frames.parse_request(frames)
-            self._authenticate(request)
+            self._admission.authenticate([] if request.token is None else [BEARER + request.token])
             if self._stopping.is_set():
                 raise WorkerError("UNAVAILABLE", "the worker is shutting down")
-            count = self._in_flight.get(identity, 0)
-            if count >= self._max_in_flight:
-                raise WorkerError(
-                    "RESOURCE_EXHAUSTED",
-                    f"this client already has {count} requests in flight, the most a worker "
-                    "takes from one client",
-                )
+            self._admission.admit(identity)
         except WorkerError as error:
             # The method frame as sent: the metrics count unknown ones as such.
             method = bytes(frames[1][:64]).decode("ascii", "replace") if len(frames) > 1 else ""
-            self._metrics.refused("zmq", method, error.code)
-            if error.code == "UNAUTHENTICATED":
-                log.warning("request from client %s refused: %s", identity.hex(), error)
+            self._admission.refuse(method, _client(identity), error)
             self._send(router, [identity, *zmq_frames.error_frames(request_id, error)])
             return
-        self._in_flight[identity] = count + 1
-        self._in_flight_total += 1
         self._pool.submit(self._handle, identity, request)
-
-    def _authenticate(self, request: zmq_frames.Request) -> None:
-        if self._token is None:
-            return
-        if request.token is None:
-            raise WorkerError(
-                "UNAUTHENTICATED",
-                "this worker requires a token: send a 4th request frame, 'Bearer <token>'",
-            )
-        if not hmac.compare_digest(request.token, self._token):
-            raise WorkerError("UNAUTHENTICATED", "the token is wrong")
 
     def _handle(self, identity: bytes, request: zmq_frames.Request) -> None:
         """Runs on a handler thread: the worker's answer goes back to the I/O thread."""
         request_id = request.request_id
-        try:
-            response = self._metrics.observe(
-                "zmq", request.message, lambda: self._call(request.message)
-            )
-            reply = zmq_frames.reply_frames(request_id, response)
-        except WorkerError as error:
-            reply = zmq_frames.error_frames(request_id, error)
-        except Exception as error:
-            log.exception("request %d failed", request_id)
-            internal = WorkerError("INTERNAL", f"{type(error).__name__}: {error}")
-            reply = zmq_frames.error_frames(request_id, internal)
+        answer = self._admission.answer(
+            request.message, _client(identity), lambda: self._call(request.message)
+        )
+        if isinstance(answer, WorkerError):
+            reply = zmq_frames.error_frames(request_id, answer)
+        else:
+            reply = zmq_frames.reply_frames(request_id, answer)
         with self._push_lock:
             if self._push is None:
                 log.warning("dropped the reply to request %d: the server stopped", request_id)
@@ -294,7 +272,7 @@ class ZmqServer:
             except zmq.ZMQError:
                 log.exception("dropped the reply to request %d", request_id)
 
-    def _call(self, message: zmq_frames.RequestMessage) -> zmq_frames.ResponseMessage:
+    def _call(self, message: RequestMessage) -> ResponseMessage:
         if isinstance(message, wire.BatchRequest):
             return self._worker.load_batch(message)
         if isinstance(message, wire.HandshakeRequest):
@@ -309,11 +287,7 @@ class ZmqServer:
                 return
             if len(message) == 1:
                 continue  # stop()'s wake-up
-            identity = message[0].bytes
-            count = self._in_flight.pop(identity, 1) - 1
-            if count:
-                self._in_flight[identity] = count
-            self._in_flight_total -= 1
+            self._admission.release(message[0].bytes)
             self._send(router, message)
 
     def _send(
@@ -322,11 +296,11 @@ class ZmqServer:
         try:
             router.send_multipart(message, zmq.NOBLOCK, copy=False)
         except zmq.Again:
-            log.warning("dropped a reply to client %s: it is not reading", _peer(message))
+            log.warning("dropped a reply to %s: it is not reading", _peer(message))
         except zmq.ZMQError as error:
             if error.errno != zmq.EHOSTUNREACH:
                 raise
-            log.debug("dropped a reply to client %s: it disconnected", _peer(message))
+            log.debug("dropped a reply to %s: it disconnected", _peer(message))
 
 
 class _AllowList:
@@ -344,4 +318,9 @@ class _AllowList:
 
 def _peer(message: Sequence[zmq.Frame | bytes | memoryview]) -> str:
     identity = message[0]
-    return (identity.bytes if isinstance(identity, zmq.Frame) else identity).hex()
+    return _client(identity.bytes if isinstance(identity, zmq.Frame) else bytes(identity))
+
+
+def _client(identity: bytes) -> str:
+    """How the logs name a client: by its routing identity."""
+    return f"client {identity.hex()}"

@@ -1,4 +1,4 @@
-"""The local engine: order, checkpoints, errors, and thread hygiene of BatchIterator."""
+"""BatchIterator: order, checkpoints, errors, and thread hygiene over every local executor."""
 
 from __future__ import annotations
 

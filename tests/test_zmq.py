@@ -19,6 +19,7 @@ from loadax.plan.permutation import IndexArray
 from loadax.server.worker import Worker
 from loadax.server.zmq_server import ZmqServer
 from loadax.wire import zmq_frames
+from loadax.wire.messages import RequestMessage
 from loadax.wire.payloads import EncodedBatch
 from loadax.wire.plans import plan_to_wire
 from loadax.wire.v1 import worker_pb2 as wire
@@ -181,7 +182,7 @@ def error_of(reply: list[bytes]) -> wire.ErrorReply:
         wire.InfoRequest(),
     ],
 )
-def test_requests_round_trip(message: zmq_frames.RequestMessage) -> None:
+def test_requests_round_trip(message: RequestMessage) -> None:
     frames = zmq_frames.request_frames(2**64 - 1, message)
     assert len(frames) == 3
     assert frames[0] == b"\xff" * 8

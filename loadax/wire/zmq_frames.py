@@ -13,39 +13,27 @@ copies `bytes`): its `head` is a `BatchResponse` whose `payload` is left empty.
 from __future__ import annotations
 
 import dataclasses
-import re
 import struct
 from collections.abc import Sequence
 from typing import Generic, TypeAlias, TypeVar
 
 from google.protobuf.message import DecodeError, Message
-from zmq.utils import z85
 
 from loadax.errors import WorkerError
+from loadax.wire.credentials import BEARER, MAX_TOKEN_CHARS, bearer
+from loadax.wire.messages import REQUEST_TYPES, RequestMessage, ResponseMessage, method_of
 from loadax.wire.payloads import EncodedBatch
 from loadax.wire.v1 import worker_pb2 as wire
 
-HANDSHAKE, LOAD_BATCH, INFO = b"Handshake", b"LoadBatch", b"Info"
 OK, ERROR = b"ok", b"error"
 MAX_REQUEST_ID = 2**64 - 1
 
-RequestMessage: TypeAlias = wire.HandshakeRequest | wire.BatchRequest | wire.InfoRequest
-ResponseMessage: TypeAlias = wire.HandshakeResponse | EncodedBatch | wire.InfoResponse
 Buffer: TypeAlias = bytes | memoryview
 R = TypeVar("R", wire.HandshakeResponse, wire.InfoResponse)
 M = TypeVar("M", bound=Message)
 
-REQUEST_TYPES: dict[bytes, type[RequestMessage]] = {
-    HANDSHAKE: wire.HandshakeRequest,
-    LOAD_BATCH: wire.BatchRequest,
-    INFO: wire.InfoRequest,
-}
-_METHODS: dict[type[RequestMessage], bytes] = {kind: name for name, kind in REQUEST_TYPES.items()}
+_METHOD_FRAMES = {name.encode("ascii"): kind for name, kind in REQUEST_TYPES.items()}
 _REQUEST_ID = struct.Struct(">Q")
-MAX_TOKEN_CHARS = 4096
-BEARER = b"Bearer "
-_TOKEN = re.compile(r"[\x21-\x7e]+")  # visible ASCII: it travels in a gRPC header too
-_Z85 = re.compile(r"[0-9a-zA-Z.\-:+=^!/*?&<>()\[\]{}@%$#]{40}")
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -74,10 +62,6 @@ class BatchReply:
     payload: list[memoryview]
 
 
-def method_of(message: RequestMessage) -> bytes:
-    return _METHODS[type(message)]
-
-
 def encode_request_id(request_id: int) -> bytes:
     if not 0 <= request_id <= MAX_REQUEST_ID:
         raise ValueError(f"request id must be a uint64, got {request_id}")
@@ -94,39 +78,13 @@ def parse_request_id(frame: Buffer) -> int:
     return request_id
 
 
-def check_token(token: str) -> None:
-    """Raises ValueError unless `token` can be a shared token: visible ASCII, no spaces."""
-    if not isinstance(token, str) or not _TOKEN.fullmatch(token):
-        raise ValueError("a token must be non-empty visible ASCII, without spaces")
-    if len(token) > MAX_TOKEN_CHARS:
-        raise ValueError(f"a token has at most {MAX_TOKEN_CHARS} characters, got {len(token)}")
-
-
-def curve_key(key: object) -> bytes:
-    """`key`, a Z85-encoded CURVE key, as ZeroMQ's socket options take it; else ValueError.
-
-    The message never repeats the key: it may be a secret one.
-    """
-    if not isinstance(key, str):
-        raise ValueError(f"must be a Z85 CURVE key (a string), got {type(key).__name__}")
-    if not _Z85.fullmatch(key):
-        raise ValueError(
-            f"must be a Z85 CURVE key: 40 characters of the Z85 alphabet, got {len(key)} "
-            "characters" + ("" if len(key) != 40 else " with some outside it")
-        )
-    try:
-        z85.decode(key)
-    except (ValueError, KeyError, OverflowError, struct.error) as error:
-        raise ValueError(f"must be a Z85 CURVE key: it does not decode: {error}") from None
-    return key.encode("ascii")
-
-
 def request_frames(
     request_id: int, message: RequestMessage, token: str | None = None
 ) -> list[bytes]:
-    frames = [encode_request_id(request_id), method_of(message), message.SerializeToString()]
+    method = method_of(message).encode("ascii")
+    frames = [encode_request_id(request_id), method, message.SerializeToString()]
     if token is not None:
-        frames.append(BEARER + token.encode("ascii"))
+        frames.append(bearer(token))
     return frames
 
 
@@ -150,11 +108,11 @@ def parse_request(frames: Sequence[Buffer]) -> Request:
         token = token.removeprefix(BEARER)
     request_id = parse_request_id(frames[0])
     method = bytes(frames[1])
-    kind = REQUEST_TYPES.get(method)
+    kind = _METHOD_FRAMES.get(method)
     if kind is None:
         raise WorkerError(
             "INVALID_ARGUMENT",
-            f"unknown method {method[:40]!r}: expected one of {sorted(REQUEST_TYPES)}",
+            f"unknown method {method[:40]!r}: expected one of {sorted(_METHOD_FRAMES)}",
         )
     return Request(request_id, _parse(kind, frames[2], f"a {method.decode()} request"), token)
 

@@ -1,0 +1,124 @@
+"""The worker's policy for requests, written once for both transports: who is let in, how many
+requests a client may have in flight, and what a refusal or a failure answers.
+
+The servers keep only what is theirs: where a request's credentials and client come from, and
+how a reply or a refusal travels.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hmac
+import logging
+import threading
+from collections.abc import Callable, Hashable, Sequence
+from typing import TypeVar
+
+from loadax.errors import WorkerError
+from loadax.server.metrics import WorkerMetrics
+from loadax.wire.credentials import bearer
+from loadax.wire.messages import RequestMessage, method_of
+
+log = logging.getLogger(__name__)
+R = TypeVar("R")
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Transport:
+    """What the policy words differently per transport: a client is told in its own terms."""
+
+    name: str
+    """The transport's label in the metrics."""
+    send_token: str
+    """How a client of this transport sends the token, told to one that sent none."""
+    counted: str
+    """What the in-flight limit counts, e.g. "LoadBatch calls"."""
+
+
+class Admission:
+    """The policy of one `transport` of a worker.
+
+    With `token`, a request must carry the credential `Bearer <token>`. A client may have
+    `max_in_flight` of the requests the transport `admit`s in flight. Every refusal and failure
+    is counted in `metrics` and logged.
+    """
+
+    def __init__(
+        self, transport: Transport, metrics: WorkerMetrics, token: str | None, max_in_flight: int
+    ) -> None:
+        self._transport = transport
+        self._metrics = metrics
+        self._credential = None if token is None else bearer(token)
+        self._limit = max_in_flight
+        # Handler threads admit and release concurrently under gRPC.
+        self._lock = threading.Lock()
+        self._in_flight: dict[Hashable, int] = {}
+        self._total = 0
+
+    @property
+    def in_flight(self) -> int:
+        """The requests admitted and not yet released, of every client."""
+        return self._total
+
+    def authenticate(self, credentials: Sequence[bytes]) -> None:
+        """UNAUTHENTICATED unless `credentials`, every one the request carries, is exactly the
+        expected `Bearer <token>` (compared in constant time); anything passes without a token."""
+        if self._credential is None:
+            return
+        if not credentials:
+            raise WorkerError(
+                "UNAUTHENTICATED", f"this worker requires a token: {self._transport.send_token}"
+            )
+        if len(credentials) != 1 or not hmac.compare_digest(credentials[0], self._credential):
+            raise WorkerError("UNAUTHENTICATED", "the token is wrong")
+
+    def admit(self, client: Hashable) -> None:
+        """Count one more request of `client` in flight, or refuse it with RESOURCE_EXHAUSTED
+        when it has as many as it may; an admitted request is `release`d once answered."""
+        with self._lock:
+            count = self._in_flight.get(client, 0)
+            if count >= self._limit:
+                raise WorkerError(
+                    "RESOURCE_EXHAUSTED",
+                    f"this client has {count} {self._transport.counted} in flight already, the "
+                    f"most this worker allows (max_in_flight_per_client = {self._limit}); retry "
+                    "when one has finished",
+                )
+            self._in_flight[client] = count + 1
+            self._total += 1
+
+    def release(self, client: Hashable) -> None:
+        """The request of `client` that `admit` counted has been answered."""
+        with self._lock:
+            count = self._in_flight.pop(client) - 1
+            if count:
+                self._in_flight[client] = count
+            self._total -= 1
+
+    def refuse(self, method: str, client: str, error: WorkerError) -> None:
+        """Count and log a request refused on arrival, before it reached the worker (its
+        `method` may be any text a client sent)."""
+        self._metrics.refused(self._transport.name, method, error.code)
+        _log_refusal(method, client, error)
+
+    def answer(
+        self, request: RequestMessage, client: str, call: Callable[[], R]
+    ) -> R | WorkerError:
+        """`call()`, the worker's answer to `request`, counted in the metrics; if it fails, the
+        error to answer instead: a WorkerError as it is, anything else INTERNAL (a bug in the
+        worker, logged with its traceback)."""
+        method = method_of(request)
+        try:
+            return self._metrics.observe(self._transport.name, request, call)
+        except WorkerError as error:
+            _log_refusal(method, client, error)
+            return error
+        except Exception as error:
+            log.error("%s from %s failed: INTERNAL %s", method, client, error, exc_info=error)
+            return WorkerError("INTERNAL", f"the worker failed: {type(error).__name__}: {error}")
+
+
+def _log_refusal(method: str, client: str, error: WorkerError) -> None:
+    # The first line only: the message may hold a traceback of the pipeline's code.
+    first_line = error.message.partition("\n")[0]
+    log.warning("%s from %s refused: %s %s", method, client, error.code, first_line)
