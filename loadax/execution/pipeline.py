@@ -8,7 +8,6 @@ Executors split it into `records`, `read_at` and `finish` to spread the reads ov
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
 from typing import Any, Generic, cast
 
 import numpy as np
@@ -25,7 +24,6 @@ from loadax.plan.work import StepWork, Work
 
 T = TypeVar("T", default=Any)
 B = TypeVar("B", default=Any)
-R = TypeVar("R")
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -95,12 +93,14 @@ class Pipeline(Generic[T, B]):
 
     def run(self, plan: Plan, work: Work) -> Any:
         """What `work` yields: a batch, or a window's stacked rows (None when none survive)."""
+        if self._reads_rows and isinstance(work, StepWork):
+            # The hot path of array sources: one read, a few microseconds a batch.
+            indices, epoch = plan.indices(work.step, work.rows), plan.epoch(work.step)
+            try:
+                return cast(ReadsRows, self.records).read_rows(indices, epoch)
+            except Exception as error:
+                raise self._named_failure(indices, epoch, error)
         indices, epochs = self.positions(plan, work)
-        if self._reads_rows:
-            # A random-access pipeline's work reads one epoch.
-            epoch = int(epochs[0]) if epochs.size else 0
-            rows = cast(ReadsRows, self.records)
-            return self._named(lambda: rows.read_rows(indices, epoch), indices, epoch)
         return self.finish(self.read_at(indices, epochs), indices, epochs, work)
 
     def positions(self, plan: Plan, work: Work) -> tuple[IndexArray, IndexArray]:
@@ -110,7 +110,10 @@ class Pipeline(Generic[T, B]):
 
     def read(self, indices: IndexArray, epoch: int) -> list[Any]:
         """The records at `indices`; a failure names the record that caused it."""
-        return self._named(lambda: read_records(self.records, indices, epoch), indices, epoch)
+        try:
+            return read_records(self.records, indices, epoch)
+        except Exception as error:
+            raise self._named_failure(indices, epoch, error)
 
     def read_at(self, indices: IndexArray, epochs: IndexArray) -> list[Any]:
         """The records at `indices`, each read in its own epoch (`epochs` never decreases)."""
@@ -139,19 +142,20 @@ class Pipeline(Generic[T, B]):
             error.add_note(f"loadax: {'while collating' if stream is None else 'in'} {work}")
             raise
 
-    def _named(self, read: Callable[[], R], indices: IndexArray, epoch: int) -> R:
-        """`read()`; if it fails, the record that fails on its own is named in a RecordError."""
-        try:
-            return read()
-        except Exception as batch_error:
-            # A batched read does not say which record failed: find it one record at a time.
-            for position, index in enumerate(indices.tolist()):
-                try:
-                    read_records(self.records, indices[position : position + 1], epoch)
-                except Exception as error:
-                    raise RecordError(index, epoch, error) from error
-            batch_error.add_note(
-                f"loadax: while reading records {indices.tolist()} (epoch {epoch}) together; "
-                "each of them reads without error on its own"
-            )
-            raise
+    def _named_failure(self, indices: IndexArray, epoch: int, error: Exception) -> Exception:
+        """What to raise when reading `indices` together failed with `error`: a RecordError for
+        the first record that fails on its own, else `error` with a note (never a slower retry
+        that hides it)."""
+        # A batched read does not say which record failed: find it one record at a time.
+        for position, index in enumerate(indices.tolist()):
+            try:
+                read_records(self.records, indices[position : position + 1], epoch)
+            except Exception as cause:
+                failure = RecordError(index, epoch, cause)
+                failure.__cause__ = cause
+                return failure
+        error.add_note(
+            f"loadax: while reading records {indices.tolist()} (epoch {epoch}) together; "
+            "each of them reads without error on its own"
+        )
+        return error

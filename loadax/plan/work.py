@@ -61,7 +61,8 @@ class StepWork(Work):
     rows: IndexArray | None = None
 
     def __post_init__(self) -> None:
-        require_int("step", self.step, minimum=0)
+        if type(self.step) is not int or self.step < 0:  # the common case skips the conversion
+            object.__setattr__(self, "step", require_int("step", self.step, minimum=0))
 
     @property
     def ordinal(self) -> int:
