@@ -8,7 +8,7 @@ Executors split it into `records`, `read_at` and `finish` to spread the reads ov
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Generic, cast
+from typing import Any, Generic, NoReturn, cast
 
 import numpy as np
 from typing_extensions import TypeVar
@@ -99,7 +99,7 @@ class Pipeline(Generic[T, B]):
             try:
                 return cast(ReadsRows, self.records).read_rows(indices, epoch)
             except Exception as error:
-                raise self._named_failure(indices, epoch, error)
+                self._raise_named(indices, epoch, error)
         indices, epochs = self.positions(plan, work)
         return self.finish(self.read_at(indices, epochs), indices, epochs, work)
 
@@ -113,7 +113,7 @@ class Pipeline(Generic[T, B]):
         try:
             return read_records(self.records, indices, epoch)
         except Exception as error:
-            raise self._named_failure(indices, epoch, error)
+            self._raise_named(indices, epoch, error)
 
     def read_at(self, indices: IndexArray, epochs: IndexArray) -> list[Any]:
         """The records at `indices`, each read in its own epoch (`epochs` never decreases)."""
@@ -142,20 +142,18 @@ class Pipeline(Generic[T, B]):
             error.add_note(f"loadax: {'while collating' if stream is None else 'in'} {work}")
             raise
 
-    def _named_failure(self, indices: IndexArray, epoch: int, error: Exception) -> Exception:
-        """What to raise when reading `indices` together failed with `error`: a RecordError for
-        the first record that fails on its own, else `error` with a note (never a slower retry
-        that hides it)."""
+    def _raise_named(self, indices: IndexArray, epoch: int, error: Exception) -> NoReturn:
+        """Raise for a failed read of `indices` together (`error`): a RecordError for the first
+        record that fails on its own, else `error` with a note (never a slower retry that hides
+        it)."""
         # A batched read does not say which record failed: find it one record at a time.
         for position, index in enumerate(indices.tolist()):
             try:
                 read_records(self.records, indices[position : position + 1], epoch)
             except Exception as cause:
-                failure = RecordError(index, epoch, cause)
-                failure.__cause__ = cause
-                return failure
+                raise RecordError(index, epoch, cause) from cause
         error.add_note(
             f"loadax: while reading records {indices.tolist()} (epoch {epoch}) together; "
             "each of them reads without error on its own"
         )
-        return error
+        raise error
