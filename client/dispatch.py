@@ -1,16 +1,21 @@
-"""Failover for batch requests: deadlines, re-issue, hedging, and targets that come and go.
+"""Failover for batch requests: deadlines, re-issue, hedging, quarantine, and targets that come
+and go.
 
 Any worker can serve any request, so a request that fails, times out or lands on a worker that
 dies is simply sent to another one; the batch is the same wherever it is made. A late answer to
 a request already answered elsewhere is dropped. Failed targets back off and are tried again, so
-a worker restarted on the same address is used again.
+a worker restarted on the same address is used again. A worker that is wrong for this loader
+(another pipeline identity, no such pipeline, a reply that fails its checks) is quarantined: kept
+off for longer, then tried again with a real request, so a worker restarted right rejoins.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import enum
 import heapq
 import itertools
+import logging
 import threading
 import time
 import weakref
@@ -24,24 +29,71 @@ from loadax.errors import WorkerError
 from loadax.validation import require_positive
 from loadax.wire.v1 import worker_pb2 as wire
 
+_log = logging.getLogger("loadax.client")
+
 # Codes that say nothing about the request itself: another worker may well succeed.
 RETRYABLE = frozenset(
     {"UNAVAILABLE", "DEADLINE_EXCEEDED", "RESOURCE_EXHAUSTED", "CANCELLED", "UNKNOWN", "INTERNAL"}
 )
+# Codes that say the worker is wrong for this loader, not the request: another pipeline identity
+# (FAILED_PRECONDITION), no such pipeline (NOT_FOUND), a reply that fails to decode or to verify
+# (DATA_LOSS). Another worker will serve the request; this one may be restarted right.
+QUARANTINING = frozenset({"FAILED_PRECONDITION", "NOT_FOUND", "DATA_LOSS"})
+
+
+class Verdict(enum.Enum):
+    """What a failed attempt means for its request and for the worker that failed it."""
+
+    RETRY = "retry"
+    """Transient: re-issue the request elsewhere; the worker backs off briefly."""
+    QUARANTINE = "quarantine"
+    """The worker is wrong for this loader: re-issue the request; the worker is kept off longer."""
+    FATAL = "fatal"
+    """The request itself is wrong (or one of its records fails): every worker would repeat it."""
+
+
+def verdict(error: BaseException) -> Verdict:
+    """The verdict on an attempt that failed with `error`.
+
+    >>> from loadax.errors import RecordError, WorkerError
+    >>> codes = ("UNAVAILABLE", "NOT_FOUND", "DATA_LOSS", "OUT_OF_RANGE", "INVALID_ARGUMENT")
+    >>> [verdict(WorkerError(code, "")).name for code in codes]
+    ['RETRY', 'QUARANTINE', 'QUARANTINE', 'FATAL', 'FATAL']
+    >>> verdict(RecordError(3, 0, ValueError("corrupt"))).name
+    'FATAL'
+    """
+    if not isinstance(error, WorkerError):
+        return Verdict.FATAL  # a RecordError, or a bug: never hidden by a retry
+    if error.code in RETRYABLE:
+        return Verdict.RETRY
+    if error.code in QUARANTINING:
+        return Verdict.QUARANTINE
+    return Verdict.FATAL
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class FailoverOptions:
-    """How long to wait, when to hedge, and when to give up on every worker (seconds)."""
+    """How long to wait, when to hedge, when to give up on every worker, and how long a failed
+    (`backoff_*`) or quarantined (`quarantine_*`) worker is kept off, doubling from the initial
+    value up to the maximum (seconds)."""
 
     request_timeout: float = 60.0
     hedge_after: float | None = None
     no_worker_timeout: float = 120.0
     backoff_initial: float = 0.05
     backoff_max: float = 2.0
+    quarantine_initial: float = 1.0
+    quarantine_max: float = 4.0
 
     def __post_init__(self) -> None:
-        for name in ("request_timeout", "no_worker_timeout", "backoff_initial", "backoff_max"):
+        for name in (
+            "request_timeout",
+            "no_worker_timeout",
+            "backoff_initial",
+            "backoff_max",
+            "quarantine_initial",
+            "quarantine_max",
+        ):
             require_positive(name, getattr(self, name), unit="seconds")
         if self.hedge_after is not None:
             require_positive("hedge_after", self.hedge_after, unit="seconds")
@@ -105,7 +157,9 @@ class Timer:
 class _Member:
     target: Target
     down_until: float = 0.0
-    failures: int = 0
+    failures: int = 0  # in a row, since its last answer
+    quarantines: int = 0  # in a row, since its last answer
+    quarantined: str | None = None  # why, until it answers again
     last_error: str = "none"
 
 
@@ -160,7 +214,13 @@ class Dispatcher:
                 for name, member in self._members.items()
                 if member.down_until <= now and name not in busy
             ]
-        return ready[step % len(ready)] if ready else None
+            if not ready:
+                return None
+            member = ready[step % len(ready)]
+            if member.quarantined is not None:
+                # This request probes it: the others keep away until it answers.
+                member.down_until = now + self._quarantine_backoff(member)
+            return member
 
     def _next_ready_in(self) -> float:
         now = time.monotonic()
@@ -173,6 +233,7 @@ class Dispatcher:
         return self._stats.track(member.target.name, lambda: member.target.load_batch(request))
 
     def _failed(self, member: _Member, error: str) -> None:
+        """A transient failure: `member` backs off briefly (a quarantine stays until it answers)."""
         with self._lock:
             member.failures += 1
             backoff = self.options.backoff_initial * 2 ** (member.failures - 1)
@@ -180,15 +241,48 @@ class Dispatcher:
             member.last_error = error
         self._stats.failed(member.target.name, error)
 
+    def _quarantine(self, member: _Member, error: str) -> None:
+        """`member` is wrong for this loader: kept off until a longer back-off, then tried again."""
+        options = self.options
+        with self._lock:
+            member.quarantines += 1
+            backoff = self._quarantine_backoff(member)
+            member.down_until = time.monotonic() + backoff
+            member.last_error = error
+            entering, member.quarantined = member.quarantined is None, error
+        name = member.target.name
+        self._stats.failed(name, error)
+        self._stats.quarantined(name, error)
+        if entering:
+            _log.warning(
+                "quarantined %s: it is tried again after %g s, up to every %g s until it "
+                "answers; its requests go to the other workers. It answered: %s",
+                name,
+                backoff,
+                options.quarantine_max,
+                error,
+            )
+
+    def _quarantine_backoff(self, member: _Member) -> float:
+        options = self.options
+        backoff = options.quarantine_initial * 2 ** max(member.quarantines - 1, 0)
+        return float(min(backoff, options.quarantine_max))
+
     def _succeeded(self, member: _Member) -> None:
         with self._lock:
-            member.failures, member.down_until = 0, 0.0
+            released = member.quarantined is not None
+            member.failures, member.quarantines, member.down_until = 0, 0, 0.0
+            member.quarantined = None
+        if released:
+            self._stats.quarantined(member.target.name, None)
+            _log.info("%s answered again: out of quarantine", member.target.name)
 
     def _describe(self) -> str:
         with self._lock:
             return (
                 "; ".join(
-                    f"{name} (last error: {member.last_error})"
+                    f"{name} (last error: {member.last_error}"
+                    f"{'; quarantined' if member.quarantined is not None else ''})"
                     for name, member in self._members.items()
                 )
                 or "no targets"
@@ -252,10 +346,13 @@ class _Request:
         delay = min(self._dispatcher._next_ready_in(), until_limit)
         self._dispatcher._scheduler.at(max(delay, 0.001), self._dispatch)
 
-    def _failed(self, member: _Member, error: str) -> None:
+    def _failed(self, member: _Member, error: str, verdict: Verdict = Verdict.RETRY) -> None:
         if self._failing_since is None:
             self._failing_since = time.monotonic()
-        self._dispatcher._failed(member, error)
+        if verdict is Verdict.QUARANTINE:
+            self._dispatcher._quarantine(member, error)
+        else:
+            self._dispatcher._failed(member, error)
 
     def _on_answer(self, member: _Member, attempt: Future[Any]) -> None:
         with self._lock:
@@ -276,12 +373,12 @@ class _Request:
                 self.future.set_result(attempt.result())
             elif not current:
                 return  # given up at its deadline, and counted as a failure then
-            elif isinstance(error, WorkerError) and error.code in RETRYABLE:
-                self._failed(member, str(error))
-                if not self._attempts:
-                    self._dispatch()
-            else:
+            elif (judged := verdict(error)) is Verdict.FATAL:
                 self.future.set_exception(error)
+            else:
+                self._failed(member, str(error), judged)
+                if not self._attempts:
+                    self._dispatch()  # at once: only this worker is kept off
 
     def _on_deadline(self, member: _Member, attempt: Future[Any]) -> None:
         with self._lock:

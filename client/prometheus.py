@@ -48,6 +48,11 @@ class LoaderCollector:
             "Requests each worker failed or did not answer in time.",
             labels=["worker"],
         )
+        quarantined = GaugeMetricFamily(
+            "loadax_client_worker_quarantined",
+            "1 while a worker is quarantined (wrong for this loader, kept off), else 0.",
+            labels=["worker"],
+        )
         latency = GaugeMetricFamily(
             "loadax_client_worker_latency_seconds",
             "Each worker's answer latency over its recent answers (quantile 1: the maximum).",
@@ -56,6 +61,7 @@ class LoaderCollector:
         for name, worker in stats.workers.items():
             requests.add_metric([name], worker.requests)
             failures.add_metric([name], worker.failures)
+            quarantined.add_metric([name], 0 if worker.quarantined is None else 1)
             quantiles = (
                 ("0.5", worker.latency_p50),
                 ("0.9", worker.latency_p90),
@@ -64,4 +70,10 @@ class LoaderCollector:
             for quantile, seconds in quantiles:
                 if seconds is not None:
                     latency.add_metric([name, quantile], seconds)
-        yield from (requests, failures, latency)
+        yield from (requests, failures, quarantined, latency)
+        yield GaugeMetricFamily(
+            "loadax_client_left_out_targets",
+            "Targets left out for what they answered the handshake (another pipeline identity, "
+            "no such pipeline, an incompatible version).",
+            value=len(stats.left_out),
+        )

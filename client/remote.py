@@ -2,7 +2,9 @@
 
 The client sends plan parameters, step numbers and rows, never code. Steps are spread over the
 targets; the shared `BatchIterator` keeps `prefetch` requests in flight and yields batches in
-step order, so the batches and the checkpoint state are exactly the local loader's.
+step order, so the batches and the checkpoint state are exactly the local loader's. The loader
+binds to one pipeline identity at build (`loadax.client.identity`) and never uses a target that
+answers another.
 """
 
 from __future__ import annotations
@@ -16,17 +18,17 @@ import weakref
 from collections.abc import Callable, Sequence
 from typing import Any, Self
 
-import loadax
 from loadax.client.dispatch import Dispatcher, FailoverOptions
+from loadax.client.identity import LEAVES_OUT, Identity, ask, choose, handshake_request, require
 from loadax.client.security import ClientSecurity
 from loadax.client.stats import LoaderStats, StatsRecorder
 from loadax.client.targets import Target, TargetSpec, connect
+from loadax.errors import WorkerError
 from loadax.execution.executor import Executor, Pending
 from loadax.loader import DEFAULT_PREFETCH, Loader, LoaderBuilder, LoaderOptions
 from loadax.plan.planner import Plan
 from loadax.plan.work import Work
-from loadax.wire.plans import batch_request, compatible_versions, plan_to_wire
-from loadax.wire.v1 import worker_pb2 as wire
+from loadax.wire.plans import batch_request
 
 _log = logging.getLogger("loadax.client")
 
@@ -94,11 +96,26 @@ class RemoteDataLoader(LoaderBuilder):
         return self._with_failover(hedge_after=seconds)
 
     def no_worker_timeout(self, seconds: float) -> Self:
-        """How long every worker may be failing before iteration raises. Default 120."""
+        """How long every worker may be failing or quarantined before iteration raises, naming
+        each worker and its last error. Default 120."""
         return self._with_failover(no_worker_timeout=seconds)
 
+    def quarantine(self, initial: float, longest: float) -> Self:
+        """How long a worker that proved wrong for this loader (another identity, no such
+        pipeline, a reply that fails its checks) is kept off before one request probes it again:
+        `initial` seconds, doubling at each failed probe up to `longest`. Default 1 and 4."""
+        return self._with_failover(quarantine_initial=initial, quarantine_max=longest)
+
     def build(self) -> RemoteLoader:
-        """Connect and handshake with every target; the dataset's length comes from them."""
+        """Connect and handshake with every target; the dataset's length comes from them.
+
+        The loader binds to the pipeline identity (fingerprint, records, stream window) that the
+        most targets answer; a tie goes to the target listed first (the addresses a host name
+        lists take its place in the list, in sorted order). A target that answers another
+        identity, does not serve the pipeline or runs an incompatible loadax is left out: logged
+        and named in `stats().left_out`. When no target can serve, the error names each one
+        and its answer.
+        """
         return RemoteLoader(
             self._targets,
             self._pipeline,
@@ -146,19 +163,34 @@ class RemoteLoader(Loader[Any]):
     ) -> None:
         self._pipeline, self._resolver, self._security = pipeline, resolver, security
         self._names = [spec for spec in specs if isinstance(spec, str) and _host_is_name(spec)]
-        self._from_names = {target for name in self._names for target in self._resolve(name)}
-        fixed = [spec for spec in specs if not (isinstance(spec, str) and _host_is_name(spec))]
-        targets = _connect_all([*fixed, *sorted(self._from_names)], security)
+        # A name stands, in the list's order, for every address it lists.
+        ordered: list[TargetSpec] = []
+        from_names: set[str] = set()
+        for spec in specs:
+            if isinstance(spec, str) and _host_is_name(spec):
+                listed = [address for address in self._resolve(spec) if address not in ordered]
+                ordered += sorted(listed)
+                from_names.update(listed)
+            else:
+                ordered.append(spec)
+        targets = _connect_all(ordered, security)
         try:
-            agreed = _handshake(targets, pipeline, options.plan(1))
+            request = handshake_request(pipeline, options.plan(1))
+            choice = choose([ask(target, request) for target in targets], pipeline)
         except BaseException:
             _close_all(targets)
             raise
-        self._fingerprint = agreed.fingerprint
-        self._handshake_plan = options.plan(agreed.num_records)
+        self._identity = choice.identity
+        self._handshake_plan = options.plan(choice.identity.num_records)
         self._stats = stats = StatsRecorder()
-        self._dispatcher = Dispatcher(targets, failover, stats)
-        dispatcher, fingerprint = self._dispatcher, self._fingerprint
+        # A left-out address that a name lists is asked again at each refresh.
+        self._from_names = from_names & {target.name for target in choice.chosen}
+        self._refused = from_names - self._from_names
+        for answer in choice.left_out:
+            answer.target.close()
+            self._leave_out(answer.target.name, choice.why_left_out(answer))
+        self._dispatcher = Dispatcher(choice.chosen, failover, stats)
+        dispatcher, fingerprint = self._dispatcher, self._identity.fingerprint
 
         def executor() -> Executor[Any]:
             return RemoteExecutor(dispatcher, pipeline, fingerprint, stats)
@@ -168,7 +200,7 @@ class RemoteLoader(Loader[Any]):
             options,
             executor,
             prefetch=options.prefetch or DEFAULT_PREFETCH,
-            stream_window=agreed.stream_window or None,
+            stream_window=choice.identity.stream_window or None,
         )
         self._finalizer = weakref.finalize(self, dispatcher.close)
         if self._names:
@@ -179,21 +211,29 @@ class RemoteLoader(Loader[Any]):
         """The names of the targets in use."""
         return self._dispatcher.targets
 
+    @property
+    def identity(self) -> Identity:
+        """The pipeline identity the loader is bound to: no other's batch is ever used."""
+        return self._identity
+
     def stats(self) -> LoaderStats:
         """Batches, bytes and rates since the first request, the share of that time the
-        training loop waited for data, and each worker in use's requests, failures and
-        latency."""
+        training loop waited for data, each worker in use's requests, failures, latency and
+        quarantine, and the targets left out for what they answered."""
         return self._stats.snapshot(self.targets)
 
     def add_target(self, spec: TargetSpec) -> None:
-        """Start using another worker, after checking it serves the same pipeline."""
+        """Start using another worker, after checking it serves the loader's pipeline identity:
+        a ValueError naming both identities if not, the worker's error if it cannot serve."""
         (target,) = _connect_all([spec], self._security)
         try:
-            _handshake([target], self._pipeline, self._handshake_plan, self._fingerprint)
+            request = handshake_request(self._pipeline, self._handshake_plan)
+            require(ask(target, request), self._identity, self._pipeline)
             self._dispatcher.add(target)
         except BaseException:
             target.close()
             raise
+        self._stats.left_out(target.name, None)
 
     def remove_target(self, name: str) -> None:
         """Stop using a worker; the requests it held are sent to the others."""
@@ -206,9 +246,20 @@ class RemoteLoader(Loader[Any]):
             self._from_names.discard(name)
             if name in self.targets:
                 self.remove_target(name)
+        for name in sorted(self._refused - listed):
+            self._refused.discard(name)
+            self._stats.left_out(name, None)
         for name in sorted(listed - self._from_names):
             if name not in self.targets:
-                self.add_target(name)
+                try:
+                    self.add_target(name)
+                except (ValueError, WorkerError) as error:
+                    if isinstance(error, WorkerError) and error.code not in LEAVES_OUT:
+                        raise
+                    self._refused.add(name)  # asked again at the next refresh
+                    self._leave_out(name, str(error))
+                    continue
+            self._refused.discard(name)
             self._from_names.add(name)
 
     def close(self) -> None:
@@ -219,6 +270,10 @@ class RemoteLoader(Loader[Any]):
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
+
+    def _leave_out(self, target: str, why: str) -> None:
+        _log.warning("left out %s, which cannot serve this loader: %s", target, why)
+        self._stats.left_out(target, why)
 
     def _resolve(self, spec: str) -> list[str]:
         """The targets a spec with a host name stands for: one per address it lists."""
@@ -286,38 +341,6 @@ def _connect_all(specs: Sequence[TargetSpec], security: ClientSecurity | None) -
         _close_all(targets)
         raise
     return targets
-
-
-def _handshake(
-    targets: Sequence[Target], pipeline: str, plan: Plan, expected: str | None = None
-) -> wire.HandshakeResponse:
-    """The answer (fingerprint, length) every target agrees on, or a ValueError naming both."""
-    request = wire.HandshakeRequest(
-        library_version=loadax.__version__, pipeline=pipeline, plan=plan_to_wire(plan)
-    )
-    answers = [(target, target.handshake(request)) for target in targets]
-    reference_target, reference = answers[0]
-    if expected is not None and reference.fingerprint != expected:
-        raise ValueError(
-            f"{reference_target.name} serves pipeline {pipeline!r} with fingerprint "
-            f"{reference.fingerprint[:12]}, the loader's workers have {expected[:12]}"
-        )
-    for target, answer in answers:
-        if not compatible_versions(answer.library_version, loadax.__version__):
-            raise ValueError(
-                f"{target.name} runs loadax {answer.library_version}, this client "
-                f"{loadax.__version__}: major and minor versions must match"
-            )
-        if (answer.fingerprint, answer.num_records) != (
-            reference.fingerprint,
-            reference.num_records,
-        ):
-            raise ValueError(
-                f"pipeline {pipeline!r} differs between workers: {reference_target.name} has "
-                f"fingerprint {reference.fingerprint[:12]} and {reference.num_records} records, "
-                f"{target.name} has {answer.fingerprint[:12]} and {answer.num_records}"
-            )
-    return reference
 
 
 def _close_all(targets: Sequence[Target]) -> None:

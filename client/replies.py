@@ -1,7 +1,12 @@
-"""The one decoder of batch replies, whichever target received them.
+"""The one decoder of batch replies, whichever target received them: every reply is verified
+before anyone sees its batch.
 
-A batch that does not decode is the worker's fault, not the caller's: it becomes a DATA_LOSS
-`WorkerError` naming the worker, which the dispatcher treats like any failed request.
+A reply must name the pipeline identity and the request it answers (by the request's digest),
+its payload must match the checksum in its header, and its batch must decode and fit the schema
+the worker announced in its handshake (tree, dtypes, dimensions, and the rows asked for). A reply
+that fails is the worker's fault, not the caller's: a DATA_LOSS `WorkerError` naming the worker
+and what differed, which the dispatcher treats like any failed request (another worker is
+asked). A worker's failed record becomes the `loadax.RecordError` a local loader raises.
 """
 
 from __future__ import annotations
@@ -9,16 +14,96 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from loadax.errors import WorkerError
+from loadax.errors import RecordError, WorkerError
+from loadax.wire.checksum import payload_checksum
 from loadax.wire.codec import CodecError, decode_frames
+from loadax.wire.failures import BAD_REPLY, RecordFailed
+from loadax.wire.plans import plan_from_wire, request_digest
+from loadax.wire.schema import schema_difference
+from loadax.wire.v1 import worker_pb2 as wire
+
+Buffer = bytes | memoryview
 
 
-def decode_batch(payload: Sequence[bytes | memoryview], step: int, worker: str) -> Any:
-    """The batch of `step` that `worker` sent as `payload` (the frames of its encoding); its
-    arrays are read-only views of the frames, which they keep alive."""
+class ReplyDecoder:
+    """Verifies and decodes the batch replies of the worker named `worker`; `learn` each of its
+    handshake responses, whose schemas the batches are checked against."""
+
+    def __init__(self, worker: str) -> None:
+        self._worker = worker
+        # By (pipeline, fingerprint): a batch is checked against its own identity's schema.
+        self._schemas: dict[tuple[str, str], wire.BatchSchema] = {}
+
+    def learn(self, response: wire.HandshakeResponse) -> wire.HandshakeResponse:
+        """Remember the schema the worker announced for a pipeline; returns `response`."""
+        key = (response.pipeline, response.fingerprint)
+        if response.HasField("schema"):
+            self._schemas[key] = response.schema
+        else:
+            self._schemas.pop(key, None)
+        return response
+
+    def decode(
+        self, request: wire.BatchRequest, header: wire.BatchResponse, payload: Sequence[Buffer]
+    ) -> Any:
+        """The batch that answers `request`, once `header` and `payload` (the frames of its
+        encoding) pass every check; its arrays are read-only views of the frames, which they
+        keep alive. A check that fails is a DATA_LOSS `WorkerError` saying what differed."""
+        what = _asked(request)
+        if header.fingerprint != request.fingerprint:
+            raise self._refusal(
+                what,
+                f"it was made by pipeline identity {header.fingerprint[:12] or 'none'}, this "
+                f"client asked for {request.fingerprint[:12]}",
+            )
+        if header.request_digest != request_digest(request):
+            raise self._refusal(what, f"it answers another request (of step {header.step})")
+        size = sum(memoryview(frame).nbytes for frame in payload)
+        if size != header.payload_size:
+            raise self._refusal(
+                what, f"its payload has {size} bytes, its header says {header.payload_size}"
+            )
+        checksum = payload_checksum(payload)
+        if checksum != header.checksum:
+            raise self._refusal(
+                what,
+                f"its payload's checksum is {checksum:016x}, its header says "
+                f"{header.checksum:016x}",
+            )
+        try:
+            batch = decode_frames(payload)
+        except CodecError as error:
+            raise self._refusal(what, f"its payload does not decode: {error}") from error
+        schema = self._schemas.get((request.pipeline, request.fingerprint))
+        if schema is not None:
+            difference = schema_difference(batch, schema, _rows(request))
+            if difference is not None:
+                raise self._refusal(what, difference)
+        return batch
+
+    def failure(self, error: WorkerError) -> WorkerError | RecordError:
+        """What the training loop sees of the worker's `error`: the `RecordError` a local loader
+        would raise for a failed record, the error itself otherwise."""
+        return error.rebuild(self._worker) if isinstance(error, RecordFailed) else error
+
+    def _refusal(self, what: str, difference: str) -> WorkerError:
+        return WorkerError(BAD_REPLY, f"{self._worker} sent a bad reply to {what}: {difference}")
+
+
+def _asked(request: wire.BatchRequest) -> str:
+    if request.HasField("window"):
+        window = request.window
+        return f"window {window.index} of data shard {window.shard} of {window.shards}"
+    return f"step {request.step}"
+
+
+def _rows(request: wire.BatchRequest) -> int | None:
+    """How many rows the batch that answers `request` holds; None for a window (they vary)."""
+    if request.HasField("window"):
+        return None
+    if request.rows:
+        return len(request.rows)
     try:
-        return decode_frames(payload)
-    except CodecError as error:
-        raise WorkerError(
-            "DATA_LOSS", f"undecodable batch of step {step} from {worker}: {error}"
-        ) from error
+        return plan_from_wire(request.plan).batch_length(request.step)
+    except (WorkerError, IndexError):
+        return None  # a request the worker refuses: no batch to count

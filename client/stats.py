@@ -1,5 +1,6 @@
 """What a `RemoteLoader` measures: batches, bytes, the time the training loop waited for data,
-and each worker's requests, failures and latency. `RemoteLoader.stats()` returns a snapshot.
+each worker's requests, failures, latency and quarantine, and the targets it left out.
+`RemoteLoader.stats()` returns a snapshot.
 """
 
 from __future__ import annotations
@@ -27,7 +28,9 @@ class WorkerStats:
 
     `failures` counts the requests it failed or did not answer in time (each was sent to
     another worker); latencies (seconds, None before its first answer) are over its last
-    `LATENCY_WINDOW` answers.
+    `LATENCY_WINDOW` answers. `quarantined` is why the worker is quarantined (another pipeline
+    identity, no such pipeline, a reply that failed its checks), None when it is not: it gets
+    requests again only after a back-off, and leaves quarantine when it answers one.
 
     >>> from loadax import Batcher, Pipeline, RangeDataset
     >>> from loadax.client import RemoteDataLoader
@@ -38,7 +41,28 @@ class WorkerStats:
     ...     stats = loader.stats().workers["in-process Worker"]
     >>> stats.requests, stats.failures, stats.last_error, stats.latency_max is not None
     (3, 0, None, True)
+    >>> stats.quarantined is None
+    True
     >>> worker.close()
+
+    A worker that no longer serves the loader's pipeline is quarantined; the others serve:
+
+    >>> good = Worker({"numbers": Pipeline(RangeDataset(0, 6), Batcher())}, threads=1)
+    >>> other = Worker({"letters": Pipeline(RangeDataset(0, 6), Batcher())}, threads=1)
+    >>> class Restarted:  # handshakes as `good` did, then answers as `other` does
+    ...     def handshake(self, request):
+    ...         return good.handshake(request)
+    ...     def load_batch(self, request):
+    ...         return other.load_batch(request)
+    >>> with RemoteDataLoader([good, Restarted()], "numbers").batch_size(2).build() as loader:
+    ...     batches = [batch.tolist() for batch in loader]
+    ...     stats = loader.stats().workers["in-process Restarted"]
+    >>> batches
+    [[0, 1], [2, 3], [4, 5]]
+    >>> print(stats.quarantined)
+    NOT_FOUND: unknown pipeline 'numbers': this worker serves ['letters']
+    >>> good.close(), other.close()
+    (None, None)
     """
 
     requests: int
@@ -47,6 +71,7 @@ class WorkerStats:
     latency_p50: float | None
     latency_p90: float | None
     latency_max: float | None
+    quarantined: str | None = None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -55,7 +80,10 @@ class LoaderStats:
 
     `bytes` are those of the arrays of the batches delivered; `wait_fraction` is the share of
     the time since the first request that the training loop spent blocked in `next()`
-    waiting for a batch (near 0: the workers keep up; near 1: the loop starves).
+    waiting for a batch (near 0: the workers keep up; near 1: the loop starves). `left_out`
+    names the targets the loader does not use because of what they answered its handshake
+    (another pipeline identity, no such pipeline, an incompatible loadax version), each with
+    that answer.
 
     >>> from loadax import Batcher, Pipeline, RangeDataset
     >>> from loadax.client import RemoteDataLoader
@@ -66,6 +94,8 @@ class LoaderStats:
     ...     stats = loader.stats()
     >>> stats.batches, stats.bytes, list(stats.workers), 0 <= stats.wait_fraction <= 1
     (3, 48, ['in-process Worker'], True)
+    >>> stats.left_out
+    {}
     >>> worker.close()
     """
 
@@ -77,12 +107,14 @@ class LoaderStats:
     bytes_per_second: float
     wait_fraction: float
     workers: Mapping[str, WorkerStats]
+    left_out: Mapping[str, str] = dataclasses.field(default_factory=dict)
 
 
 class _WorkerRecord:
     def __init__(self) -> None:
         self.requests = self.failures = 0
         self.last_error: str | None = None
+        self.quarantined: str | None = None
         self.latencies: deque[float] = deque(maxlen=LATENCY_WINDOW)
 
 
@@ -96,6 +128,7 @@ class StatsRecorder:
         self._batches = self._bytes = 0
         self._waited = 0.0
         self._workers: dict[str, _WorkerRecord] = {}
+        self._left_out: dict[str, str] = {}
 
     def timed(self, batch: Future[Any], *, window: bool = False) -> TimedPending:
         """The pending batch a loader's iterator waits on, its wait and size counted; a
@@ -132,6 +165,21 @@ class StatsRecorder:
                 record.failures += 1
                 record.last_error = error
 
+    def quarantined(self, worker: str, reason: str | None) -> None:
+        """Note why `worker` is quarantined; None once it is not."""
+        with self._lock:
+            record = self._workers.get(worker)
+            if record is not None:
+                record.quarantined = reason
+
+    def left_out(self, target: str, answer: str | None) -> None:
+        """Note what `target` answered that left it out of the loader; None once it is used."""
+        with self._lock:
+            if answer is None:
+                self._left_out.pop(target, None)
+            else:
+                self._left_out[target] = answer
+
     def forget(self, worker: str) -> None:
         """Drop the numbers of a worker no longer used (late answers from it are ignored)."""
         with self._lock:
@@ -157,6 +205,7 @@ class StatsRecorder:
             seconds = 0.0 if self._started is None else now - self._started
             per_worker = {name: _worker_stats(self._workers.get(name)) for name in workers}
             batches, size, waited = self._batches, self._bytes, self._waited
+            left_out = dict(self._left_out)
         return LoaderStats(
             batches=batches,
             bytes=size,
@@ -166,6 +215,7 @@ class StatsRecorder:
             bytes_per_second=size / seconds if seconds > 0 else 0.0,
             wait_fraction=min(waited / seconds, 1.0) if seconds > 0 else 0.0,
             workers=per_worker,
+            left_out=left_out,
         )
 
 
@@ -201,6 +251,7 @@ def _worker_stats(record: _WorkerRecord | None) -> WorkerStats:
         latency_p50=_percentile(ordered, 0.5),
         latency_p90=_percentile(ordered, 0.9),
         latency_max=ordered[-1] if ordered else None,
+        quarantined=record.quarantined,
     )
 
 

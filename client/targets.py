@@ -1,23 +1,28 @@
 """Where a RemoteDataLoader sends requests: gRPC and ZeroMQ workers, or worker objects in-process.
 
-Every target answers a handshake and turns a batch request into a future of the decoded batch;
-failures are `WorkerError`s with a gRPC status code name, whatever the transport.
+Every target answers a handshake and turns a batch request into a future of the decoded batch,
+verified against the request and the handshake's schema (`loadax.client.replies`); failures are
+`WorkerError`s with a gRPC status code name, whatever the transport, and a record that failed on
+the worker is the `loadax.RecordError` a local loader raises.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Protocol
 
 import grpc
+from google.protobuf.message import DecodeError
 
-from loadax.client.replies import decode_batch
+from loadax.client.replies import Buffer, ReplyDecoder
 from loadax.client.security import ClientSecurity
 from loadax.client.zmq_transport import ZmqTarget
 from loadax.errors import WorkerError
 from loadax.wire.credentials import bearer
+from loadax.wire.failures import ERROR_METADATA, error_from_reply
 from loadax.wire.limits import DEFAULT_TIMEOUT_S, MAX_BATCH_BYTES
-from loadax.wire.payloads import LOAD_BATCH_PAYLOAD, EncodedBatch
+from loadax.wire.payloads import LOAD_BATCH_PAYLOAD, EncodedBatch, parse_payload_reply
 from loadax.wire.v1 import worker_pb2 as wire
 from loadax.wire.v1 import worker_pb2_grpc
 
@@ -32,7 +37,8 @@ class Target(Protocol):
     ) -> wire.HandshakeResponse: ...
 
     def load_batch(self, request: wire.BatchRequest) -> Future[Any]:
-        """A future of the decoded batch; its exception is a `WorkerError`."""
+        """A future of the decoded batch; its exception is a `WorkerError` (DATA_LOSS for a
+        reply that fails its checks), or a `RecordError` for a record that failed."""
         ...
 
     def close(self) -> None: ...
@@ -73,10 +79,11 @@ class GrpcTarget:
             else (("authorization", bearer(security.token).decode("ascii")),)
         )
         self._stub = worker_pb2_grpc.WorkerStub(self._channel)
-        # The payload arrives as the raw reply: decoded as views of it, never copied.
+        # The header and payload arrive as the raw reply: decoded as views of it, never copied.
         self._load_payload = self._channel.unary_unary(
             LOAD_BATCH_PAYLOAD, request_serializer=wire.BatchRequest.SerializeToString
         )
+        self._replies = ReplyDecoder(self.name)
 
     @property
     def channel(self) -> grpc.Channel:
@@ -87,7 +94,7 @@ class GrpcTarget:
         self, request: wire.HandshakeRequest, timeout: float = DEFAULT_TIMEOUT_S
     ) -> wire.HandshakeResponse:
         response: wire.HandshakeResponse = self._call(self._stub.Handshake, request, timeout)
-        return response
+        return self._replies.learn(response)
 
     def info(
         self, request: wire.InfoRequest, timeout: float = DEFAULT_TIMEOUT_S
@@ -104,11 +111,11 @@ class GrpcTarget:
             if batch.cancelled():
                 return
             try:
-                batch.set_result(decode_batch([finished.result()], request.step, self.name))
+                batch.set_result(self._batch(request, finished.result()))
             except grpc.FutureCancelledError:
                 batch.cancel()
             except grpc.RpcError as error:
-                batch.set_exception(_worker_error(error))
+                batch.set_exception(self._replies.failure(_worker_error(error)))
             except WorkerError as error:
                 batch.set_exception(error)
 
@@ -118,6 +125,11 @@ class GrpcTarget:
 
     def close(self) -> None:
         self._channel.close()
+
+    def _batch(self, request: wire.BatchRequest, reply: bytes) -> Any:
+        """The verified batch in the raw `reply` to `request`."""
+        header, payload = parse_payload_reply(reply)
+        return self._replies.decode(request, header, [payload])
 
     def _call(self, method: Any, request: Any, timeout: float) -> Any:
         """A unary call that waits for a connection, up to `timeout`; errors as `WorkerError`."""
@@ -134,24 +146,46 @@ class InProcessTarget:
         self.name = f"in-process {type(worker).__name__}"
         self._worker = worker
         self._pool = ThreadPoolExecutor(threads, thread_name_prefix="loadax-in-process")
+        self._replies = ReplyDecoder(self.name)
 
     def handshake(
         self, request: wire.HandshakeRequest, timeout: float = DEFAULT_TIMEOUT_S
     ) -> wire.HandshakeResponse:
         del timeout  # a direct call has nothing to wait for
-        return self._worker.handshake(request)
+        return self._replies.learn(self._worker.handshake(request))
 
     def load_batch(self, request: wire.BatchRequest) -> Future[Any]:
         return self._pool.submit(self._load, request)
 
     def _load(self, request: wire.BatchRequest) -> Any:
-        return decode_batch(self._worker.load_batch(request).frames, request.step, self.name)
+        try:
+            answer = self._worker.load_batch(request)
+        except WorkerError as error:
+            failure = self._replies.failure(error)
+            raise failure from failure.__cause__  # a RecordError keeps its cause
+        return self._batch(request, answer.header, answer.frames)
+
+    def _batch(
+        self, request: wire.BatchRequest, header: wire.BatchResponse, payload: Sequence[Buffer]
+    ) -> Any:
+        """The verified batch of the worker's answer to `request`."""
+        return self._replies.decode(request, header, payload)
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
 
 
 def _worker_error(error: grpc.RpcError) -> WorkerError:
+    """The worker's error: its `ErrorReply` when the call's trailing metadata carries one (a
+    failed record), else its status."""
+    # The error of a call is also the call itself.
+    metadata = error.trailing_metadata() if isinstance(error, grpc.Call) else None
+    for key, value in metadata or ():
+        if key == ERROR_METADATA and isinstance(value, bytes):
+            try:
+                return error_from_reply(wire.ErrorReply.FromString(value))
+            except DecodeError:
+                break  # the status still says what failed
     code = error.code()
     return WorkerError(code.name if code is not None else "UNKNOWN", error.details() or "")
 

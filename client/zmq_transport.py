@@ -18,10 +18,11 @@ from typing import Any, Generic, TypeVar
 import zmq
 from zmq.utils.monitor import parse_monitor_message
 
-from loadax.client.replies import decode_batch
+from loadax.client.replies import ReplyDecoder
 from loadax.client.security import ClientSecurity
-from loadax.errors import WorkerError
+from loadax.errors import RecordError, WorkerError
 from loadax.wire import zmq_frames
+from loadax.wire.failures import BAD_REPLY
 from loadax.wire.limits import DEFAULT_TIMEOUT_S, ZMQ_HEARTBEAT_MS, ZMQ_HEARTBEAT_TIMEOUT_MS
 from loadax.wire.messages import RequestMessage, method_of
 from loadax.wire.v1 import worker_pb2 as wire
@@ -46,7 +47,8 @@ Frames = Sequence[memoryview]
 @dataclasses.dataclass(frozen=True, slots=True)
 class _Pending(Generic[T]):
     future: Future[T]
-    complete: Callable[[Frames], T]  # the reply's frames -> the result; raises WorkerError
+    # The reply's frames -> the result; raises WorkerError (or RecordError for a failed record).
+    complete: Callable[[Frames], T]
 
 
 class ZmqTarget:
@@ -69,6 +71,7 @@ class ZmqTarget:
         max_reply_bytes: int | None = None,
     ) -> None:
         self.name = address
+        self._replies = ReplyDecoder(address)
         endpoint = _endpoint(address)
         security = security or ClientSecurity()
         self._token = security.token
@@ -124,7 +127,7 @@ class ZmqTarget:
     def handshake(
         self, request: wire.HandshakeRequest, timeout: float = DEFAULT_TIMEOUT_S
     ) -> wire.HandshakeResponse:
-        return self._call(request, _response(wire.HandshakeResponse), timeout)
+        return self._replies.learn(self._call(request, _response(wire.HandshakeResponse), timeout))
 
     def info(
         self, request: wire.InfoRequest, timeout: float = DEFAULT_TIMEOUT_S
@@ -134,17 +137,10 @@ class ZmqTarget:
     def load_batch(self, request: wire.BatchRequest) -> Future[Any]:
         """A future of the decoded batch; its arrays are read-only views of the received frames.
 
-        Its exception is a `WorkerError`: the worker's, or UNAVAILABLE once the target is closed.
+        Its exception is a `WorkerError`: the worker's, DATA_LOSS for a reply that fails its
+        checks, or UNAVAILABLE once the target is closed; or a `RecordError` for a failed record.
         """
-        step, name = request.step, self.name
-
-        def batch(frames: Frames) -> Any:
-            reply = zmq_frames.parse_batch_reply(frames)
-            if reply.step != step:
-                raise WorkerError("DATA_LOSS", f"{name} answered step {reply.step} for step {step}")
-            return decode_batch(reply.payload, step, name)
-
-        return self._submit(request, batch)
+        return self._submit(request, lambda frames: self._batch(request, frames))
 
     def close(self) -> None:
         """Fail pending requests with UNAVAILABLE and stop the I/O thread."""
@@ -157,6 +153,15 @@ class ZmqTarget:
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
+
+    def _batch(self, request: wire.BatchRequest, frames: Frames) -> Any:
+        """The verified batch in the reply `frames` to `request` (on the I/O thread)."""
+        try:
+            reply = zmq_frames.parse_batch_reply(frames)
+        except WorkerError as error:
+            failure = self._replies.failure(error)
+            raise failure from failure.__cause__  # a RecordError keeps its cause
+        return self._replies.decode(request, reply.header, reply.payload)
 
     def _call(self, request: RequestMessage, complete: Callable[[Frames], T], timeout: float) -> T:
         future = self._submit(request, complete)
@@ -279,12 +284,10 @@ class ZmqTarget:
                 continue
             try:
                 result = entry.complete(frames)
-            except WorkerError as error:
+            except (WorkerError, RecordError) as error:
                 _fail(entry.future, error)
             except Exception as error:
-                _fail(
-                    entry.future, WorkerError("DATA_LOSS", f"bad reply from {self.name}: {error}")
-                )
+                _fail(entry.future, WorkerError(BAD_REPLY, f"bad reply from {self.name}: {error}"))
             else:
                 if entry.future.set_running_or_notify_cancel():
                     entry.future.set_result(result)
@@ -367,7 +370,7 @@ def _response(kind: type[zmq_frames.R]) -> Callable[[Frames], zmq_frames.R]:
     return lambda frames: zmq_frames.parse_reply(frames, kind).response
 
 
-def _fail(future: Future[Any], error: WorkerError) -> None:
+def _fail(future: Future[Any], error: Exception) -> None:
     # A cancelled future has nobody waiting for it.
     if future.set_running_or_notify_cancel():
         future.set_exception(error)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 
 class RecordError(RuntimeError):
-    """A user function or source failed on one record; the cause is chained as `__cause__`.
+    """A user function or source failed on one record; `cause` is chained as `__cause__`.
 
     >>> from loadax import Batcher, DataLoader, RangeDataset, RecordError
     >>> broken = RangeDataset(0, 4).map(lambda x: 1 // (x - 3))
@@ -16,9 +16,27 @@ class RecordError(RuntimeError):
     """
 
     def __init__(self, index: int, epoch: int, cause: BaseException) -> None:
-        super().__init__(f"record {index} (epoch {epoch}) failed: {type(cause).__name__}: {cause}")
+        kind = cause.type_name if isinstance(cause, RemoteCause) else type(cause).__name__
+        super().__init__(f"record {index} (epoch {epoch}) failed: {kind}: {cause}")
         self.index = index
         self.epoch = epoch
+        self.__cause__ = cause
+
+
+class RemoteCause(RuntimeError):
+    """What a record's function raised on a worker, as the client rebuilds it: the exception's type
+    name and message (exceptions do not travel: there is no pickle on the wire). It is the
+    `__cause__` of the `RecordError` a remote loader raises; the worker's traceback is in that
+    error's notes.
+
+    >>> from loadax.errors import RecordError, RemoteCause
+    >>> str(RecordError(3, 0, RemoteCause("ZeroDivisionError", "division by zero")))
+    'record 3 (epoch 0) failed: ZeroDivisionError: division by zero'
+    """
+
+    def __init__(self, type_name: str, message: str) -> None:
+        super().__init__(message)
+        self.type_name = type_name
 
 
 class WorkerError(RuntimeError):

@@ -1,9 +1,10 @@
 """The worker over gRPC: the `loadax.wire.v1.Worker` service, health checks and reflection.
 
-Every refused or failed request becomes a gRPC status naming what is wrong; the server keeps
-serving. Memory stays bounded: few batches load at once, and each client has few calls in flight.
-Optionally TLS (mutual, with a client CA) secures the connection and a shared token must come
-with every Worker call; health checks and reflection stay open to probes.
+Every refused or failed request becomes a gRPC status naming what is wrong (a failed record also
+its `ErrorReply`, in the trailing metadata `loadax-error-bin`); the server keeps serving. Memory
+stays bounded: few batches load at once, and each client has few calls in flight. Optionally TLS
+(mutual, with a client CA) secures the connection and a shared token must come with every
+Worker call; health checks and reflection stay open to probes.
 """
 
 from __future__ import annotations
@@ -23,9 +24,10 @@ from loadax.server.config import TlsConfig
 from loadax.server.metrics import WorkerMetrics
 from loadax.server.worker import Worker
 from loadax.validation import require_int
+from loadax.wire.failures import ERROR_METADATA, RecordFailed, error_reply, shorten
 from loadax.wire.limits import MAX_BATCH_BYTES
 from loadax.wire.messages import LOAD_BATCH, RequestMessage
-from loadax.wire.payloads import PAYLOAD_SERVICE, EncodedBatch
+from loadax.wire.payloads import PAYLOAD_SERVICE, EncodedBatch, payload_reply
 from loadax.wire.v1 import worker_pb2 as wire
 from loadax.wire.v1 import worker_pb2_grpc
 
@@ -97,8 +99,7 @@ class GrpcServer:
         servicer = WorkerServicer(worker, threads, admission)
         worker_pb2_grpc.add_WorkerServicer_to_server(servicer, self._server)
         payloads = grpc.unary_unary_rpc_method_handler(
-            lambda request, context: servicer.load_payload(request, context).payload,
-            request_deserializer=wire.BatchRequest.FromString,
+            servicer.load_raw, request_deserializer=wire.BatchRequest.FromString
         )
         self._server.add_generic_rpc_handlers(
             (grpc.method_handlers_generic_handler(PAYLOAD_SERVICE, {"LoadBatch": payloads}),)
@@ -191,9 +192,16 @@ class WorkerServicer:
         return self._reply(request, context, lambda: self._worker.info(request))
 
     def LoadBatch(self, request: wire.BatchRequest, context: Any) -> wire.BatchResponse:
-        """The schema's method: the payload inside a `BatchResponse` (one more copy)."""
+        """The schema's method: the header with the payload inside (one more copy)."""
         batch = self.load_payload(request, context)
-        return wire.BatchResponse(step=batch.step, payload=batch.payload)
+        response = batch.header
+        response.payload = batch.payload
+        return response
+
+    def load_raw(self, request: wire.BatchRequest, context: Any) -> bytes:
+        """The raw method's reply: the header, then the payload (`payload_reply`)."""
+        batch = self.load_payload(request, context)
+        return payload_reply(batch.header, batch.frames)
 
     def load_payload(self, request: wire.BatchRequest, context: Any) -> EncodedBatch:
         """A batch request, within this client's in-flight limit and the loading threads."""
@@ -230,15 +238,10 @@ class WorkerServicer:
 
 
 def _abort(context: Any, error: WorkerError) -> NoReturn:
-    """End the call with `error` as its status."""
+    """End the call with `error` as its status; a failed record's parts go in the trailing
+    metadata, so that the client raises the RecordError a local loader would."""
     status = grpc.StatusCode.__members__.get(error.code, grpc.StatusCode.UNKNOWN)
-    context.abort(status, _shorten(error.message))
+    if isinstance(error, RecordFailed):
+        context.set_trailing_metadata(((ERROR_METADATA, error_reply(error).SerializeToString()),))
+    context.abort(status, shorten(error.message, MAX_DETAILS))
     raise AssertionError("context.abort returned")  # pragma: no cover
-
-
-def _shorten(message: str) -> str:
-    if len(message) <= MAX_DETAILS:
-        return message
-    head, tail = MAX_DETAILS * 2 // 5, MAX_DETAILS * 3 // 5
-    left_out = len(message) - head - tail
-    return f"{message[:head]}\n... ({left_out} characters left out) ...\n{message[-tail:]}"

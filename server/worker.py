@@ -7,12 +7,13 @@ optional memory budget bounds the bytes of the batches it builds at once, whatev
 
 from __future__ import annotations
 
-import hashlib
-import json
+import logging
 import traceback
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 import loadax
 from loadax.errors import RecordError, WorkerError
@@ -20,30 +21,22 @@ from loadax.execution.executor import Pending
 from loadax.execution.pipeline import Pipeline
 from loadax.execution.threads import ThreadExecutor
 from loadax.plan.planner import Plan
-from loadax.plan.work import Work
+from loadax.plan.work import StepWork, StreamWindow, Work
 from loadax.server.config import WorkerConfig, build_pipelines, load_config
+from loadax.server.identity import pipeline_identity
 from loadax.server.memory import MemoryBudget
 from loadax.validation import is_int, require_positive
-from loadax.wire.codec import encode_frames
+from loadax.wire.codec import decode_frames, encode_frames
+from loadax.wire.failures import RecordFailed
 from loadax.wire.payloads import EncodedBatch
 from loadax.wire.plans import compatible_versions, plan_from_wire, work_from_wire
+from loadax.wire.schema import batch_schema
 from loadax.wire.v1 import worker_pb2 as wire
+
+log = logging.getLogger(__name__)
 
 DEFAULT_MEMORY_WAIT_S = 30.0
 """How long a batch request waits for room in the memory budget before RESOURCE_EXHAUSTED."""
-
-
-def fingerprint(name: str, pipeline: Pipeline[Any, Any], origin: Mapping[str, Any]) -> str:
-    """Identifies what a pipeline serves: its name, length, batcher and where it came from."""
-    identity = {
-        "name": name,
-        "num_records": pipeline.num_records,
-        "dataset": type(pipeline.records).__qualname__,
-        "stream": None if pipeline.stream is None else repr(pipeline.stream),
-        "batcher": repr(pipeline.batcher),
-        "origin": origin,
-    }
-    return hashlib.sha256(json.dumps(identity, sort_keys=True, default=repr).encode()).hexdigest()
 
 
 class Worker:
@@ -87,8 +80,11 @@ class Worker:
         self._executors = {
             name: ThreadExecutor(pipeline, threads) for name, pipeline in pipelines.items()
         }
+        # Each pipeline's identity (see loadax.server.identity): its probe runs on its threads.
         self._fingerprints = {
-            name: fingerprint(name, pipeline, (origins or {}).get(name, {}))
+            name: pipeline_identity(
+                name, pipeline, (origins or {}).get(name), executor=self._executors[name]
+            )
             for name, pipeline in pipelines.items()
         }
         self._budget = (
@@ -96,12 +92,16 @@ class Worker:
             if memory_budget_bytes is None
             else MemoryBudget(memory_budget_bytes, float(memory_wait_s))
         )
+        # What every batch looks like, announced in handshakes: derived once, from probe batches.
+        self._schemas = {
+            name: _probe_schema(name, pipeline) for name, pipeline in pipelines.items()
+        }
 
     @classmethod
     def from_config(cls, config: WorkerConfig | str | Path) -> Worker:
         """The worker a config (or the config file at a path) describes.
 
-        Fingerprints cover each pipeline's factory and args.
+        Fingerprints cover each pipeline's factory, args and the source of the factory's module.
         """
         if not isinstance(config, WorkerConfig):
             config = load_config(config)
@@ -137,10 +137,12 @@ class Worker:
             fingerprint=self._fingerprints[request.pipeline],
             num_records=num_records,
             stream_window=pipeline.window,
+            schema=self._schemas[request.pipeline],
         )
 
     def load_batch(self, request: wire.BatchRequest) -> EncodedBatch:
-        """Identity check, the work from the wire, admission (the memory budget), loading."""
+        """Identity check, the work from the wire, admission (the memory budget), loading; the
+        answer's header names the request and carries the payload's checksum."""
         pipeline = self._pipeline(request.pipeline)
         expected = self._fingerprints[request.pipeline]
         if request.fingerprint != expected:
@@ -161,11 +163,15 @@ class Worker:
         size = _checked(request.pipeline, pipeline, plan, work)
         executor = self._executors[request.pipeline]
         if self._budget is None:
-            return EncodedBatch(request.step, _encoded(executor.submit(plan, work), work))
+            return EncodedBatch.answering(
+                request, expected, _encoded(executor.submit(plan, work), work)
+            )
         kind = (request.pipeline, size)
         reserved = self._budget.reserve(kind, work)
         try:
-            batch = EncodedBatch(request.step, _encoded(executor.submit(plan, work), work))
+            batch = EncodedBatch.answering(
+                request, expected, _encoded(executor.submit(plan, work), work)
+            )
             self._budget.learn(kind, batch.size)
             if batch.size > self._budget.limit:
                 raise WorkerError(
@@ -223,13 +229,46 @@ def _checked(name: str, pipeline: Pipeline[Any, Any], plan: Plan, work: Work) ->
 
 
 def _encoded(pending: Pending[Any], work: Work) -> list[bytes | memoryview]:
-    """The frames of the batch `pending` yields; a failure is a `WorkerError` naming `work`."""
+    """The frames of the batch `pending` yields; a failure is a `WorkerError` naming `work`, a
+    `RecordFailed` naming the record when one failed."""
     try:
         return encode_frames(pending.result())
     except RecordError as error:
-        cause = error.__cause__ or error
-        text = "".join(traceback.format_exception(cause))
-        raise WorkerError("DATA_LOSS", f"{error}\n{text}") from error
+        raise RecordFailed.of(error) from error
     except Exception as error:
         text = "".join(traceback.format_exception(error))
         raise WorkerError("INTERNAL", f"{work} failed: {error!r}\n{text}") from error
+
+
+def _probe_schema(name: str, pipeline: Pipeline[Any, Any]) -> wire.BatchSchema | None:
+    """The schema of the pipeline's batches, from probes that go through the codec as replies
+    do: the first row and the first two rows of a batch (window 0 of a stream). None, logged,
+    when the pipeline cannot make a probe: clients then check batches without a schema."""
+    num_records = pipeline.num_records
+    if not num_records:
+        return None  # no batch to check
+    try:
+        if pipeline.stream is not None:
+            plan = Plan(num_records, batch_size=1)
+            window = _round_trip(pipeline.run(plan, StreamWindow(shards=1, shard=0, index=0)))
+            if window is None:
+                raise ValueError("no row of window 0 survives")
+            probes: list[tuple[Any, int | None]] = [(window, None)]
+        else:
+            plan = Plan(num_records, batch_size=min(num_records, 2))
+            probes = [
+                (_round_trip(pipeline.run(plan, StepWork(0, np.arange(rows)))), rows)
+                for rows in sorted({1, plan.batch_length(0)})
+            ]
+    except Exception as error:
+        log.warning("pipeline %r has no batch schema: its probe batch failed: %r", name, error)
+        return None
+    schema = batch_schema(probes)
+    if schema is None:
+        log.warning("pipeline %r has no batch schema: its probe batches differ in tree", name)
+    return schema
+
+
+def _round_trip(batch: Any) -> Any:
+    """`batch` as a client decodes it."""
+    return decode_frames(encode_frames(batch))

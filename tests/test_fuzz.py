@@ -57,7 +57,7 @@ REFUSALS = frozenset(
         "FAILED_PRECONDITION",
         "OUT_OF_RANGE",
         "RESOURCE_EXHAUSTED",
-        "DATA_LOSS",
+        "ABORTED",  # a record of the pipeline "failing" failed
     }
 )
 BUDGET = 8_000  # a full batch of 8-pixel images is about 50 KB, 8 of its rows about 6 KB

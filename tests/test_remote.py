@@ -133,13 +133,20 @@ def test_an_unknown_pipeline_is_refused_naming_both(workers: list[WorkerProcess]
         RemoteDataLoader(addresses(workers, "grpc", 1), pipeline="videos").batch_size(4).build()
 
 
-def test_workers_with_different_pipelines_are_refused(
-    workers: list[WorkerProcess], tmp_path: pathlib.Path
+def test_of_two_identities_at_build_the_target_listed_first_wins(
+    workers: list[WorkerProcess], tmp_path: pathlib.Path, reference: list[str]
 ) -> None:
+    # One target each: a tie. More targets agreeing win outright (tests/test_fleet.py).
     with worker_process(tmp_path, OTHER_IMAGES) as other:
-        targets = [workers[0].grpc, other.grpc]
-        with pytest.raises(ValueError, match="differs between workers"):
-            remote_builder(targets).build()
+        with remote_builder([workers[0].grpc, other.grpc]).build() as loader:
+            assert loader.targets == [workers[0].grpc]
+            assert list(loader.stats().left_out) == [other.grpc]
+            assert digests(loader) == reference
+        with remote_builder([other.grpc, workers[0].grpc]).build() as loader:
+            assert loader.targets == [other.grpc]
+            assert list(loader.stats().left_out) == [workers[0].grpc]
+            assert loader.identity.num_records == 40
+            assert digests(loader) != reference
 
 
 def test_bad_targets_are_value_errors() -> None:

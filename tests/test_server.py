@@ -30,8 +30,10 @@ from loadax.server.config import (
 )
 from loadax.server.grpc_server import SERVICE, GrpcServer
 from loadax.server.worker import Worker
+from loadax.wire.checksum import payload_checksum
 from loadax.wire.codec import decode
-from loadax.wire.plans import plan_to_wire
+from loadax.wire.failures import ERROR_METADATA
+from loadax.wire.plans import plan_to_wire, request_digest
 from loadax.wire.v1 import worker_pb2 as wire
 from loadax.wire.v1 import worker_pb2_grpc
 
@@ -394,10 +396,15 @@ def batch_request(
     )
 
 
-def test_a_handshake_answers_fingerprint_and_length(stub: Any) -> None:
+def test_a_handshake_answers_fingerprint_length_and_schema(stub: Any) -> None:
     response = handshake(stub, "images", Plan(0, batch_size=4))
     assert (response.pipeline, response.num_records) == ("images", 40)
     assert response.library_version == loadax.__version__
+    assert response.schema.tree == "{'image': *, 'label': *}"
+    assert [(leaf.dtype, leaf.ndim, leaf.rows_first) for leaf in response.schema.leaves] == [
+        ("<f4", 4, True),
+        ("<i4", 1, True),
+    ]
     info = stub.Info(wire.InfoRequest(), timeout=TIMEOUT)
     assert {p.name: p.fingerprint for p in info.pipelines}["images"] == response.fingerprint
     assert [p.name for p in info.pipelines] == ["numbers", "images", "failing"]
@@ -445,16 +452,21 @@ def test_rows_outside_the_batch_are_an_invalid_argument(stub: Any) -> None:
     assert "batch of 2 rows" in error.details()
 
 
-def test_a_failing_record_is_data_loss_and_the_worker_keeps_serving(
+def test_a_failing_record_is_aborted_naming_it_and_the_worker_keeps_serving(
     stub: Any, served: WorkerProcess
 ) -> None:
     plan = Plan(20, batch_size=4)
     error = refusal(stub.LoadBatch, batch_request(stub, "failing", plan, step=1))
-    assert error.code() == grpc.StatusCode.DATA_LOSS
-    assert "record 7 (epoch 0) failed: ValueError: record 7 is corrupt" in error.details()
-    assert "Traceback (most recent call last)" in error.details()
+    assert error.code() == grpc.StatusCode.ABORTED
+    assert error.details() == "record 7 (epoch 0) failed: ValueError: record 7 is corrupt"
+    # The record's parts, for the client to raise RecordError: in the trailing metadata.
+    (carried,) = [value for key, value in error.trailing_metadata() if key == ERROR_METADATA]
+    record = wire.ErrorReply.FromString(carried).record
+    assert (record.index, record.epoch, record.cause_type) == (7, 0, "ValueError")
+    assert record.cause_message == "record 7 is corrupt"
+    assert record.traceback.startswith("Traceback (most recent call last)")
     served.wait_for_output("LoadBatch from ")
-    served.wait_for_output("refused: DATA_LOSS record 7")
+    served.wait_for_output("refused: ABORTED record 7")
     response = stub.LoadBatch(batch_request(stub, "failing", plan, step=0), timeout=TIMEOUT)
     np.testing.assert_array_equal(decode(response.payload)["x"], [0, 1, 2, 3])
 
@@ -470,8 +482,14 @@ def test_a_failing_record_is_data_loss_and_the_worker_keeps_serving(
 def test_a_batch_decodes_to_what_the_pipeline_loads_locally(
     stub: Any, pipeline: str, plan: Plan, step: int, rows: list[int] | None
 ) -> None:
-    response = stub.LoadBatch(batch_request(stub, pipeline, plan, step, rows), timeout=TIMEOUT)
+    request = batch_request(stub, pipeline, plan, step, rows)
+    response = stub.LoadBatch(request, timeout=TIMEOUT)
     assert response.step == step
+    # The schema's method carries the same header as the raw one.
+    assert response.fingerprint == request.fingerprint
+    assert response.request_digest == request_digest(request)
+    assert response.checksum == payload_checksum([response.payload])
+    assert response.payload_size == len(response.payload)
     local = {"numbers": pipelines.numbers(30), "images": pipelines.images(40, side=8)}[pipeline]
     assert_batches_equal([decode(response.payload)], [local.load(plan, step, rows)])
 

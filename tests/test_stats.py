@@ -183,8 +183,11 @@ def test_the_collector_exposes_the_stats_to_prometheus() -> None:
         wait_fraction=0.25,
         workers={
             "grpc://10.0.0.1:50051": WorkerStats(5, 1, "UNAVAILABLE: gone", 0.1, 0.2, 0.4),
-            "grpc://10.0.0.2:50051": WorkerStats(0, 0, None, None, None, None),
+            "grpc://10.0.0.2:50051": WorkerStats(
+                0, 1, "NOT_FOUND: gone", None, None, None, "NOT_FOUND: gone"
+            ),
         },
+        left_out={"grpc://10.0.0.3:50051": "NOT_FOUND: unknown pipeline 'images'"},
     )
     registry = CollectorRegistry()
     registry.register(LoaderCollector(lambda: stats))
@@ -200,6 +203,9 @@ def test_the_collector_exposes_the_stats_to_prometheus() -> None:
     assert value("loadax_client_worker_requests_total", worker=first) == 5
     assert value("loadax_client_worker_failures_total", worker=first) == 1
     assert value("loadax_client_worker_requests_total", worker=second) == 0
+    assert value("loadax_client_worker_quarantined", worker=first) == 0
+    assert value("loadax_client_worker_quarantined", worker=second) == 1
+    assert value("loadax_client_left_out_targets") == 1
     latency = "loadax_client_worker_latency_seconds"
     assert value(latency, worker=first, quantile="0.9") == 0.2
     assert value(latency, worker=first, quantile="1") == 0.4

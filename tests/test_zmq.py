@@ -14,14 +14,16 @@ from helpers import assert_batches_equal
 import loadax.wire.codec
 from loadax.client.zmq_transport import ZmqTarget
 from loadax.dataset.ops import DatasetBase
-from loadax.errors import WorkerError
+from loadax.errors import RecordError, WorkerError
 from loadax.plan.permutation import IndexArray
 from loadax.server.worker import Worker
 from loadax.server.zmq_server import ZmqServer
 from loadax.wire import zmq_frames
+from loadax.wire.checksum import payload_checksum
+from loadax.wire.failures import RecordFailed
 from loadax.wire.messages import RequestMessage
 from loadax.wire.payloads import EncodedBatch
-from loadax.wire.plans import plan_to_wire
+from loadax.wire.plans import plan_to_wire, request_digest
 from loadax.wire.v1 import worker_pb2 as wire
 
 WAIT_S = 10.0  # the most any test waits for something that should happen at once
@@ -62,7 +64,10 @@ def gated() -> Iterator[GatedDataset]:
 
 @pytest.fixture
 def worker(gated: GatedDataset) -> Iterator[Worker]:
+    gated.gate.set()  # the worker reads a probe batch of each pipeline at start
     worker = Worker({"numbers": NUMBERS, "slow": loadax.Pipeline(gated, loadax.Batcher())})
+    gated.gate.clear()
+    gated.started.clear()
     yield worker
     worker.close()
 
@@ -202,7 +207,8 @@ def test_replies_round_trip() -> None:
 
 def test_batch_reply_sends_each_array_from_its_own_memory_and_decodes_views() -> None:
     array = np.arange(6)
-    batch = EncodedBatch(3, loadax.wire.codec.encode_frames({"x": array}))
+    request = batch_request("f", 3)
+    batch = EncodedBatch.answering(request, "f", loadax.wire.codec.encode_frames({"x": array}))
     frames = zmq_frames.reply_frames(5, batch)
     assert frames[3:] == list(batch.frames)
     assert b"".join(frames[3:]) == loadax.wire.codec.encode({"x": array})
@@ -210,12 +216,26 @@ def test_batch_reply_sends_each_array_from_its_own_memory_and_decodes_views() ->
     head = wire.BatchResponse()
     head.ParseFromString(bytes(frames[2]))
     assert head.payload == b""
+    assert head == batch.header
+    assert head.request_digest == request_digest(request)
+    assert head.checksum == payload_checksum(frames[3:])
     reply = zmq_frames.parse_batch_reply(frames)
-    assert (reply.request_id, reply.step) == (5, 3)
+    assert (reply.request_id, reply.header) == (5, head)
     assert all(view.readonly for view in reply.payload)
     decoded = loadax.wire.codec.decode_frames(reply.payload)["x"]
     np.testing.assert_array_equal(decoded, array)
     assert np.shares_memory(decoded, array)  # sent and received in place: no copy anywhere
+
+
+def test_a_failed_record_travels_as_its_parts() -> None:
+    failed = RecordFailed.of(RecordError(7, 2, ValueError("bad record")), "Traceback (...)")
+    with pytest.raises(RecordFailed) as caught:
+        zmq_frames.parse_batch_reply(zmq_frames.error_frames(1, failed))
+    assert caught.value.code == "ABORTED"
+    assert caught.value.record == failed.record
+    rebuilt = caught.value.rebuild("zmq://worker:1")
+    assert (rebuilt.index, rebuilt.epoch) == (7, 2)
+    assert str(rebuilt) == "record 7 (epoch 2) failed: ValueError: bad record"
 
 
 def test_error_replies_raise_the_workers_error() -> None:
@@ -258,10 +278,10 @@ def test_malformed_requests_are_invalid_arguments(frames: list[bytes], match: st
         ([b"", b"ok", b""], "8 bytes, got 0"),
     ],
 )
-def test_malformed_replies_are_invalid_arguments(frames: list[bytes], match: str) -> None:
+def test_malformed_replies_are_data_loss(frames: list[bytes], match: str) -> None:
     with pytest.raises(WorkerError, match=match) as caught:
         zmq_frames.parse_reply(frames, wire.InfoResponse)
-    assert caught.value.code == "INVALID_ARGUMENT"
+    assert caught.value.code == "DATA_LOSS"  # the worker's fault: another worker is asked
 
 
 def test_batch_reply_without_payload_frame_is_invalid() -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import itertools
 import json
 import os
 import signal
@@ -13,6 +14,8 @@ import threading
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import IO, Any
+
+from processes import free_port
 
 TESTS = Path(__file__).resolve().parent
 PIPELINES = """
@@ -127,9 +130,11 @@ def worker_process(
     max_in_flight_per_client: int = 16,
     args: Sequence[str] = (),
     config: Path | None = None,
+    launcher: Sequence[str] = ("-m", "loadax.server.main"),
 ) -> Iterator[WorkerProcess]:
     """A worker serving `pipelines` (TOML [pipelines.*] tables), once it is ready; given a
-    `config` file, the worker runs that instead."""
+    `config` file, the worker runs that instead. `launcher` is what the interpreter runs, with
+    the worker's arguments after it (e.g. `("-m", "tampered_worker", "junk")`)."""
     config = config or write_config(
         tmp_path,
         pipelines,
@@ -138,7 +143,7 @@ def worker_process(
         threads=threads,
         max_in_flight_per_client=max_in_flight_per_client,
     )
-    command = [sys.executable, "-m", "loadax.server.main", "--config", str(config), *args]
+    command = [sys.executable, *launcher, "--config", str(config), *args]
     output = _Output()
     with subprocess.Popen(
         command,
@@ -206,3 +211,40 @@ def worker_processes(
             home.mkdir()
             running.append(stack.enter_context(worker_process(home, pipelines, **options)))
         yield running
+
+
+class Pinned:
+    """Workers on fixed loopback addresses, restarted there with other pipelines at will."""
+
+    def __init__(self, directory: Path, stack: contextlib.ExitStack, transport: str):
+        self._directory, self._stack, self._transport = directory, stack, transport
+        self._starts = itertools.count()
+        self.targets: list[str] = []
+        self.running: list[WorkerProcess] = []
+
+    def start(self, pipelines_toml: str, host: str = "127.0.0.1", port: int | None = None) -> str:
+        """A worker serving `pipelines_toml` at `host`:`port` (a free one by default)."""
+        self.targets.append(f"{self._transport}://{host}:{port or free_port()}")
+        self.running.append(self._start(len(self.running), pipelines_toml))
+        return self.targets[-1]
+
+    def restart(self, index: int, pipelines_toml: str) -> None:
+        """Kill worker `index` (-9) and start another on its port serving `pipelines_toml`."""
+        self.running[index].process.kill()
+        self.running[index].process.wait()
+        self.running[index] = self._start(index, pipelines_toml)
+
+    def _start(self, index: int, pipelines_toml: str) -> WorkerProcess:
+        home = self._directory / f"worker{index}-{next(self._starts)}"
+        home.mkdir()
+        where = self.targets[index].split("://", 1)[1]
+        pin = ["--grpc", where] if self._transport == "grpc" else ["--zmq", f"tcp://{where}"]
+        return self._stack.enter_context(
+            worker_process(home, pipelines_toml, zmq=self._transport == "zmq", args=pin)
+        )
+
+
+@contextlib.contextmanager
+def pinned(tmp_path: Path, transport: str) -> Iterator[Pinned]:
+    with contextlib.ExitStack() as stack:
+        yield Pinned(tmp_path, stack, transport)

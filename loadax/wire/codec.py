@@ -178,7 +178,7 @@ class _Packer:
         raise CodecError(f"cannot encode a {type(value).__name__}: {value!r:.80}")
 
     def _place(self, array: np.ndarray[Any, Any]) -> bytes:
-        name = _dtype_name(array.dtype)
+        name = dtype_name(array.dtype)
         # Not np.ascontiguousarray: it turns 0-d arrays into 1-d ones.
         array = np.require(array, requirements="C")
         self._offset += -self._offset % _ALIGN
@@ -188,7 +188,14 @@ class _Packer:
         return descriptor
 
 
-def _dtype_name(dtype: np.dtype[Any]) -> str:
+def dtype_name(dtype: np.dtype[Any]) -> str:
+    """How the encoding names `dtype`: its `dtype.str` ("<f4"), or the name of an ml_dtypes type.
+
+    >>> import numpy as np
+    >>> from loadax.wire.codec import dtype_name
+    >>> dtype_name(np.dtype(np.float32)), dtype_name(np.dtype("U3"))
+    ('<f4', '<U3')
+    """
     for name, extra in _EXTRA_DTYPES.items():
         if dtype == extra:
             return name

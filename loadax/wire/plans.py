@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
+
 import numpy as np
 
 from loadax.errors import WorkerError
@@ -55,6 +58,36 @@ def batch_request(pipeline: str, fingerprint: str, plan: Plan, work: Work) -> wi
     elif isinstance(work, StepWork) and work.rows is not None:
         request.rows.extend(work.rows.tolist())
     return request
+
+
+def request_digest(request: wire.BatchRequest) -> bytes:
+    """16 bytes that name what `request` asks for: pipeline, fingerprint, plan, step, rows and
+    window. Computed from the fields, not the protobuf encoding (which may differ between
+    implementations), so that the worker's digest of what it received is the client's of what
+    it sent. A reply's header carries it; the client refuses a reply to another request.
+
+    >>> from loadax import Plan
+    >>> from loadax.plan.work import StepWork
+    >>> from loadax.wire.plans import batch_request, request_digest
+    >>> plan = Plan(num_records=10, batch_size=4)
+    >>> first = request_digest(batch_request("p", "f", plan, StepWork(0)))
+    >>> len(first), first == request_digest(batch_request("p", "f", plan, StepWork(1)))
+    (16, False)
+    """
+    plan = request.plan
+    window = request.window if request.HasField("window") else None
+    fields = [
+        request.pipeline,
+        request.fingerprint,
+        [plan.num_records, plan.batch_size, plan.seed, plan.shuffle, plan.drop_remainder],
+        plan.num_epochs if plan.HasField("num_epochs") else None,
+        request.step,
+        None if window is None else [window.shards, window.shard, window.index],
+        len(request.rows),
+    ]
+    digest = hashlib.blake2b(json.dumps(fields).encode(), digest_size=16)
+    digest.update(np.array(request.rows, dtype="<u8").tobytes())
+    return digest.digest()
 
 
 def work_from_wire(request: wire.BatchRequest) -> Work:

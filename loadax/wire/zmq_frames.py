@@ -5,9 +5,10 @@ to a worker that requires a token (a shared secret); a reply is `[request_id, b"
 `[request_id, b"ok", head, *payload]` for a batch, or `[request_id, b"error", ErrorReply]`.
 The request id is 8 bytes, a big-endian uint64 the client chooses; the worker echoes it.
 A batch reply carries its payload as frames of their own (`loadax.wire.codec.encode_frames`: the
-header, then each array's bytes, sent from the array without a copy), not inside the protobuf,
-so that the client decodes each array as a view of the received frame (parsing a protobuf
-copies `bytes`): its `head` is a `BatchResponse` whose `payload` is left empty.
+codec's header, then each array's bytes, sent from the array without a copy), not inside the
+protobuf, so that the client decodes each array as a view of the received frame (parsing a
+protobuf copies `bytes`): its `head` is the batch's header, a `BatchResponse` whose `payload` is
+empty.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from google.protobuf.message import DecodeError, Message
 
 from loadax.errors import WorkerError
 from loadax.wire.credentials import BEARER, MAX_TOKEN_CHARS, bearer
+from loadax.wire.failures import BAD_REPLY, error_from_reply, error_reply
 from loadax.wire.messages import REQUEST_TYPES, RequestMessage, ResponseMessage, method_of
 from loadax.wire.payloads import EncodedBatch
 from loadax.wire.v1 import worker_pb2 as wire
@@ -55,10 +57,10 @@ class Reply(Generic[R]):
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class BatchReply:
-    """A parsed successful batch reply; `payload` views the received payload frames."""
+    """A parsed successful batch reply: its header, and views of the received payload frames."""
 
     request_id: int
-    step: int
+    header: wire.BatchResponse
     payload: list[memoryview]
 
 
@@ -121,25 +123,24 @@ def reply_frames(request_id: int, response: ResponseMessage) -> list[Buffer]:
     """The frames of a successful reply; a batch's payload travels as a fourth frame."""
     frame_id = encode_request_id(request_id)
     if isinstance(response, EncodedBatch):
-        head = wire.BatchResponse(step=response.step).SerializeToString()
-        return [frame_id, OK, head, *response.frames]
+        return [frame_id, OK, response.header.SerializeToString(), *response.frames]
     return [frame_id, OK, response.SerializeToString()]
 
 
 def error_frames(request_id: int, error: WorkerError) -> list[Buffer]:
-    body = wire.ErrorReply(code=error.code, message=error.message).SerializeToString()
+    body = error_reply(error).SerializeToString()
     return [encode_request_id(request_id), ERROR, body]
 
 
 def parse_reply(frames: Sequence[Buffer], expected: type[R]) -> Reply[R]:
     """The reply in `frames` to a handshake or info request that expects `expected`.
 
-    An error reply is raised as the worker's `WorkerError`; a malformed reply raises one with
-    code INVALID_ARGUMENT.
+    An error reply is raised as the worker's `WorkerError` (a `RecordFailed` for a failed record);
+    a malformed reply raises one with code BAD_REPLY (DATA_LOSS): the worker's fault.
     """
     what = expected.__name__
     request_id = _parse_status(frames, 3, what)
-    return Reply(request_id, _parse(expected, frames[2], what))
+    return Reply(request_id, _parse(expected, frames[2], what, BAD_REPLY))
 
 
 def parse_batch_reply(frames: Sequence[Buffer]) -> BatchReply:
@@ -149,9 +150,9 @@ def parse_batch_reply(frames: Sequence[Buffer]) -> BatchReply:
     view it.
     """
     request_id = _parse_status(frames, 4, "BatchResponse", more_allowed=True)
-    head = _parse(wire.BatchResponse, frames[2], "BatchResponse")
+    header = _parse(wire.BatchResponse, frames[2], "BatchResponse", BAD_REPLY)
     payload = [memoryview(frame).toreadonly() for frame in frames[3:]]
-    return BatchReply(request_id, head.step, payload)
+    return BatchReply(request_id, header, payload)
 
 
 def _parse_status(
@@ -160,15 +161,17 @@ def _parse_status(
     """The request id of a successful reply of `count` frames (or more, with `more_allowed`);
     an error reply is raised."""
     if len(frames) < 3:
-        raise WorkerError("INVALID_ARGUMENT", f"a reply has at least 3 frames, got {len(frames)}")
-    request_id = parse_request_id(frames[0])
+        raise WorkerError(BAD_REPLY, f"a reply has at least 3 frames, got {len(frames)}")
+    try:
+        request_id = parse_request_id(frames[0])
+    except WorkerError as error:
+        raise WorkerError(BAD_REPLY, error.message) from None
     status = bytes(frames[1])
     if status == ERROR:
         _require_count(frames, 3, "an error reply")
-        error = _parse(wire.ErrorReply, frames[2], "ErrorReply")
-        raise WorkerError(error.code or "UNKNOWN", error.message)
+        raise error_from_reply(_parse(wire.ErrorReply, frames[2], "ErrorReply", BAD_REPLY))
     if status != OK:
-        raise WorkerError("INVALID_ARGUMENT", f"unknown reply status {status[:40]!r}")
+        raise WorkerError(BAD_REPLY, f"unknown reply status {status[:40]!r}")
     if not (more_allowed and len(frames) > count):
         _require_count(frames, count, f"a {what} reply")
     return request_id
@@ -176,15 +179,16 @@ def _parse_status(
 
 def _require_count(frames: Sequence[Buffer], count: int, what: str) -> None:
     if len(frames) != count:
-        raise WorkerError("INVALID_ARGUMENT", f"{what} has {count} frames, got {len(frames)}")
+        raise WorkerError(BAD_REPLY, f"{what} has {count} frames, got {len(frames)}")
 
 
-def _parse(kind: type[M], body: Buffer, what: str) -> M:
+def _parse(kind: type[M], body: Buffer, what: str, code: str = "INVALID_ARGUMENT") -> M:
+    """The message of type `kind` in `body`; a malformed one is a `WorkerError` with `code`."""
     message = kind()
     try:
         message.ParseFromString(bytes(body))  # small: payloads never pass through here
     except DecodeError as error:
         raise WorkerError(
-            "INVALID_ARGUMENT", f"the body of {what} is not a valid {kind.__name__}: {error}"
+            code, f"the body of {what} is not a valid {kind.__name__}: {error}"
         ) from error
     return message

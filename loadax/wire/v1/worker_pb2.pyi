@@ -33,18 +33,38 @@ class HandshakeRequest(_message.Message):
     def __init__(self, library_version: _Optional[str] = ..., pipeline: _Optional[str] = ..., plan: _Optional[_Union[Plan, _Mapping]] = ...) -> None: ...
 
 class HandshakeResponse(_message.Message):
-    __slots__ = ("library_version", "pipeline", "fingerprint", "num_records", "stream_window")
+    __slots__ = ("library_version", "pipeline", "fingerprint", "num_records", "stream_window", "schema")
     LIBRARY_VERSION_FIELD_NUMBER: _ClassVar[int]
     PIPELINE_FIELD_NUMBER: _ClassVar[int]
     FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
     NUM_RECORDS_FIELD_NUMBER: _ClassVar[int]
     STREAM_WINDOW_FIELD_NUMBER: _ClassVar[int]
+    SCHEMA_FIELD_NUMBER: _ClassVar[int]
     library_version: str
     pipeline: str
     fingerprint: str
     num_records: int
     stream_window: int
-    def __init__(self, library_version: _Optional[str] = ..., pipeline: _Optional[str] = ..., fingerprint: _Optional[str] = ..., num_records: _Optional[int] = ..., stream_window: _Optional[int] = ...) -> None: ...
+    schema: BatchSchema
+    def __init__(self, library_version: _Optional[str] = ..., pipeline: _Optional[str] = ..., fingerprint: _Optional[str] = ..., num_records: _Optional[int] = ..., stream_window: _Optional[int] = ..., schema: _Optional[_Union[BatchSchema, _Mapping]] = ...) -> None: ...
+
+class BatchSchema(_message.Message):
+    __slots__ = ("tree", "leaves")
+    TREE_FIELD_NUMBER: _ClassVar[int]
+    LEAVES_FIELD_NUMBER: _ClassVar[int]
+    tree: str
+    leaves: _containers.RepeatedCompositeFieldContainer[LeafSchema]
+    def __init__(self, tree: _Optional[str] = ..., leaves: _Optional[_Iterable[_Union[LeafSchema, _Mapping]]] = ...) -> None: ...
+
+class LeafSchema(_message.Message):
+    __slots__ = ("dtype", "ndim", "rows_first")
+    DTYPE_FIELD_NUMBER: _ClassVar[int]
+    NDIM_FIELD_NUMBER: _ClassVar[int]
+    ROWS_FIRST_FIELD_NUMBER: _ClassVar[int]
+    dtype: str
+    ndim: int
+    rows_first: bool
+    def __init__(self, dtype: _Optional[str] = ..., ndim: _Optional[int] = ..., rows_first: _Optional[bool] = ...) -> None: ...
 
 class StreamWindow(_message.Message):
     __slots__ = ("shards", "shard", "index")
@@ -73,12 +93,20 @@ class BatchRequest(_message.Message):
     def __init__(self, pipeline: _Optional[str] = ..., fingerprint: _Optional[str] = ..., plan: _Optional[_Union[Plan, _Mapping]] = ..., step: _Optional[int] = ..., rows: _Optional[_Iterable[int]] = ..., window: _Optional[_Union[StreamWindow, _Mapping]] = ...) -> None: ...
 
 class BatchResponse(_message.Message):
-    __slots__ = ("step", "payload")
+    __slots__ = ("step", "payload", "fingerprint", "request_digest", "checksum", "payload_size")
     STEP_FIELD_NUMBER: _ClassVar[int]
     PAYLOAD_FIELD_NUMBER: _ClassVar[int]
+    FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_DIGEST_FIELD_NUMBER: _ClassVar[int]
+    CHECKSUM_FIELD_NUMBER: _ClassVar[int]
+    PAYLOAD_SIZE_FIELD_NUMBER: _ClassVar[int]
     step: int
     payload: bytes
-    def __init__(self, step: _Optional[int] = ..., payload: _Optional[bytes] = ...) -> None: ...
+    fingerprint: str
+    request_digest: bytes
+    checksum: int
+    payload_size: int
+    def __init__(self, step: _Optional[int] = ..., payload: _Optional[bytes] = ..., fingerprint: _Optional[str] = ..., request_digest: _Optional[bytes] = ..., checksum: _Optional[int] = ..., payload_size: _Optional[int] = ...) -> None: ...
 
 class InfoRequest(_message.Message):
     __slots__ = ()
@@ -105,9 +133,25 @@ class InfoResponse(_message.Message):
     def __init__(self, library_version: _Optional[str] = ..., pipelines: _Optional[_Iterable[_Union[PipelineInfo, _Mapping]]] = ...) -> None: ...
 
 class ErrorReply(_message.Message):
-    __slots__ = ("code", "message")
+    __slots__ = ("code", "message", "record")
     CODE_FIELD_NUMBER: _ClassVar[int]
     MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    RECORD_FIELD_NUMBER: _ClassVar[int]
     code: str
     message: str
-    def __init__(self, code: _Optional[str] = ..., message: _Optional[str] = ...) -> None: ...
+    record: RecordFailure
+    def __init__(self, code: _Optional[str] = ..., message: _Optional[str] = ..., record: _Optional[_Union[RecordFailure, _Mapping]] = ...) -> None: ...
+
+class RecordFailure(_message.Message):
+    __slots__ = ("index", "epoch", "cause_type", "cause_message", "traceback")
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    CAUSE_TYPE_FIELD_NUMBER: _ClassVar[int]
+    CAUSE_MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    TRACEBACK_FIELD_NUMBER: _ClassVar[int]
+    index: int
+    epoch: int
+    cause_type: str
+    cause_message: str
+    traceback: str
+    def __init__(self, index: _Optional[int] = ..., epoch: _Optional[int] = ..., cause_type: _Optional[str] = ..., cause_message: _Optional[str] = ..., traceback: _Optional[str] = ...) -> None: ...

@@ -1,0 +1,145 @@
+"""What verifying a reply costs: payload checksums over a W2 batch (64 float32 224x224x3 images
+and their labels, 38.5 MB), and the client's whole check of a reply (`ReplyDecoder.decode`:
+identity, request digest, checksum, decode, schema).
+
+Usage: `python benchmarks/checksum_bench.py [--repeats N] [--batch-ms MS] [--json PATH]`.
+Each candidate runs over several distinct batches in turn, so that no batch is still in the
+CPU's cache from the run before (as a received batch is not); `--batch-ms` (an R1 batch's time)
+adds each one's share of it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+import zlib
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from workloads import CROP_SIDE, SEED
+
+from loadax.client.replies import ReplyDecoder
+from loadax.plan.planner import Plan
+from loadax.plan.work import StepWork
+from loadax.wire.checksum import payload_checksum
+from loadax.wire.codec import encode_frames
+from loadax.wire.payloads import EncodedBatch
+from loadax.wire.plans import batch_request
+from loadax.wire.schema import batch_schema
+from loadax.wire.v1 import worker_pb2 as wire
+
+BATCH = 64
+DISTINCT_BATCHES = 4  # 154 MB in turn: more than any CPU cache
+Frames = Sequence[bytes | memoryview]
+
+
+def w2_frames(seed: int) -> list[bytes | memoryview]:
+    rng = np.random.default_rng(SEED + seed)
+    return encode_frames(
+        {
+            "image": rng.random((BATCH, CROP_SIDE, CROP_SIDE, 3), dtype=np.float32),
+            "label": np.arange(BATCH, dtype=np.int64),
+        }
+    )
+
+
+def _crc32(frames: Frames) -> int:
+    value = 0
+    for frame in frames:
+        value = zlib.crc32(frame, value)
+    return value
+
+
+def _adler32(frames: Frames) -> int:
+    value = 1
+    for frame in frames:
+        value = zlib.adler32(frame, value)
+    return value
+
+
+def _block_sums(frames: Frames) -> int:
+    """A plain sum of uint64 words (no weights): the floor of what any numpy checksum costs."""
+    total = 0
+    for frame in frames:
+        view = memoryview(frame).cast("B")
+        words = len(view) // 8
+        total += int(np.add.reduce(np.frombuffer(view, dtype="<u8", count=words)))
+    return total
+
+
+def _verifier() -> Callable[[Frames], Any]:
+    """The client's whole check of a reply to step 0, as a target runs it."""
+    plan = Plan(BATCH * 10, BATCH)
+    request = batch_request("w2", "f" * 64, plan, StepWork(0))
+    decoder = ReplyDecoder("bench")
+    probe = {"image": np.zeros((1, CROP_SIDE, CROP_SIDE, 3), np.float32), "label": np.arange(1)}
+    schema = batch_schema([(probe, 1)])
+    assert schema is not None
+    decoder.learn(
+        wire.HandshakeResponse(pipeline="w2", fingerprint=request.fingerprint, schema=schema)
+    )
+    headers: dict[int, wire.BatchResponse] = {}
+
+    def verify(frames: Frames) -> Any:
+        header = headers.get(id(frames))
+        if header is None:
+            header = EncodedBatch.answering(request, request.fingerprint, frames).header
+            headers[id(frames)] = header
+        return decoder.decode(request, header, frames)
+
+    return verify
+
+
+CANDIDATES: dict[str, Callable[[], Callable[[Frames], Any]]] = {
+    "loadax payload_checksum (weighted uint64 sums)": lambda: payload_checksum,
+    "zlib.crc32": lambda: _crc32,
+    "zlib.adler32": lambda: _adler32,
+    "numpy sum of uint64 words (no weights)": lambda: _block_sums,
+    "client verification (ReplyDecoder.decode)": _verifier,
+}
+
+
+def measure(
+    fn: Callable[[Frames], Any], batches: list[list[bytes | memoryview]], repeats: int
+) -> list[float]:
+    fn(batches[0])  # warm up (and, for the verifier, make each batch's header once)
+    for frames in batches[1:]:
+        fn(frames)
+    seconds = []
+    for run in range(repeats):
+        frames = batches[run % len(batches)]
+        start = time.perf_counter()
+        fn(frames)
+        seconds.append(time.perf_counter() - start)
+    return seconds
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=24, help="timed runs per candidate")
+    parser.add_argument("--batch-ms", type=float, help="an R1 batch's time, for each one's share")
+    parser.add_argument("--json", type=Path, help="also write the numbers to this file")
+    args = parser.parse_args(argv)
+    batches = [w2_frames(seed) for seed in range(DISTINCT_BATCHES)]
+    size = sum(len(frame) for frame in batches[0])
+    results = []
+    print(f"W2 batch: {size / 1e6:.1f} MB in {len(batches[0])} frames; median of {args.repeats}")
+    for name, make in CANDIDATES.items():
+        seconds = statistics.median(measure(make(), batches, args.repeats))
+        result = {"name": name, "us_per_batch": seconds * 1e6, "gb_per_s": size / seconds / 1e9}
+        line = f"{name:48} {seconds * 1e6:9.0f} us/batch {size / seconds / 1e9:7.2f} GB/s"
+        if args.batch_ms:
+            result["share_of_batch"] = seconds * 1e3 / args.batch_ms
+            line += f" {100 * seconds * 1e3 / args.batch_ms:5.1f}% of a {args.batch_ms:g} ms batch"
+        print(line)
+        results.append(result)
+    if args.json is not None:
+        args.json.write_text(json.dumps({"batch_bytes": size, "results": results}, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,103 @@
+"""Errors on the wire: the `ErrorReply` both transports carry, and a failed record within it.
+
+A record that fails on a worker travels as its parts (index, epoch, the cause's type name and
+message, the worker's traceback) under the status RECORD_FAILED, so that the client raises the
+`loadax.RecordError` the local loader would: the same error type in every mode.
+"""
+
+from __future__ import annotations
+
+import traceback
+
+from loadax.errors import RecordError, RemoteCause, WorkerError
+from loadax.wire.v1 import worker_pb2 as wire
+
+RECORD_FAILED = "ABORTED"
+"""The status of a reply whose batch has a record that failed: the client raises RecordError,
+which another worker would repeat, so it is never retried."""
+BAD_REPLY = "DATA_LOSS"
+"""The status the client gives a reply that fails its checks (malformed, corrupt, made for another
+request or pipeline, or not of the announced schema): the worker's fault, so another worker is
+asked."""
+ERROR_METADATA = "loadax-error-bin"
+"""The gRPC trailing metadata that carries a failed call's `ErrorReply`, for a failed record."""
+MAX_TRACEBACK_CHARS = 2000
+MAX_CAUSE_CHARS = 500
+# gRPC carries a failed record in metadata, which a client accepts up to 8 KiB: the traceback
+# (base64, a third longer) and the status details must fit together.
+
+
+class RecordFailed(WorkerError):
+    """A worker's answer that a record of the batch failed, as it travels; `rebuild` gives the
+    client's `RecordError`.
+
+    >>> from loadax.errors import RecordError
+    >>> from loadax.wire.failures import RecordFailed
+    >>> cause = ValueError("bad record")
+    >>> failed = RecordFailed.of(RecordError(7, 2, cause), "Traceback ...")
+    >>> failed.code, failed.message
+    ('ABORTED', 'record 7 (epoch 2) failed: ValueError: bad record')
+    >>> rebuilt = failed.rebuild("grpc://10.0.0.5:50051")
+    >>> rebuilt.index, rebuilt.epoch, type(rebuilt.__cause__).__name__
+    (7, 2, 'RemoteCause')
+    >>> print(rebuilt.__notes__[0])
+    loadax: raised on grpc://10.0.0.5:50051; the traceback there:
+    Traceback ...
+    """
+
+    def __init__(self, record: wire.RecordFailure) -> None:
+        super().__init__(
+            RECORD_FAILED,
+            f"record {record.index} (epoch {record.epoch}) failed: {record.cause_type}: "
+            f"{record.cause_message}",
+        )
+        self.record = record
+
+    @classmethod
+    def of(cls, error: RecordError, text: str | None = None) -> RecordFailed:
+        """The failure `error` reports; `text` is the traceback to send (by default the cause's)."""
+        cause = error.__cause__ or error
+        if text is None:
+            text = "".join(traceback.format_exception(cause))
+        return cls(
+            wire.RecordFailure(
+                index=error.index,
+                epoch=error.epoch,
+                cause_type=type(cause).__name__,
+                cause_message=shorten(str(cause), MAX_CAUSE_CHARS),
+                traceback=shorten(text, MAX_TRACEBACK_CHARS),
+            )
+        )
+
+    def rebuild(self, worker: str) -> RecordError:
+        """The `RecordError` the client raises: its cause a `RemoteCause` with the original type
+        name and message, and a note naming `worker` with the traceback it sent."""
+        record = self.record
+        cause = RemoteCause(record.cause_type, record.cause_message)
+        error = RecordError(record.index, record.epoch, cause)
+        error.add_note(f"loadax: raised on {worker}; the traceback there:\n{record.traceback}")
+        return error
+
+
+def error_reply(error: WorkerError) -> wire.ErrorReply:
+    """The `ErrorReply` that tells a client about `error`."""
+    reply = wire.ErrorReply(code=error.code, message=error.message)
+    if isinstance(error, RecordFailed):
+        reply.record.CopyFrom(error.record)
+    return reply
+
+
+def error_from_reply(reply: wire.ErrorReply) -> WorkerError:
+    """The error an `ErrorReply` tells of: a `RecordFailed` when it names a record."""
+    if reply.HasField("record"):
+        return RecordFailed(reply.record)
+    return WorkerError(reply.code or "UNKNOWN", reply.message)
+
+
+def shorten(text: str, limit: int) -> str:
+    """`text`, or its start and end with what was left out counted when it is over `limit`."""
+    if len(text) <= limit:
+        return text
+    head, tail = limit * 2 // 5, limit * 3 // 5
+    left_out = len(text) - head - tail
+    return f"{text[:head]}\n... ({left_out} characters left out) ...\n{text[-tail:]}"

@@ -1,0 +1,114 @@
+"""A tampered worker costs time, never correctness: real worker processes on loopback, over gRPC
+and ZeroMQ, one of them sending wrong replies (tests/tampered_worker.py)."""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import re
+from collections.abc import Iterator
+from pathlib import Path
+
+import pipelines
+import pytest
+from equivalence import digests
+from tampered_worker import TAMPERS
+from workers import WorkerProcess, worker_process
+
+from loadax import DataLoader, WorkerError
+from loadax.client import RemoteDataLoader
+
+RECORDS, FLOATS, BATCH, SEED = 48, 32, 4, 11
+STEPS = RECORDS // BATCH
+SERVED = f"""
+[pipelines.blobs]
+factory = "pipelines:blobs"
+args = {{ records = {RECORDS}, floats = {FLOATS} }}
+"""
+LIMIT_S = 1.0
+# What the client's check says of each tampered reply.
+DIFFERENCES = {
+    "a row less": r"leaf \['label'\] has 3 rows, the request asked for 4",
+    "float16": r"leaf \['x'\] has dtype <f2, the schema says <f4",
+    "an extra leaf": r"its tree is \{'extra': \*, 'label': \*, 'x': \*\}",
+    "shifted labels": r"its payload's checksum is [0-9a-f]{16}, its header says [0-9a-f]{16}",
+    "another step": r"it answers another request \(of step \d+\)",
+    "junk": r"its payload does not decode: ",
+}
+TRANSPORTS = ("grpc", "zmq")
+
+
+def test_every_tamper_has_its_expected_difference() -> None:
+    assert DIFFERENCES.keys() == TAMPERS.keys()
+
+
+@pytest.fixture(scope="module")
+def good(tmp_path_factory: pytest.TempPathFactory) -> Iterator[WorkerProcess]:
+    with worker_process(tmp_path_factory.mktemp("good"), SERVED, zmq=True) as worker:
+        yield worker
+
+
+@contextlib.contextmanager
+def tampered(directory: Path, kind: str) -> Iterator[WorkerProcess]:
+    launcher = ("-m", "tampered_worker", kind)
+    with worker_process(directory, SERVED, zmq=True, launcher=launcher) as worker:
+        yield worker
+
+
+def reference(epochs: int = 1) -> list[str]:
+    """The digests of the local loader's batches over `epochs` epochs."""
+    pipeline = pipelines.blobs(records=RECORDS, floats=FLOATS)
+    local = DataLoader(pipeline.batcher).batch_size(BATCH).shuffle(seed=SEED).workers(0)
+    return digests(local.num_epochs(epochs).build(pipeline.dataset))
+
+
+def remote(targets: list[str | None]) -> RemoteDataLoader:
+    named = [target for target in targets if target is not None]
+    assert len(named) == len(targets)
+    loader = RemoteDataLoader(named, pipeline="blobs").batch_size(BATCH).shuffle(seed=SEED)
+    return loader.no_worker_timeout(LIMIT_S)
+
+
+@pytest.mark.parametrize("kind", list(TAMPERS))
+def test_a_tampered_worker_is_quarantined_and_never_yields_a_batch(
+    tmp_path: Path, good: WorkerProcess, kind: str
+) -> None:
+    difference = DIFFERENCES[kind]
+    expected = reference()
+    with tampered(tmp_path, kind) as bad:
+        for transport in TRANSPORTS:
+            bad_target, good_target = getattr(bad, transport), getattr(good, transport)
+            # Beside a good worker: step 0 goes to the tampered one first.
+            with remote([bad_target, good_target]).build() as loader:
+                assert loader.targets == [bad_target, good_target]
+                assert digests(loader) == expected
+                quarantined = loader.stats().workers[bad_target].quarantined
+            assert quarantined is not None
+            assert re.match(
+                f"DATA_LOSS: {re.escape(bad_target)} sent a bad reply to step \\d+: {difference}",
+                quarantined,
+            ), quarantined
+            # Alone: a clear error naming what differed, and never a batch.
+            with remote([bad_target]).build() as loader:
+                iterator = iter(loader)
+                with pytest.raises(WorkerError) as raised:
+                    next(iterator)
+            message = raised.value.message
+            assert raised.value.code == "UNAVAILABLE"
+            assert message.startswith(f"no worker served step 0 within {LIMIT_S:g} s"), message
+            assert re.search(f"sent a bad reply to step \\d+: {difference}", message), message
+
+
+def test_a_tampered_worker_probed_again_and_again_never_yields_a_batch(
+    tmp_path: Path, good: WorkerProcess
+) -> None:
+    expected = reference(epochs=6)
+    with tampered(tmp_path, "shifted labels") as bad:
+        # A short quarantine: the bad worker is probed again and again while the run goes on.
+        loader = remote([bad.grpc, good.grpc]).num_epochs(None).quarantine(0.01, 0.02)
+        with loader.build() as running:
+            seen = digests(itertools.islice(running, 6 * STEPS))
+            stats = running.stats().workers[bad.grpc]
+    assert seen == expected
+    assert stats.requests > 1
+    assert stats.failures == stats.requests
