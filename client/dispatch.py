@@ -12,7 +12,6 @@ off for longer, then tried again with a real request, so a worker restarted righ
 from __future__ import annotations
 
 import dataclasses
-import enum
 import heapq
 import itertools
 import logging
@@ -25,50 +24,12 @@ from typing import Any
 
 from loadax.client.stats import StatsRecorder
 from loadax.client.targets import Target
+from loadax.client.verdicts import Verdict, verdict
 from loadax.errors import WorkerError
 from loadax.validation import require_positive
 from loadax.wire.v1 import worker_pb2 as wire
 
 _log = logging.getLogger("loadax.client")
-
-# Codes that say nothing about the request itself: another worker may well succeed.
-RETRYABLE = frozenset(
-    {"UNAVAILABLE", "DEADLINE_EXCEEDED", "RESOURCE_EXHAUSTED", "CANCELLED", "UNKNOWN", "INTERNAL"}
-)
-# Codes that say the worker is wrong for this loader, not the request: another pipeline identity
-# (FAILED_PRECONDITION), no such pipeline (NOT_FOUND), a reply that fails to decode or to verify
-# (DATA_LOSS). Another worker will serve the request; this one may be restarted right.
-QUARANTINING = frozenset({"FAILED_PRECONDITION", "NOT_FOUND", "DATA_LOSS"})
-
-
-class Verdict(enum.Enum):
-    """What a failed attempt means for its request and for the worker that failed it."""
-
-    RETRY = "retry"
-    """Transient: re-issue the request elsewhere; the worker backs off briefly."""
-    QUARANTINE = "quarantine"
-    """The worker is wrong for this loader: re-issue the request; the worker is kept off longer."""
-    FATAL = "fatal"
-    """The request itself is wrong (or one of its records fails): every worker would repeat it."""
-
-
-def verdict(error: BaseException) -> Verdict:
-    """The verdict on an attempt that failed with `error`.
-
-    >>> from loadax.errors import RecordError, WorkerError
-    >>> codes = ("UNAVAILABLE", "NOT_FOUND", "DATA_LOSS", "OUT_OF_RANGE", "INVALID_ARGUMENT")
-    >>> [verdict(WorkerError(code, "")).name for code in codes]
-    ['RETRY', 'QUARANTINE', 'QUARANTINE', 'FATAL', 'FATAL']
-    >>> verdict(RecordError(3, 0, ValueError("corrupt"))).name
-    'FATAL'
-    """
-    if not isinstance(error, WorkerError):
-        return Verdict.FATAL  # a RecordError, or a bug: never hidden by a retry
-    if error.code in RETRYABLE:
-        return Verdict.RETRY
-    if error.code in QUARANTINING:
-        return Verdict.QUARANTINE
-    return Verdict.FATAL
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

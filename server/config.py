@@ -6,21 +6,23 @@ Every mistake is a `ConfigError` naming the file and the key, found before the w
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import importlib
-import json
 import re
-import ssl
 import tomllib
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, NoReturn
-
-import zmq
+from typing import Any
 
 from loadax.execution.pipeline import Pipeline
+from loadax.server.config_checks import ConfigError, check_keys, show, show_name
+from loadax.server.config_security import (
+    CurveConfig,
+    TlsConfig,
+    parse_curve,
+    parse_tls,
+    parse_token,
+)
 from loadax.validation import is_int
-from loadax.wire.credentials import check_token, curve_key
 
 _SERVER_KEYS = (
     "grpc",
@@ -33,16 +35,9 @@ _SERVER_KEYS = (
     "tls",
     "curve",
 )
-_TLS_KEYS = ("cert", "key", "client_ca")
-_CURVE_KEYS = ("secret_key_file", "allowed_clients")
-MIN_TOKEN_CHARS = 16
 _PIPELINE_KEYS = ("factory", "args")
 _FACTORY = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
 _HOST = re.compile(r"^(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.-]+)$")
-
-
-class ConfigError(ValueError):
-    """A worker config that cannot be used; the message names the file and the key."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -55,27 +50,7 @@ class PipelineConfig:
 
     @property
     def key(self) -> str:
-        return f"[pipelines.{_show_name(self.name)}]"
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class TlsConfig:
-    """`[server.tls]`, as PEM: the worker's certificate chain and key, and the CA that clients'
-    certificates must be signed by (mutual TLS) or None (any client may connect)."""
-
-    cert_chain: bytes
-    private_key: bytes = dataclasses.field(repr=False)
-    client_ca: bytes | None = None
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class CurveConfig:
-    """`[server.curve]`: the worker's CURVE keypair (Z85) and the client public keys it admits
-    (None: any client that knows the worker's public key)."""
-
-    public_key: bytes
-    secret_key: bytes = dataclasses.field(repr=False)
-    allowed_clients: frozenset[bytes] | None = None
+        return f"[pipelines.{show_name(self.name)}]"
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -161,7 +136,7 @@ def build_pipelines(config: WorkerConfig) -> dict[str, Pipeline[Any, Any]]:
             built = factory(**pipeline.args)
         except Exception as error:
             raise config.error(
-                f"{pipeline.key}.factory: {pipeline.factory}(**{_show(dict(pipeline.args))}) "
+                f"{pipeline.key}.factory: {pipeline.factory}(**{show(dict(pipeline.args))}) "
                 f"raised {type(error).__name__}: {error}"
             ) from error
         if not isinstance(built, Pipeline):
@@ -184,11 +159,11 @@ def _parse(
     def fail(message: str) -> ConfigError:
         return ConfigError(f"{source}: {message}")
 
-    _check_keys(source, document, ("server", "pipelines"), "")
+    check_keys(source, document, ("server", "pipelines"), "")
     server = document.get("server", {})
     if not isinstance(server, dict):
-        raise fail(f"[server] must be a table, got {_show(server)}")
-    _check_keys(source, server, _SERVER_KEYS, "[server].")
+        raise fail(f"[server] must be a table, got {show(server)}")
+    check_keys(source, server, _SERVER_KEYS, "[server].")
 
     grpc = _address(source, "--grpc", grpc) if grpc is not None else None
     zmq = _zmq_endpoint(source, "--zmq", zmq) if zmq is not None else None
@@ -206,19 +181,19 @@ def _parse(
     if pipelines is None or pipelines == {}:
         raise fail("no pipelines: add at least one [pipelines.NAME] table with a factory")
     if not isinstance(pipelines, dict):
-        raise fail(f"pipelines must be tables [pipelines.NAME], got {_show(pipelines)}")
+        raise fail(f"pipelines must be tables [pipelines.NAME], got {show(pipelines)}")
     base = Path(source).parent
     tls = curve = token = None
     if "tls" in server:
         if grpc is None:
             raise fail("[server.tls] secures gRPC, but [server] has no grpc address")
-        tls = _tls(source, base, server["tls"])
+        tls = parse_tls(source, base, server["tls"])
     if "curve" in server:
         if zmq is None:
             raise fail("[server.curve] secures ZeroMQ, but [server] has no zmq endpoint")
-        curve = _curve(source, base, server["curve"])
+        curve = parse_curve(source, base, server["curve"])
     if "token_file" in server:
-        token = _token(source, base, server["token_file"])
+        token = parse_token(source, base, server["token_file"])
     return WorkerConfig(
         source=source,
         pipelines=tuple(_pipeline(source, name, table) for name, table in pipelines.items()),
@@ -238,185 +213,31 @@ def _parse(
     )
 
 
-def _tls(source: str, base: Path, table: Any) -> TlsConfig:
-    if not isinstance(table, dict):
-        raise ConfigError(f"{source}: [server.tls] must be a table, got {_show(table)}")
-    _check_keys(source, table, _TLS_KEYS, "[server.tls].")
-    for required in ("cert", "key"):
-        if required not in table:
-            raise ConfigError(
-                f"{source}: [server.tls].{required} is missing: name a PEM file "
-                "(the worker's certificate chain as cert, its private key as key)"
-            )
-    cert_path = _path(source, base, "[server.tls].cert", table["cert"])
-    key_path = _path(source, base, "[server.tls].key", table["key"])
-    cert = _read(source, "[server.tls].cert", cert_path)
-    key = _read(source, "[server.tls].key", key_path)
-    _certificates(source, "[server.tls].cert", cert)
-
-    def encrypted() -> NoReturn:
-        raise ConfigError(
-            f"{source}: [server.tls].key: {key_path} is encrypted; gRPC needs an unencrypted key"
-        )
-
-    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    try:
-        context.load_cert_chain(cert_path, key_path, password=encrypted)
-    except (ssl.SSLError, ValueError) as error:
-        raise ConfigError(
-            f"{source}: [server.tls].key: {key_path} is not a PEM private key that matches "
-            f"[server.tls].cert: {error}"
-        ) from None
-    client_ca = None
-    if "client_ca" in table:
-        path = _path(source, base, "[server.tls].client_ca", table["client_ca"])
-        client_ca = _read(source, "[server.tls].client_ca", path)
-        _certificates(source, "[server.tls].client_ca", client_ca)
-    return TlsConfig(cert_chain=cert, private_key=key, client_ca=client_ca)
-
-
-def _certificates(source: str, key: str, pem: bytes) -> None:
-    """Refuses `pem` unless it holds PEM certificates, and nothing but valid ones."""
-    try:
-        text = pem.decode("ascii")
-        if "-----BEGIN CERTIFICATE-----" not in text:
-            raise ValueError("no PEM certificate (-----BEGIN CERTIFICATE-----) in it")
-        ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT).load_verify_locations(cadata=text)
-    except (UnicodeDecodeError, ValueError, ssl.SSLError) as error:
-        raise ConfigError(f"{source}: {key}: not a PEM certificate file: {error}") from None
-
-
-def _curve(source: str, base: Path, table: Any) -> CurveConfig:
-    if not isinstance(table, dict):
-        raise ConfigError(f"{source}: [server.curve] must be a table, got {_show(table)}")
-    _check_keys(source, table, _CURVE_KEYS, "[server.curve].")
-    if not zmq.has("curve"):
-        raise ConfigError(f"{source}: [server.curve]: this libzmq was built without CURVE")
-    key = "[server.curve].secret_key_file"
-    if "secret_key_file" not in table:
-        raise ConfigError(
-            f"{source}: {key} is missing: name a file holding the worker's Z85 secret key"
-        )
-    path = _path(source, base, key, table["secret_key_file"])
-    public, secret = _curve_keypair(source, key, path, _read(source, key, path))
-    allowed = None
-    if "allowed_clients" in table:
-        keys = table["allowed_clients"]
-        if not isinstance(keys, list) or not keys:
-            raise ConfigError(
-                f"{source}: [server.curve].allowed_clients must be a non-empty list of Z85 "
-                f"client public keys (leave it out to admit any client that knows the worker's "
-                f"public key), got {_show(keys)}"
-            )
-        checked = []
-        for index, value in enumerate(keys):
-            try:
-                checked.append(curve_key(value))
-            except ValueError as error:
-                raise ConfigError(
-                    f"{source}: [server.curve].allowed_clients[{index}]: {error}"
-                ) from None
-        allowed = frozenset(checked)
-    return CurveConfig(public_key=public, secret_key=secret, allowed_clients=allowed)
-
-
-def _curve_keypair(source: str, key: str, path: Path, content: bytes) -> tuple[bytes, bytes]:
-    """(public, secret) from a file that holds a Z85 secret key alone, or a ZeroMQ certificate
-    with a `secret-key` line (as `zmq.auth.create_certificates` writes)."""
-    try:
-        text = content.decode("ascii").strip()
-    except UnicodeDecodeError:
-        raise ConfigError(f"{source}: {key}: {path} is not ASCII text") from None
-    fields: dict[str, str] = {}
-    if text and len(text.split()) == 1:
-        fields["secret-key"] = text
-    for line in text.splitlines():
-        name, separator, value = line.strip().partition("=")
-        if separator and name.strip() in ("public-key", "secret-key"):
-            fields[name.strip()] = value.strip().strip("\"'")
-    if "secret-key" not in fields:
-        raise ConfigError(
-            f"{source}: {key}: {path} holds no secret key: write the Z85 secret key alone, or "
-            'a ZeroMQ certificate with secret-key = "..."'
-        )
-    try:
-        secret = curve_key(fields["secret-key"])
-    except ValueError as error:
-        raise ConfigError(f"{source}: {key}: {path}: the secret key {error}") from None
-    public = zmq.curve_public(secret)
-    if "public-key" in fields and fields["public-key"].encode() != public:
-        raise ConfigError(
-            f"{source}: {key}: {path}: its public-key does not belong to its secret-key"
-        )
-    return public, secret
-
-
-def _token(source: str, base: Path, value: Any) -> str:
-    key = "[server].token_file"
-    path = _path(source, base, key, value)
-    try:
-        token = _read(source, key, path).decode("ascii").strip()
-        check_token(token)
-    except (UnicodeDecodeError, ValueError) as error:
-        raise ConfigError(f"{source}: {key}: {path}: not a usable token: {error}") from None
-    if len(token) < MIN_TOKEN_CHARS:
-        raise ConfigError(
-            f"{source}: {key}: {path}: the token has {len(token)} characters, fewer than "
-            f"{MIN_TOKEN_CHARS}; make one with `openssl rand -hex 32`"
-        )
-    return token
-
-
-def _path(source: str, base: Path, key: str, value: Any) -> Path:
-    """A file path from the config: relative ones are relative to the config file."""
-    if not isinstance(value, str) or not value:
-        raise ConfigError(f"{source}: {key} must be a file path, got {_show(value)}")
-    return base / Path(value).expanduser()
-
-
-def _read(source: str, key: str, path: Path) -> bytes:
-    try:
-        return path.read_bytes()
-    except OSError as error:
-        raise ConfigError(f"{source}: {key}: cannot read {path}: {error.strerror}") from None
-
-
 def _pipeline(source: str, name: str, table: Any) -> PipelineConfig:
-    key = f"[pipelines.{_show_name(name)}]"
+    key = f"[pipelines.{show_name(name)}]"
     if not name:
         raise ConfigError(f"{source}: {key}: a pipeline name must not be empty")
     if not isinstance(table, dict):
-        raise ConfigError(f"{source}: {key} must be a table, got {_show(table)}")
-    _check_keys(source, table, _PIPELINE_KEYS, f"{key}.")
+        raise ConfigError(f"{source}: {key} must be a table, got {show(table)}")
+    check_keys(source, table, _PIPELINE_KEYS, f"{key}.")
     factory = table.get("factory")
     if factory is None:
         raise ConfigError(f"{source}: {key}.factory is missing: name a module:function")
     if not isinstance(factory, str) or not _FACTORY.match(factory):
         raise ConfigError(
             f'{source}: {key}.factory must be "module:function" '
-            f'(e.g. "my_project.data:images"), got {_show(factory)}'
+            f'(e.g. "my_project.data:images"), got {show(factory)}'
         )
     args = table.get("args", {})
     if not isinstance(args, dict):
-        raise ConfigError(f"{source}: {key}.args must be a table, got {_show(args)}")
+        raise ConfigError(f"{source}: {key}.args must be a table, got {show(args)}")
     return PipelineConfig(name=name, factory=factory, args=args)
-
-
-def _check_keys(source: str, table: Mapping[str, Any], known: tuple[str, ...], prefix: str) -> None:
-    """Typos must not pass unnoticed: every key of `table` must be one of `known`."""
-    for key in table:
-        if key not in known:
-            close = difflib.get_close_matches(key, known, n=1)
-            hint = f" (did you mean {close[0]!r}?)" if close else ""
-            raise ConfigError(
-                f"{source}: unknown key {prefix}{key}{hint}; expected one of: {', '.join(known)}"
-            )
 
 
 def _positive_int(source: str, server: Mapping[str, Any], key: str, default: int) -> int:
     value = server.get(key, default)
     if not is_int(value, minimum=1):
-        raise ConfigError(f"{source}: [server].{key} must be an int >= 1, got {_show(value)}")
+        raise ConfigError(f"{source}: [server].{key} must be an int >= 1, got {show(value)}")
     return int(value)
 
 
@@ -424,7 +245,7 @@ def _address(source: str, key: str, value: Any) -> str:
     """A "host:port" (gRPC's, the metrics exporter's)."""
     if not isinstance(value, str) or not _host_port(value):
         raise ConfigError(
-            f'{source}: {key} must be "host:port" (port 0: any free port), got {_show(value)}'
+            f'{source}: {key} must be "host:port" (port 0: any free port), got {show(value)}'
         )
     return value
 
@@ -437,7 +258,7 @@ def _zmq_endpoint(source: str, key: str, value: Any) -> str:
     ):
         return value
     raise ConfigError(
-        f'{source}: {key} must be "tcp://host:port" (port 0: any free port), got {_show(value)}'
+        f'{source}: {key} must be "tcp://host:port" (port 0: any free port), got {show(value)}'
     )
 
 
@@ -450,12 +271,3 @@ def _host_port(address: str, *, wildcard: bool = False) -> bool:
         and port.isascii()
         and int(port) <= 65535
     )
-
-
-def _show(value: Any) -> str:
-    """A config value as TOML-ish text: strings in double quotes."""
-    return json.dumps(value, default=repr)
-
-
-def _show_name(name: str) -> str:
-    return name if re.fullmatch(r"[A-Za-z0-9_-]+", name) else json.dumps(name)

@@ -20,7 +20,7 @@ from grpc_reflection.v1alpha import reflection
 
 from loadax.errors import WorkerError
 from loadax.server.admission import Admission, Transport
-from loadax.server.config import TlsConfig
+from loadax.server.config_security import TlsConfig
 from loadax.server.metrics import WorkerMetrics
 from loadax.server.worker import Worker
 from loadax.validation import require_int

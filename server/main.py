@@ -18,7 +18,8 @@ from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 from loadax.server.check import check_report, security_lines
-from loadax.server.config import ConfigError, WorkerConfig, load_config
+from loadax.server.config import WorkerConfig, load_config
+from loadax.server.config_checks import ConfigError
 from loadax.server.grpc_server import GrpcServer
 from loadax.server.metrics import WorkerMetrics
 from loadax.server.worker import Worker

@@ -20,7 +20,7 @@ from zmq.auth.thread import ThreadAuthenticator
 
 from loadax.errors import WorkerError
 from loadax.server.admission import Admission, Transport
-from loadax.server.config import CurveConfig
+from loadax.server.config_security import CurveConfig
 from loadax.server.metrics import WorkerMetrics
 from loadax.server.worker import Worker
 from loadax.validation import require_int

@@ -21,14 +21,15 @@ from equivalence import digests
 from processes import free_port
 from workers import WorkerProcess, pinned, worker_process
 
-import loadax.client.dispatch
 import loadax.client.identity
+import loadax.client.verdicts
 from loadax import DataLoader, RecordError, WorkerError
 from loadax.client import RemoteDataLoader
-from loadax.client.dispatch import Dispatcher, FailoverOptions, Verdict, verdict
+from loadax.client.dispatch import Dispatcher, FailoverOptions
 from loadax.client.identity import handshake_request
 from loadax.client.stats import StatsRecorder
 from loadax.client.targets import InProcessTarget
+from loadax.client.verdicts import Verdict, verdict
 from loadax.errors import RemoteCause
 from loadax.plan.planner import Plan
 from loadax.plan.work import StepWork
@@ -291,7 +292,7 @@ def test_each_failure_gets_its_verdict(error: BaseException, expected: Verdict) 
 
 
 def test_the_examples_of_the_fleet_modules_run() -> None:
-    for module in (loadax.client.dispatch, loadax.client.identity):
+    for module in (loadax.client.identity, loadax.client.verdicts):
         failed, tried = doctest.testmod(module, optionflags=doctest.ELLIPSIS)
         assert tried > 0, module.__name__
         assert failed == 0, module.__name__

@@ -19,7 +19,8 @@ import loadax
 from loadax.errors import WorkerError
 from loadax.plan.planner import Plan
 from loadax.plan.work import StepWork
-from loadax.server.config import ConfigError, load_config
+from loadax.server.config import load_config
+from loadax.server.config_checks import ConfigError
 from loadax.server.grpc_server import GrpcServer
 from loadax.server.memory import MemoryBudget
 from loadax.server.metrics import WorkerMetrics

@@ -32,7 +32,8 @@ from loadax.client.targets import GrpcTarget, Target, connect
 from loadax.client.zmq_transport import ZmqTarget
 from loadax.errors import WorkerError
 from loadax.plan.planner import Plan
-from loadax.server.config import ConfigError, load_config
+from loadax.server.config import load_config
+from loadax.server.config_checks import ConfigError
 from loadax.wire import zmq_frames
 from loadax.wire.plans import plan_to_wire
 from loadax.wire.v1 import worker_pb2 as wire

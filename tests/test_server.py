@@ -23,11 +23,8 @@ from workers import WorkerProcess, worker_env, worker_process, write_config
 import loadax
 from loadax.errors import WorkerError
 from loadax.plan.planner import Plan
-from loadax.server.config import (
-    ConfigError,
-    PipelineConfig,
-    load_config,
-)
+from loadax.server.config import PipelineConfig, load_config
+from loadax.server.config_checks import ConfigError
 from loadax.server.grpc_server import SERVICE, GrpcServer
 from loadax.server.worker import Worker
 from loadax.wire.checksum import payload_checksum

@@ -1,0 +1,47 @@
+"""What a failed batch request means: for the request (try another worker, or raise) and for
+the worker that failed it (back off briefly, or quarantine)."""
+
+from __future__ import annotations
+
+import enum
+
+from loadax.errors import WorkerError
+
+# Codes that say nothing about the request itself: another worker may well succeed.
+RETRYABLE = frozenset(
+    {"UNAVAILABLE", "DEADLINE_EXCEEDED", "RESOURCE_EXHAUSTED", "CANCELLED", "UNKNOWN", "INTERNAL"}
+)
+# Codes that say the worker is wrong for this loader, not the request: another pipeline identity
+# (FAILED_PRECONDITION), no such pipeline (NOT_FOUND), a reply that fails to decode or to verify
+# (DATA_LOSS). Another worker will serve the request; this one may be restarted right.
+QUARANTINING = frozenset({"FAILED_PRECONDITION", "NOT_FOUND", "DATA_LOSS"})
+
+
+class Verdict(enum.Enum):
+    """What a failed attempt means for its request and for the worker that failed it."""
+
+    RETRY = "retry"
+    """Transient: re-issue the request elsewhere; the worker backs off briefly."""
+    QUARANTINE = "quarantine"
+    """The worker is wrong for this loader: re-issue the request; the worker is kept off longer."""
+    FATAL = "fatal"
+    """The request itself is wrong (or one of its records fails): every worker would repeat it."""
+
+
+def verdict(error: BaseException) -> Verdict:
+    """The verdict on an attempt that failed with `error`.
+
+    >>> from loadax.errors import RecordError, WorkerError
+    >>> codes = ("UNAVAILABLE", "NOT_FOUND", "DATA_LOSS", "OUT_OF_RANGE", "INVALID_ARGUMENT")
+    >>> [verdict(WorkerError(code, "")).name for code in codes]
+    ['RETRY', 'QUARANTINE', 'QUARANTINE', 'FATAL', 'FATAL']
+    >>> verdict(RecordError(3, 0, ValueError("corrupt"))).name
+    'FATAL'
+    """
+    if not isinstance(error, WorkerError):
+        return Verdict.FATAL  # a RecordError, or a bug: never hidden by a retry
+    if error.code in RETRYABLE:
+        return Verdict.RETRY
+    if error.code in QUARANTINING:
+        return Verdict.QUARANTINE
+    return Verdict.FATAL
