@@ -524,10 +524,11 @@ def test_sigterm_finishes_the_request_in_flight_and_exits_0(tmp_path: Path) -> N
     ):
         stub = worker_pb2_grpc.WorkerStub(channel)
         plan = Plan(8, batch_size=2)
-        call = stub.LoadBatch.future(batch_request(stub, "slow", plan, step=1), timeout=TIMEOUT)
-        worker.wait_for_output("reading record 2")
+        # Records 0-3 are read at start-up (the identity's probe): this request reads 6 and 7.
+        call = stub.LoadBatch.future(batch_request(stub, "slow", plan, step=3), timeout=TIMEOUT)
+        worker.wait_for_output("reading record 6")
         assert worker.terminate() == 0
-        np.testing.assert_array_equal(decode(call.result().payload)["x"], [2, 3])
+        np.testing.assert_array_equal(decode(call.result().payload)["x"], [6, 7])
         assert worker.output().splitlines().count('{"event": "stopped"}') == 1
         assert "SIGTERM received" in worker.output()
 
@@ -544,19 +545,20 @@ def test_a_client_over_its_in_flight_limit_is_refused(tmp_path: Path) -> None:
         stub = worker_pb2_grpc.WorkerStub(channel)
         other = worker_pb2_grpc.WorkerStub(other_channel)
         plan = Plan(8, batch_size=2)
-        first = stub.LoadBatch.future(batch_request(stub, "slow", plan, 0), timeout=TIMEOUT)
-        worker.wait_for_output("reading record 0")
+        # Records 0-3 are read at start-up (the identity's probe): the first call reads 6 and 7.
+        first = stub.LoadBatch.future(batch_request(stub, "slow", plan, 3), timeout=TIMEOUT)
+        worker.wait_for_output("reading record 6")
         error = refusal(stub.LoadBatch, batch_request(stub, "slow", plan, 1))
         assert error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
         assert "max_in_flight_per_client = 1" in error.details()
         from_other = other.LoadBatch.future(batch_request(other, "slow", plan, 2), timeout=TIMEOUT)
         worker.wait_for_output("reading record 4")
         assert not first.done(), "the two clients' calls should overlap"
-        np.testing.assert_array_equal(decode(first.result().payload)["x"], [0, 1])
+        np.testing.assert_array_equal(decode(first.result().payload)["x"], [6, 7])
         np.testing.assert_array_equal(decode(from_other.result().payload)["x"], [4, 5])
         # The finished call no longer counts.
-        again = stub.LoadBatch(batch_request(stub, "slow", plan, 3), timeout=TIMEOUT)
-        np.testing.assert_array_equal(decode(again.payload)["x"], [6, 7])
+        again = stub.LoadBatch(batch_request(stub, "slow", plan, 0), timeout=TIMEOUT)
+        np.testing.assert_array_equal(decode(again.payload)["x"], [0, 1])
 
 
 class _BrokenWorker:
@@ -642,7 +644,7 @@ def test_a_second_signal_exits_at_once(tmp_path: Path) -> None:
     ):
         stub = worker_pb2_grpc.WorkerStub(channel)
         call = stub.LoadBatch.future(batch_request(stub, "slow", Plan(8, 8), 0), timeout=TIMEOUT)
-        worker.wait_for_output("reading record 0")
+        worker.wait_for_output("reading record 4")  # 0-3 are read at start-up too
         worker.process.send_signal(signal.SIGINT)
         assert worker.terminate() == 1
         assert "again: exiting without waiting" in worker.output()
