@@ -52,6 +52,7 @@ class Answer:
     target: Target
     identity: Identity | None
     refusal: WorkerError | None = None
+    limit: int = 0  # the most requests it takes from this client at once (0: it did not say)
 
     def __str__(self) -> str:
         return str(self.identity) if self.identity is not None else str(self.refusal)
@@ -59,10 +60,11 @@ class Answer:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Choice:
-    """The identity a loader binds to, the targets that serve it and the answers left out."""
+    """The identity a loader binds to, the answers of the targets that serve it and those of
+    the targets left out."""
 
     identity: Identity
-    chosen: list[Target]
+    chosen: list[Answer]
     left_out: list[Answer]
 
     def why_left_out(self, answer: Answer) -> str:
@@ -78,10 +80,11 @@ def handshake_request(pipeline: str, plan: Plan) -> wire.HandshakeRequest:
     )
 
 
-def ask(target: Target, request: wire.HandshakeRequest) -> Answer:
-    """`target`'s answer to the handshake; an error other than a refusal in `LEAVES_OUT` raises."""
+def ask(target: Target, request: wire.HandshakeRequest, timeout: float) -> Answer:
+    """`target`'s answer to the handshake within `timeout` seconds; an error other than a
+    refusal in `LEAVES_OUT` raises."""
     try:
-        response = target.handshake(request)
+        response = target.handshake(request, timeout)
     except WorkerError as error:
         if error.code not in LEAVES_OUT:
             raise
@@ -93,7 +96,7 @@ def ask(target: Target, request: wire.HandshakeRequest) -> Answer:
             f"{loadax.__version__}: major and minor versions must match",
         )
         return Answer(target, None, refusal)
-    return Answer(target, Identity.of(response))
+    return Answer(target, Identity.of(response), limit=response.max_in_flight_per_client)
 
 
 def choose(answers: Sequence[Answer], pipeline: str) -> Choice:
@@ -115,7 +118,7 @@ def choose(answers: Sequence[Answer], pipeline: str) -> Choice:
     identity = max(counts, key=counts.__getitem__)
     return Choice(
         identity,
-        [answer.target for answer in answers if answer.identity == identity],
+        [answer for answer in answers if answer.identity == identity],
         [answer for answer in answers if answer.identity != identity],
     )
 

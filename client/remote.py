@@ -1,45 +1,53 @@
 """`RemoteDataLoader`: the local loader's builder and iterator, with batches made by workers.
 
-The client sends plan parameters, step numbers and rows, never code. Steps are spread over the
-targets; the shared `BatchIterator` keeps `prefetch` requests in flight and yields batches in
-step order, so the batches and the checkpoint state are exactly the local loader's. The loader
-binds to one pipeline identity at build (`loadax.client.identity`) and never uses a target that
-answers another.
+The client sends plan parameters, step numbers and rows, never code. Steps are placed on the
+targets by load (`loadax.client.dispatch`); the shared `BatchIterator` yields batches in step
+order, so the batches and the checkpoint state are exactly the local loader's. The loader binds
+to one pipeline identity at build (`loadax.client.identity`, `loadax.client.startup`) and never
+uses a target that answers another.
+
+How far ahead it loads: `prefetch` batches ready for the training loop plus an in-flight depth of
+`in_flight_per_worker` requests per healthy worker (within each worker's announced
+`max_in_flight_per_client`), all within `memory_budget_mb` of batches held. Requests beyond the
+depth wait in the executor and go out as answers come in, on the threads that receive them.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import ipaddress
 import logging
-import socket
 import threading
 import weakref
-from collections.abc import Callable, Sequence
+from collections import deque
+from collections.abc import Sequence
+from concurrent.futures import Future
 from typing import Any, Self
 
-from loadax.client.dispatch import Dispatcher, FailoverOptions
-from loadax.client.identity import LEAVES_OUT, Identity, ask, choose, handshake_request, require
+from loadax.client.dispatch import Dispatcher, FleetOptions
+from loadax.client.identity import (
+    LEAVES_OUT,
+    Answer,
+    Identity,
+    ask,
+    handshake_request,
+    require,
+)
 from loadax.client.security import ClientSecurity
+from loadax.client.startup import Gathering, Resolver, resolve_host
 from loadax.client.stats import LoaderStats, StatsRecorder
-from loadax.client.targets import Target, TargetSpec, connect
+from loadax.client.targets import TargetSpec, check_spec, connect
 from loadax.errors import WorkerError
 from loadax.execution.executor import Executor, Pending
 from loadax.loader import DEFAULT_PREFETCH, Loader, LoaderBuilder, LoaderOptions
 from loadax.plan.planner import Plan
 from loadax.plan.work import Work
+from loadax.wire.limits import DEFAULT_TIMEOUT_S
 from loadax.wire.plans import batch_request
+from loadax.wire.v1 import worker_pb2 as wire
 
 _log = logging.getLogger("loadax.client")
-
-Resolver = Callable[[str], list[str]]
-"""A host name -> the IP addresses it lists."""
-
-
-def resolve_host(host: str) -> list[str]:
-    """Every address DNS (or /etc/hosts) lists for `host`, sorted."""
-    infos = socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
-    return sorted({str(info[4][0]) for info in infos})
 
 
 class RemoteDataLoader(LoaderBuilder):
@@ -76,23 +84,47 @@ class RemoteDataLoader(LoaderBuilder):
         super().__init__()
         if isinstance(targets, str) or not targets:
             raise ValueError("targets must be a non-empty list of addresses or worker objects")
+        for target in targets:
+            check_spec(target)
         if not isinstance(pipeline, str) or not pipeline:
             raise ValueError(f"pipeline must be a pipeline name, got {pipeline!r}")
         self._targets, self._pipeline = list(targets), pipeline
         self._resolver, self._resolve_every = resolver, resolve_every
         self._security = security
-        self._failover = FailoverOptions()
+        self._failover = FleetOptions()
 
     def prefetch(self, batches: int) -> Self:
-        """Requests in flight ahead of the training loop. Default 2."""
+        """Batches kept ready ahead of the training loop, on top of the requests in flight at
+        the workers (see `in_flight_per_worker`). Default 2."""
         return self._with(prefetch=batches)
 
+    def in_flight_per_worker(self, requests: int) -> Self:
+        """Requests kept outstanding at each healthy worker, never more than the worker allows
+        one client (its `max_in_flight_per_client`). Default 2: one being made while the other
+        travels."""
+        return self._with_failover(in_flight_per_worker=requests)
+
+    def memory_budget_mb(self, megabytes: int) -> Self:
+        """The most batch bytes one iterator holds, in flight and ready, in MiB (it lowers the
+        look-ahead once the batches' size is known). Default 1024."""
+        return self._with_failover(memory_budget_mb=megabytes)
+
+    def startup(self, timeout: float = 30.0, min_workers: int = 1) -> Self:
+        """`build()` proceeds once `min_workers` targets agree on the pipeline identity (and the
+        others had a second more), and fails after `timeout` seconds naming each target
+        and what it said; targets not up by then join when they answer."""
+        return self._with_failover(startup_timeout=timeout, min_workers=min_workers)
+
     def request_timeout(self, seconds: float) -> Self:
-        """How long a worker may take over one batch before it is asked of another. Default 60."""
+        """The most a worker may take over one batch before it is asked of another; an attempt
+        is given up sooner as hung once it is several times the fleet's recent p95 latency old.
+        Default 60."""
         return self._with_failover(request_timeout=seconds)
 
     def hedge_after(self, seconds: float | None) -> Self:
-        """Also ask another worker once a batch is this late; the first answer wins. Default off."""
+        """Also ask another worker once a batch is this late; the first answer wins. Default:
+        learned from the fleet (twice its recent p95 latency), at most a tenth of the requests
+        hedged; None: never."""
         return self._with_failover(hedge_after=seconds)
 
     def no_worker_timeout(self, seconds: float) -> Self:
@@ -107,14 +139,14 @@ class RemoteDataLoader(LoaderBuilder):
         return self._with_failover(quarantine_initial=initial, quarantine_max=longest)
 
     def build(self) -> RemoteLoader:
-        """Connect and handshake with every target; the dataset's length comes from them.
+        """Connect and handshake with every target at once; the dataset's length comes from them.
 
         The loader binds to the pipeline identity (fingerprint, records, stream window) that the
-        most targets answer; a tie goes to the target listed first (the addresses a host name
-        lists take its place in the list, in sorted order). A target that answers another
+        most targets answer by then; a tie goes to the target listed first (the addresses a host
+        name lists take its place in the list, in sorted order). A target that answers another
         identity, does not serve the pipeline or runs an incompatible loadax is left out: logged
         and named in `stats().left_out`. When no target can serve, the error names each one
-        and its answer.
+        and what it said (see `startup`).
         """
         return RemoteLoader(
             self._targets,
@@ -155,7 +187,7 @@ class RemoteLoader(Loader[Any]):
         specs: Sequence[TargetSpec],
         pipeline: str,
         options: LoaderOptions,
-        failover: FailoverOptions,
+        failover: FleetOptions,
         *,
         resolver: Resolver = resolve_host,
         resolve_every: float = 30.0,
@@ -163,37 +195,44 @@ class RemoteLoader(Loader[Any]):
     ) -> None:
         self._pipeline, self._resolver, self._security = pipeline, resolver, security
         self._names = [spec for spec in specs if isinstance(spec, str) and _host_is_name(spec)]
-        # A name stands, in the list's order, for every address it lists.
-        ordered: list[TargetSpec] = []
-        from_names: set[str] = set()
-        for spec in specs:
-            if isinstance(spec, str) and _host_is_name(spec):
-                listed = [address for address in self._resolve(spec) if address not in ordered]
-                ordered += sorted(listed)
-                from_names.update(listed)
-            else:
-                ordered.append(spec)
-        targets = _connect_all(ordered, security)
-        try:
-            request = handshake_request(pipeline, options.plan(1))
-            choice = choose([ask(target, request) for target in targets], pipeline)
-        except BaseException:
-            _close_all(targets)
-            raise
+        self._listed: set[str] = set()  # the addresses the names have listed
+        self._lock = threading.Lock()  # guards the late answers' hand-over to the dispatcher
+        self._late: list[Answer] | None = []  # answers that came before the dispatcher existed
+        self._stats = stats = StatsRecorder()
+        gathering = Gathering(
+            specs,
+            handshake_request(pipeline, options.plan(1)),
+            connect=lambda spec: connect(spec, security),
+            expand=self._expand,
+            is_name=lambda spec: isinstance(spec, str) and _host_is_name(spec),
+            timeout=failover.startup_timeout,
+        )
+        choice = gathering.choose(pipeline, failover.min_workers, self._joined)
+        self._gathering = gathering
         self._identity = choice.identity
         self._handshake_plan = options.plan(choice.identity.num_records)
-        self._stats = stats = StatsRecorder()
+        chosen = {answer.target.name for answer in choice.chosen}
         # A left-out address that a name lists is asked again at each refresh.
-        self._from_names = from_names & {target.name for target in choice.chosen}
-        self._refused = from_names - self._from_names
+        self._from_names = self._listed & chosen
+        self._refused = self._listed - chosen
         for answer in choice.left_out:
             answer.target.close()
             self._leave_out(answer.target.name, choice.why_left_out(answer))
-        self._dispatcher = Dispatcher(choice.chosen, failover, stats)
-        dispatcher, fingerprint = self._dispatcher, self._identity.fingerprint
+        dispatcher = Dispatcher(
+            [answer.target for answer in choice.chosen],
+            failover,
+            stats,
+            [answer.limit for answer in choice.chosen],
+        )
+        with self._lock:
+            self._dispatcher = dispatcher
+            late, self._late = self._late or [], None
+        for answer in late:
+            self._joined(answer)
+        fingerprint, budget = self._identity.fingerprint, failover.memory_budget_mb << 20
 
         def executor() -> Executor[Any]:
-            return RemoteExecutor(dispatcher, pipeline, fingerprint, stats)
+            return RemoteExecutor(dispatcher, pipeline, fingerprint, stats, budget)
 
         super().__init__(
             self._handshake_plan,
@@ -202,7 +241,7 @@ class RemoteLoader(Loader[Any]):
             prefetch=options.prefetch or DEFAULT_PREFETCH,
             stream_window=choice.identity.stream_window or None,
         )
-        self._finalizer = weakref.finalize(self, dispatcher.close)
+        self._finalizer = weakref.finalize(self, _close, gathering, dispatcher)
         if self._names:
             self._schedule_refresh(resolve_every)
 
@@ -225,11 +264,12 @@ class RemoteLoader(Loader[Any]):
     def add_target(self, spec: TargetSpec) -> None:
         """Start using another worker, after checking it serves the loader's pipeline identity:
         a ValueError naming both identities if not, the worker's error if it cannot serve."""
-        (target,) = _connect_all([spec], self._security)
+        target = connect(spec, self._security)
         try:
             request = handshake_request(self._pipeline, self._handshake_plan)
-            require(ask(target, request), self._identity, self._pipeline)
-            self._dispatcher.add(target)
+            answer = ask(target, request, DEFAULT_TIMEOUT_S)
+            require(answer, self._identity, self._pipeline)
+            self._dispatcher.add(target, answer.limit)
         except BaseException:
             target.close()
             raise
@@ -271,6 +311,39 @@ class RemoteLoader(Loader[Any]):
     def __exit__(self, *exc_info: object) -> None:
         self.close()
 
+    def _expand(self, spec: TargetSpec) -> list[str] | None:
+        """The addresses a spec with a host name stands for (noted as listed); None for others."""
+        if not (isinstance(spec, str) and _host_is_name(spec)):
+            return None
+        addresses = self._resolve(spec)
+        with self._lock:
+            self._listed.update(addresses)
+        return addresses
+
+    def _joined(self, answer: Answer) -> None:
+        """A target that answered after the build: used if it serves the loader's identity."""
+        with self._lock:
+            if self._late is not None:
+                self._late.append(answer)
+                return
+            name = answer.target.name
+            listed = name in self._listed
+        try:
+            require(answer, self._identity, self._pipeline)
+            self._dispatcher.add(answer.target, answer.limit)
+        except (ValueError, WorkerError) as error:
+            answer.target.close()
+            if name in self.targets:
+                return  # a refresh added it meanwhile
+            if listed:
+                self._refused.add(name)
+            self._leave_out(name, str(error))
+            return
+        if listed:
+            self._from_names.add(name)
+        self._stats.left_out(name, None)
+        _log.info("%s answered after the build and joined", name)
+
     def _leave_out(self, target: str, why: str) -> None:
         _log.warning("left out %s, which cannot serve this loader: %s", target, why)
         self._stats.left_out(target, why)
@@ -305,20 +378,80 @@ class RemoteLoader(Loader[Any]):
 
 
 class RemoteExecutor(Executor[Any]):
-    """Hands each work item's request to the dispatcher, which sees it through to one answer."""
+    """Hands work items' requests to the dispatcher, at most its depth outstanding at once;
+    the others wait here in step order and go out as answers come in, on the threads that
+    receive those, not the training loop's."""
 
     def __init__(
-        self, dispatcher: Dispatcher, pipeline: str, fingerprint: str, stats: StatsRecorder
+        self,
+        dispatcher: Dispatcher,
+        pipeline: str,
+        fingerprint: str,
+        stats: StatsRecorder,
+        memory_budget: int,
     ) -> None:
         self._dispatcher, self._pipeline, self._fingerprint = dispatcher, pipeline, fingerprint
-        self._stats = stats
+        self._stats, self._memory_budget = stats, memory_budget
+        self._lock = threading.Lock()
+        self._waiting: deque[tuple[wire.BatchRequest, Future[Any]]] = deque()
+        self._outstanding = 0
+
+    def lookahead(self, prefetch: int) -> int:
+        """`prefetch` plus the dispatcher's depth, within the memory budget once batches are
+        known."""
+        ahead = prefetch + self._dispatcher.depth()
+        largest = self._stats.largest
+        return min(ahead, max(self._memory_budget // largest, 1)) if largest else ahead
 
     def submit(self, plan: Plan, work: Work) -> Pending[Any]:
-        request = batch_request(self._pipeline, self._fingerprint, plan, work)
-        return self._stats.timed(self._dispatcher.send(request), window=work.streams)
+        batch: Future[Any] = Future()
+        with self._lock:
+            self._waiting.append(
+                (batch_request(self._pipeline, self._fingerprint, plan, work), batch)
+            )
+        self._send_waiting()
+        return self._stats.timed(batch, window=work.streams)
 
     def release(self, wait: bool) -> None:
         """The connections belong to the loader, not to one iterator."""
+
+    def _send_waiting(self) -> None:
+        depth = self._dispatcher.depth()
+        while True:
+            with self._lock:
+                if not self._waiting or self._outstanding >= depth:
+                    return
+                request, batch = self._waiting.popleft()
+                if batch.cancelled():
+                    continue
+                self._outstanding += 1
+            answer = self._dispatcher.send(request)
+            # By weak reference: a cycle through the two futures would keep the batch until a
+            # gc run.
+            batch.add_done_callback(functools.partial(_cancel_with, weakref.ref(answer)))
+            answer.add_done_callback(functools.partial(self._answered, batch))
+
+    def _answered(self, batch: Future[Any], answer: Future[Any]) -> None:
+        with self._lock:
+            self._outstanding -= 1
+        if not answer.cancelled() and batch.set_running_or_notify_cancel():
+            error = answer.exception()
+            if error is None:
+                batch.set_result(answer.result())
+            else:
+                batch.set_exception(error)
+        self._send_waiting()
+
+
+def _cancel_with(sent: weakref.ref[Future[Any]], batch: Future[Any]) -> None:
+    answer = sent()
+    if batch.cancelled() and answer is not None:
+        answer.cancel()
+
+
+def _close(gathering: Gathering, dispatcher: Dispatcher) -> None:
+    gathering.close()
+    dispatcher.close()
 
 
 def _host_is_name(spec: str) -> bool:
@@ -330,19 +463,3 @@ def _host_is_name(spec: str) -> bool:
     except ValueError:
         return True
     return False
-
-
-def _connect_all(specs: Sequence[TargetSpec], security: ClientSecurity | None) -> list[Target]:
-    targets: list[Target] = []
-    try:
-        for spec in specs:
-            targets.append(connect(spec, security))
-    except BaseException:
-        _close_all(targets)
-        raise
-    return targets
-
-
-def _close_all(targets: Sequence[Target]) -> None:
-    for target in targets:
-        target.close()

@@ -125,7 +125,7 @@ class StatsRecorder:
         self.clock = clock
         self._lock = threading.Lock()
         self._started: float | None = None
-        self._batches = self._bytes = 0
+        self._batches = self._bytes = self._largest = 0
         self._waited = 0.0
         self._workers: dict[str, _WorkerRecord] = {}
         self._left_out: dict[str, str] = {}
@@ -197,6 +197,13 @@ class StatsRecorder:
             if not window:
                 self._batches += 1
             self._bytes += size
+            self._largest = max(self._largest, size)
+
+    @property
+    def largest(self) -> int:
+        """The bytes of the largest batch (or window) delivered so far; 0 before the first."""
+        with self._lock:
+            return self._largest
 
     def snapshot(self, workers: Sequence[str]) -> LoaderStats:
         """The numbers now; `workers` are the names of the workers in use."""

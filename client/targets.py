@@ -193,6 +193,17 @@ def _worker_error(error: grpc.RpcError) -> WorkerError:
 TargetSpec = str | WorkerLike
 
 
+def check_spec(spec: object) -> None:
+    """A ValueError unless `spec` is "grpc://host:port", "zmq://host:port" or a worker object."""
+    if isinstance(spec, str):
+        if not spec.startswith(("grpc://", "zmq://")):
+            raise ValueError(f"target {spec!r} must start with grpc:// or zmq://")
+    elif not (
+        callable(getattr(spec, "load_batch", None)) and callable(getattr(spec, "handshake", None))
+    ):
+        raise ValueError(f"target must be an address or a worker object, got {type(spec).__name__}")
+
+
 def connect(spec: TargetSpec, security: ClientSecurity | None = None) -> Target:
     """A target from "grpc://host:port", "zmq://host:port" or a worker object.
 
@@ -200,12 +211,9 @@ def connect(spec: TargetSpec, security: ClientSecurity | None = None) -> Target:
     """
     if security is not None and not isinstance(security, ClientSecurity):
         raise ValueError(f"security must be a ClientSecurity, got {type(security).__name__}")
+    check_spec(spec)
     if isinstance(spec, str):
-        if spec.startswith("grpc://"):
-            return GrpcTarget(spec, security)
-        if spec.startswith("zmq://"):
-            return ZmqTarget(spec, security)
-        raise ValueError(f"target {spec!r} must start with grpc:// or zmq://")
-    if callable(getattr(spec, "load_batch", None)) and callable(getattr(spec, "handshake", None)):
-        return InProcessTarget(spec)
-    raise ValueError(f"target must be an address or a worker object, got {type(spec).__name__}")
+        return (
+            GrpcTarget(spec, security) if spec.startswith("grpc://") else ZmqTarget(spec, security)
+        )
+    return InProcessTarget(spec)

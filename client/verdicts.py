@@ -1,5 +1,5 @@
 """What a failed batch request means: for the request (try another worker, or raise) and for
-the worker that failed it (back off briefly, or quarantine)."""
+the worker that failed it (back off briefly, send it less, or quarantine)."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ import enum
 from loadax.errors import WorkerError
 
 # Codes that say nothing about the request itself: another worker may well succeed.
-RETRYABLE = frozenset(
-    {"UNAVAILABLE", "DEADLINE_EXCEEDED", "RESOURCE_EXHAUSTED", "CANCELLED", "UNKNOWN", "INTERNAL"}
-)
+RETRYABLE = frozenset({"UNAVAILABLE", "DEADLINE_EXCEEDED", "CANCELLED", "UNKNOWN", "INTERNAL"})
+# The worker is full (its in-flight limit, its memory budget): back-pressure, not a failure.
+PRESSURE = "RESOURCE_EXHAUSTED"
 # Codes that say the worker is wrong for this loader, not the request: another pipeline identity
 # (FAILED_PRECONDITION), no such pipeline (NOT_FOUND), a reply that fails to decode or to verify
 # (DATA_LOSS). Another worker will serve the request; this one may be restarted right.
@@ -22,6 +22,8 @@ class Verdict(enum.Enum):
 
     RETRY = "retry"
     """Transient: re-issue the request elsewhere; the worker backs off briefly."""
+    PRESSURE = "pressure"
+    """The worker is full: re-issue the request; the worker is sent less for a while."""
     QUARANTINE = "quarantine"
     """The worker is wrong for this loader: re-issue the request; the worker is kept off longer."""
     FATAL = "fatal"
@@ -32,9 +34,9 @@ def verdict(error: BaseException) -> Verdict:
     """The verdict on an attempt that failed with `error`.
 
     >>> from loadax.errors import RecordError, WorkerError
-    >>> codes = ("UNAVAILABLE", "NOT_FOUND", "DATA_LOSS", "OUT_OF_RANGE", "INVALID_ARGUMENT")
+    >>> codes = ("UNAVAILABLE", "RESOURCE_EXHAUSTED", "NOT_FOUND", "DATA_LOSS", "OUT_OF_RANGE")
     >>> [verdict(WorkerError(code, "")).name for code in codes]
-    ['RETRY', 'QUARANTINE', 'QUARANTINE', 'FATAL', 'FATAL']
+    ['RETRY', 'PRESSURE', 'QUARANTINE', 'QUARANTINE', 'FATAL']
     >>> verdict(RecordError(3, 0, ValueError("corrupt"))).name
     'FATAL'
     """
@@ -42,6 +44,8 @@ def verdict(error: BaseException) -> Verdict:
         return Verdict.FATAL  # a RecordError, or a bug: never hidden by a retry
     if error.code in RETRYABLE:
         return Verdict.RETRY
+    if error.code == PRESSURE:
+        return Verdict.PRESSURE
     if error.code in QUARANTINING:
         return Verdict.QUARANTINE
     return Verdict.FATAL

@@ -18,6 +18,7 @@ from loadax.errors import WorkerError
 from loadax.server.metrics import WorkerMetrics
 from loadax.wire.credentials import bearer
 from loadax.wire.messages import RequestMessage, method_of
+from loadax.wire.v1 import worker_pb2 as wire
 
 log = logging.getLogger(__name__)
 R = TypeVar("R")
@@ -59,6 +60,11 @@ class Admission:
     def in_flight(self) -> int:
         """The requests admitted and not yet released, of every client."""
         return self._total
+
+    def announce(self, response: wire.HandshakeResponse) -> wire.HandshakeResponse:
+        """`response` with this transport's in-flight limit, so that a client keeps within it."""
+        response.max_in_flight_per_client = self._limit
+        return response
 
     def authenticate(self, credentials: Sequence[bytes]) -> None:
         """UNAUTHENTICATED unless `credentials`, every one the request carries, is exactly the

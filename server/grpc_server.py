@@ -186,7 +186,11 @@ class WorkerServicer:
         self._loading = threading.BoundedSemaphore(threads)
 
     def Handshake(self, request: wire.HandshakeRequest, context: Any) -> wire.HandshakeResponse:
-        return self._reply(request, context, lambda: self._worker.handshake(request))
+        return self._reply(
+            request,
+            context,
+            lambda: self._admission.announce(self._worker.handshake(request)),
+        )
 
     def Info(self, request: wire.InfoRequest, context: Any) -> wire.InfoResponse:
         return self._reply(request, context, lambda: self._worker.info(request))

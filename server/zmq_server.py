@@ -276,7 +276,7 @@ class ZmqServer:
         if isinstance(message, wire.BatchRequest):
             return self._worker.load_batch(message)
         if isinstance(message, wire.HandshakeRequest):
-            return self._worker.handshake(message)
+            return self._admission.announce(self._worker.handshake(message))
         return self._worker.info(message)
 
     def _forward_replies(self, replies: zmq.Socket[bytes], router: zmq.Socket[bytes]) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import time
 from typing import Any
 
@@ -72,6 +73,18 @@ def slow(records: int = 32, delay: float = 0.2) -> loadax.Pipeline[Any, Any]:
     def record(index: int) -> dict[str, Any]:
         log.warning("reading record %d", index)
         time.sleep(delay)  # the work a slow source does, not synchronisation
+        return {"x": np.int64(index)}
+
+    return loadax.Pipeline(loadax.RangeDataset(0, records).map(record), loadax.Batcher())
+
+
+def paced(records: int = 128, delay: float = 0.01) -> loadax.Pipeline[Any, Any]:
+    """Record i is {"x": i}, each taking `delay` seconds times the worker's
+    LOADAX_TEST_SLOWDOWN (default 1): a slow machine, not another pipeline (the variable is
+    read as records are made, so the pipeline's identity does not depend on it)."""
+
+    def record(index: int) -> dict[str, Any]:
+        time.sleep(delay * float(os.environ.get("LOADAX_TEST_SLOWDOWN", "1")))  # the work
         return {"x": np.int64(index)}
 
     return loadax.Pipeline(loadax.RangeDataset(0, records).map(record), loadax.Batcher())

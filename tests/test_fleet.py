@@ -25,7 +25,7 @@ import loadax.client.identity
 import loadax.client.verdicts
 from loadax import DataLoader, RecordError, WorkerError
 from loadax.client import RemoteDataLoader
-from loadax.client.dispatch import Dispatcher, FailoverOptions
+from loadax.client.dispatch import Dispatcher, FleetOptions
 from loadax.client.identity import handshake_request
 from loadax.client.stats import StatsRecorder
 from loadax.client.targets import InProcessTarget
@@ -274,7 +274,7 @@ def test_a_listed_address_with_another_identity_is_left_out_at_each_refresh(
     [
         (WorkerError("UNAVAILABLE", "gone"), Verdict.RETRY),
         (WorkerError("DEADLINE_EXCEEDED", "late"), Verdict.RETRY),
-        (WorkerError("RESOURCE_EXHAUSTED", "busy"), Verdict.RETRY),
+        (WorkerError("RESOURCE_EXHAUSTED", "busy"), Verdict.PRESSURE),
         (WorkerError("INTERNAL", "bug"), Verdict.RETRY),
         (WorkerError("FAILED_PRECONDITION", "another identity"), Verdict.QUARANTINE),
         (WorkerError("NOT_FOUND", "no such pipeline"), Verdict.QUARANTINE),
@@ -355,7 +355,7 @@ def dispatcher(
     targets: list[InProcessTarget], **options: float
 ) -> Iterator[tuple[Dispatcher, StatsRecorder]]:
     stats = StatsRecorder()
-    failover = FailoverOptions(**{"request_timeout": 30.0, "no_worker_timeout": 30.0, **options})
+    failover = FleetOptions(**{"request_timeout": 30.0, "no_worker_timeout": 30.0, **options})
     running = Dispatcher(targets, failover, stats)
     try:
         yield running, stats

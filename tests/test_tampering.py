@@ -66,7 +66,9 @@ def remote(targets: list[str | None]) -> RemoteDataLoader:
     named = [target for target in targets if target is not None]
     assert len(named) == len(targets)
     loader = RemoteDataLoader(named, pipeline="blobs").batch_size(BATCH).shuffle(seed=SEED)
-    return loader.no_worker_timeout(LIMIT_S)
+    # Every worker in from the start: with so short a timeout, a good one that joined late
+    # could leave a bad one alone for a moment.
+    return loader.no_worker_timeout(LIMIT_S).startup(min_workers=len(named))
 
 
 @pytest.mark.parametrize("kind", list(TAMPERS))

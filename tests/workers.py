@@ -11,7 +11,7 @@ import signal
 import subprocess
 import sys
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any
 
@@ -112,9 +112,10 @@ def write_config(
     return path
 
 
-def worker_env() -> dict[str, str]:
-    """The environment of a worker process: `tests/` importable, for `pipelines:...`."""
-    env = dict(os.environ)
+def worker_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The environment of a worker process: `tests/` importable, for `pipelines:...`, with the
+    `extra` variables."""
+    env = {**os.environ, **(extra or {})}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(TESTS), env.get("PYTHONPATH")]))
     return env
 
@@ -131,10 +132,12 @@ def worker_process(
     args: Sequence[str] = (),
     config: Path | None = None,
     launcher: Sequence[str] = ("-m", "loadax.server.main"),
+    env: Mapping[str, str] | None = None,
 ) -> Iterator[WorkerProcess]:
     """A worker serving `pipelines` (TOML [pipelines.*] tables), once it is ready; given a
     `config` file, the worker runs that instead. `launcher` is what the interpreter runs, with
-    the worker's arguments after it (e.g. `("-m", "tampered_worker", "junk")`)."""
+    the worker's arguments after it (e.g. `("-m", "tampered_worker", "junk")`); `env` adds
+    environment variables."""
     config = config or write_config(
         tmp_path,
         pipelines,
@@ -150,7 +153,7 @@ def worker_process(
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
-        env=worker_env(),
+        env=worker_env(env),
         cwd=tmp_path,
     ) as process:
         assert process.stdout is not None
@@ -224,9 +227,18 @@ class Pinned:
 
     def start(self, pipelines_toml: str, host: str = "127.0.0.1", port: int | None = None) -> str:
         """A worker serving `pipelines_toml` at `host`:`port` (a free one by default)."""
-        self.targets.append(f"{self._transport}://{host}:{port or free_port()}")
+        self.targets.append(self.address(host, port))
         self.running.append(self._start(len(self.running), pipelines_toml))
         return self.targets[-1]
+
+    def address(self, host: str = "127.0.0.1", port: int | None = None) -> str:
+        """An address of this transport at `host`:`port` (a free one by default)."""
+        return f"{self._transport}://{host}:{port or free_port()}"
+
+    def start_at(self, target: str, pipelines_toml: str) -> None:
+        """A worker serving `pipelines_toml` at `target`, an `address()` not started yet."""
+        self.targets.append(target)
+        self.running.append(self._start(len(self.running), pipelines_toml))
 
     def restart(self, index: int, pipelines_toml: str) -> None:
         """Kill worker `index` (-9) and start another on its port serving `pipelines_toml`."""

@@ -51,6 +51,11 @@ class Executor(abc.ABC, Generic[B]):
     def submit(self, plan: Plan, work: Work) -> Pending[Any]:
         """Start loading `work`: a batch's rows, or the stacked rows (None: none) of a window."""
 
+    def lookahead(self, prefetch: int) -> int:
+        """How many work items to keep submitted for a training loop that asked for `prefetch`
+        ahead: that many here; a remote executor adds what keeps every worker busy."""
+        return prefetch
+
     @abc.abstractmethod
     def release(self, wait: bool) -> None:
         """Free threads and connections; a later `submit` acquires them again."""

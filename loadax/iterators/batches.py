@@ -1,8 +1,9 @@
 """The iterator of a random-access loader: ordered, bounded prefetch over an executor.
 
-`BatchIterator` keeps up to `prefetch` steps in flight ahead of the training loop and yields
-them in plan order, so what comes out depends only on the plan. Its state is the next step and
-the plan: the same for every executor.
+`BatchIterator` keeps the executor's lookahead of steps (`prefetch`, or more for a remote
+executor that keeps every worker busy) in flight ahead of the training loop and yields them in
+plan order, so what comes out depends only on the plan. Its state is the next step and the plan:
+the same for every executor.
 """
 
 from __future__ import annotations
@@ -80,7 +81,8 @@ class BatchIterator(LoaderIterator[B]):
         return total is not None and step >= total
 
     def _fill_window(self) -> None:
-        while len(self._in_flight) < self._prefetch and not self._is_finished(self._next_submit):
+        ahead = self._executor.lookahead(self._prefetch)
+        while len(self._in_flight) < ahead and not self._is_finished(self._next_submit):
             self._submit_next()
 
     def _submit_next(self) -> None:

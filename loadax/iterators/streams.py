@@ -69,7 +69,8 @@ class StreamIterator(LoaderIterator[Any]):
         if available == 0 or (available < wanted and not keep_short):
             self._release(wait=False)
             raise StopIteration
-        parts = [shard.take(available, self._prefetch) for shard in self._shards]
+        ahead = self._executor.lookahead(self._prefetch)
+        parts = [shard.take(available, ahead) for shard in self._shards]
         self._step += 1
         return _concatenate(parts)
 

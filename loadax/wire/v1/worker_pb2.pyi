@@ -33,20 +33,22 @@ class HandshakeRequest(_message.Message):
     def __init__(self, library_version: _Optional[str] = ..., pipeline: _Optional[str] = ..., plan: _Optional[_Union[Plan, _Mapping]] = ...) -> None: ...
 
 class HandshakeResponse(_message.Message):
-    __slots__ = ("library_version", "pipeline", "fingerprint", "num_records", "stream_window", "schema")
+    __slots__ = ("library_version", "pipeline", "fingerprint", "num_records", "stream_window", "schema", "max_in_flight_per_client")
     LIBRARY_VERSION_FIELD_NUMBER: _ClassVar[int]
     PIPELINE_FIELD_NUMBER: _ClassVar[int]
     FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
     NUM_RECORDS_FIELD_NUMBER: _ClassVar[int]
     STREAM_WINDOW_FIELD_NUMBER: _ClassVar[int]
     SCHEMA_FIELD_NUMBER: _ClassVar[int]
+    MAX_IN_FLIGHT_PER_CLIENT_FIELD_NUMBER: _ClassVar[int]
     library_version: str
     pipeline: str
     fingerprint: str
     num_records: int
     stream_window: int
     schema: BatchSchema
-    def __init__(self, library_version: _Optional[str] = ..., pipeline: _Optional[str] = ..., fingerprint: _Optional[str] = ..., num_records: _Optional[int] = ..., stream_window: _Optional[int] = ..., schema: _Optional[_Union[BatchSchema, _Mapping]] = ...) -> None: ...
+    max_in_flight_per_client: int
+    def __init__(self, library_version: _Optional[str] = ..., pipeline: _Optional[str] = ..., fingerprint: _Optional[str] = ..., num_records: _Optional[int] = ..., stream_window: _Optional[int] = ..., schema: _Optional[_Union[BatchSchema, _Mapping]] = ..., max_in_flight_per_client: _Optional[int] = ...) -> None: ...
 
 class BatchSchema(_message.Message):
     __slots__ = ("tree", "leaves")
