@@ -5,15 +5,17 @@ A batch is a pure function of (pipeline, plan, step, rows), so any worker can se
 and placement may follow load without changing a byte:
 
 - Each request goes to the worker expected to answer first: the fewest outstanding requests
-  times its recent latency (an EWMA). No worker holds more than it takes from one client (its
-  `max_in_flight_per_client`, announced at the handshake); RESOURCE_EXHAUSTED is back-pressure:
-  that worker is sent less for a while, and nothing counts as failed.
-- Tails are hidden without tuning: a request older than `HEDGE_FACTOR` x the fleet's recent p95
-  latency is also sent to another worker, and an attempt older than `HUNG_FACTOR` x p95 is given
-  up as hung (its worker may still answer, and wins if first). Both are measured from when the
-  attempt was sent, so the queueing that the latency includes is allowed for, and together they
-  add at most `EXTRA_SHARE` of the requests, so they never cascade onto healthy workers. A worker
-  that keeps failing to answer is quarantined until a request succeeds on it again.
+  times its recent latency (an EWMA, at least the age of its oldest outstanding request). No
+  worker holds more than it takes from one client (its `max_in_flight_per_client`, announced at
+  the handshake); RESOURCE_EXHAUSTED is back-pressure: that worker is sent less for a while, and
+  nothing counts as failed.
+- Tails are hidden without tuning: the request that blocks in-order delivery (the oldest one
+  outstanding) is also sent to another worker once it is `HEDGE_FACTOR` x the fleet's recent p95
+  latency old, and an attempt older than `HUNG_FACTOR` x p95 is given up as hung (its worker may
+  still answer, and wins if first). Both are measured from when the attempt was sent, so the
+  queueing that the latency includes is allowed for, and together they add at most `EXTRA_SHARE`
+  of the requests, so they never cascade onto healthy workers. A worker given up `HUNG_STRIKES`
+  times in a row is quarantined until a request succeeds on it again.
 - A request that fails, or lands on a worker that dies, is sent to another worker at once; the
   failed worker backs off. A worker wrong for this loader (another pipeline identity, no such
   pipeline, a reply that fails its checks) is quarantined: kept off for longer, then tried again
@@ -461,8 +463,11 @@ class Dispatcher:
         with self._lock:
             requests = list(self._requests)
             self._ticking = bool(requests)
+        # Requests go out in step order: the oldest one outstanding is the one that blocks the
+        # in-order delivery of the others, and the only one worth hedging.
+        front = min(requests, key=lambda request: request.started, default=None)
         for request in requests:
-            request.check(now, hung, hedge)
+            request.check(now, hung, hedge if request is front else None)
         if requests:
             self._scheduler.at(_TICK, self._tick)
 
@@ -499,7 +504,7 @@ class _Request:
         self._dispatcher, self._request = dispatcher, request
         self._lock = threading.RLock()  # callbacks may run inside load_batch
         self._attempts: dict[str, _Attempt] = {}
-        self._started = time.monotonic()
+        self.started = time.monotonic()
         self._failing_since: float | None = None  # when the first attempt failed
         # By weak reference: a cycle through the future would keep its batch until a gc run.
         itself = weakref.ref(self)
@@ -558,7 +563,7 @@ class _Request:
         """Fail the request once the fleet has answered nothing, or every worker has been
         failing it, for `no_worker_timeout`."""
         limit = self._dispatcher.options.no_worker_timeout
-        silent = now - max(self._started, self._dispatcher._silent_since())
+        silent = now - max(self.started, self._dispatcher._silent_since())
         failing = 0.0 if self._failing_since is None else now - self._failing_since
         if max(silent, failing) < limit:
             return False
