@@ -47,7 +47,7 @@ from loadax.wire.v1 import worker_pb2 as wire
 
 _log = logging.getLogger("loadax.client")
 
-HEDGE_FACTOR = 2.0
+HEDGE_FACTOR = 1.5
 """A request this many times the fleet's p95 latency old is also sent to another worker."""
 HUNG_FACTOR = 8.0
 """An attempt this many times the fleet's p95 latency old is given up as hung..."""
@@ -177,8 +177,9 @@ class _Member:
     limit: int  # what it is sent at most now: lowered by back-pressure, regrown by answers
     outstanding: int = 0
     sent: list[float] = dataclasses.field(default_factory=list)  # its attempts outstanding
-    latency: float | None = None  # EWMA of its answers' latency
-    answered_at: float = 0.0
+    # An EWMA of its answers' latency, raised to the age of any attempt given up unanswered.
+    latency: float | None = None
+    latency_at: float = 0.0  # when `latency` was last changed
     down_until: float = 0.0
     failures: int = 0  # in a row, since its last answer
     hangs: int = 0  # attempts given up as hung, in a row
@@ -191,7 +192,7 @@ class _Member:
         but at least the age of its oldest attempt outstanding: a worker slow to give its first
         answer is known to be slow before it gives it."""
         latency = typical
-        if self.latency is not None and now - self.answered_at <= _STALE_AFTER:
+        if self.latency is not None and now - self.latency_at <= _STALE_AFTER:
             latency = self.latency
         return max(latency, now - self.sent[0]) if self.sent else latency
 
@@ -303,7 +304,7 @@ class Dispatcher:
             known = [
                 member.latency
                 for member in members
-                if member.latency is not None and now - member.answered_at <= _STALE_AFTER
+                if member.latency is not None and now - member.latency_at <= _STALE_AFTER
             ]
             typical = min(known, default=0.0)
             chosen = min(
@@ -330,20 +331,23 @@ class Dispatcher:
 
     def _settled(self, member: _Member, attempt: Future[Any], sent: float) -> None:
         now = time.monotonic()
-        answered = not attempt.cancelled() and attempt.exception() is None
+        age = now - sent
         with self._lock:
             member.outstanding -= 1
             member.sent.remove(sent)
-            if answered:
-                latency = now - sent
+            if attempt.cancelled():
+                # Given up unanswered (answered elsewhere first): it is at least this slow.
+                member.latency = max(member.latency or 0.0, age)
+                member.latency_at = now
+            elif attempt.exception() is None:
                 member.latency = (
-                    latency
+                    age
                     if member.latency is None
-                    else (1 - _EWMA_WEIGHT) * member.latency + _EWMA_WEIGHT * latency
+                    else (1 - _EWMA_WEIGHT) * member.latency + _EWMA_WEIGHT * age
                 )
-                member.answered_at = self._answered_at = now
+                member.latency_at = self._answered_at = now
                 member.limit = min(member.limit + 1, member.announced)
-                self._latencies.add(latency)
+                self._latencies.add(age)
 
     def _failed(self, member: _Member, error: str) -> None:
         """A transient failure: `member` backs off briefly (a quarantine stays until it answers)."""

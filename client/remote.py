@@ -123,7 +123,7 @@ class RemoteDataLoader(LoaderBuilder):
 
     def hedge_after(self, seconds: float | None) -> Self:
         """Also ask another worker once a batch is this late; the first answer wins. Default:
-        learned from the fleet (twice its recent p95 latency), at most a tenth of the requests
+        learned from the fleet (1.5 x its recent p95 latency), at most a tenth of the requests
         hedged; None: never."""
         return self._with_failover(hedge_after=seconds)
 

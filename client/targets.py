@@ -21,7 +21,14 @@ from loadax.client.zmq_transport import ZmqTarget
 from loadax.errors import WorkerError
 from loadax.wire.credentials import bearer
 from loadax.wire.failures import ERROR_METADATA, error_from_reply
-from loadax.wire.limits import DEFAULT_TIMEOUT_S, MAX_BATCH_BYTES
+from loadax.wire.limits import (
+    DEFAULT_TIMEOUT_S,
+    GRPC_CONNECT_TIMEOUT_MS,
+    GRPC_KEEPALIVE_MS,
+    GRPC_KEEPALIVE_TIMEOUT_MS,
+    GRPC_RECONNECT_BACKOFF_MS,
+    MAX_BATCH_BYTES,
+)
 from loadax.wire.payloads import LOAD_BATCH_PAYLOAD, EncodedBatch, parse_payload_reply
 from loadax.wire.v1 import worker_pb2 as wire
 from loadax.wire.v1 import worker_pb2_grpc
@@ -54,12 +61,34 @@ class WorkerLike(Protocol):
 
 class GrpcTarget:
     """A worker reached over gRPC at "grpc://host:port"; over TLS when `security.ca_cert` is
-    set, with `security.token` in every call's metadata."""
+    set, with `security.token` in every call's metadata.
+
+    A worker that dies or freezes fails its calls within about two seconds (keepalive pings),
+    and one that comes back is connected to again within about one (a bounded back-off).
+    """
+
+    LIVENESS: tuple[tuple[str, int], ...] = (
+        # Pings between calls too, and beyond gRPC's default of two per data frame sent: a
+        # frozen worker is found while its calls await replies, and before one is sent to it.
+        ("grpc.keepalive_time_ms", GRPC_KEEPALIVE_MS),
+        ("grpc.keepalive_timeout_ms", GRPC_KEEPALIVE_TIMEOUT_MS),
+        # In recent gRPC a ping's own timeout (60 s by default) also bounds a keepalive ping.
+        ("grpc.http2.ping_timeout_ms", GRPC_KEEPALIVE_TIMEOUT_MS),
+        ("grpc.keepalive_permit_without_calls", 1),
+        ("grpc.http2.max_pings_without_data", 0),
+        ("grpc.initial_reconnect_backoff_ms", GRPC_RECONNECT_BACKOFF_MS[0]),
+        ("grpc.max_reconnect_backoff_ms", GRPC_RECONNECT_BACKOFF_MS[1]),
+        ("grpc.min_reconnect_backoff_ms", GRPC_CONNECT_TIMEOUT_MS),
+    )
+    """The channel options that find a dead, frozen or restarted worker quickly."""
 
     def __init__(self, address: str, security: ClientSecurity | None = None) -> None:
         self.name = address
         security = security or ClientSecurity()
-        options: list[tuple[str, Any]] = [("grpc.max_receive_message_length", MAX_BATCH_BYTES)]
+        options: list[tuple[str, Any]] = [
+            ("grpc.max_receive_message_length", MAX_BATCH_BYTES),
+            *self.LIVENESS,
+        ]
         target = address.removeprefix("grpc://")
         if security.ca_cert is None:
             self._channel = grpc.insecure_channel(target, options=options)

@@ -6,6 +6,7 @@ requests through a queue and wake it over an inproc PUSH/PULL pair.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import itertools
 import logging
@@ -30,7 +31,9 @@ from loadax.wire.v1 import worker_pb2 as wire
 log = logging.getLogger(__name__)
 
 _BURST = 256  # replies taken per poll, so that submissions are not starved
-_REFUSAL_WAIT_MS = 200  # how long a failed send waits for the event saying the worker refused
+# Requests waiting for a connection are sent when its handshake succeeds; this is a fallback
+# should a send still find no connection then.
+_HELD_RETRY_MS = 100
 _WAKE = "inproc://loadax-zmq-wake"
 _EVENTS = (
     zmq.EVENT_DISCONNECTED
@@ -49,13 +52,19 @@ class _Pending(Generic[T]):
     future: Future[T]
     # The reply's frames -> the result; raises WorkerError (or RecordError for a failed record).
     complete: Callable[[Frames], T]
+    # Whether the request waits for a connection rather than failing at once without one.
+    patient: bool
 
 
 class ZmqTarget:
     """A worker reached over ZeroMQ at "zmq://host:port" (or "tcp://host:port").
 
     Requests are multiplexed on one connection and matched to replies by request id; ZeroMQ
-    reconnects by itself, and requests sent before a connection exists wait for it.
+    reconnects by itself. A worker that is gone, frozen or stopping fails requests at once:
+    without a connection (ZeroMQ's IMMEDIATE) a batch request fails with UNAVAILABLE, and one
+    lost with its connection, closed by the worker or by missed heartbeats (within
+    `ZMQ_HEARTBEAT_TIMEOUT_MS`), fails too. A handshake or an info request waits for a
+    connection up to its timeout instead, and so does every request until the first connection.
 
     With `security.curve_server_key` the connection is CURVE-encrypted, and `security.token`
     goes with every request. A worker that refuses the security handshake (a CURVE key it does
@@ -94,6 +103,9 @@ class ZmqTarget:
         # the worker's ZeroMQ I/O thread answers them however busy its handlers are.
         self._dealer.setsockopt(zmq.HEARTBEAT_IVL, ZMQ_HEARTBEAT_MS)
         self._dealer.setsockopt(zmq.HEARTBEAT_TIMEOUT, ZMQ_HEARTBEAT_TIMEOUT_MS)
+        # Without a connection a send fails instead of queueing for a peer that may never come
+        # back: a batch request goes to another worker at once.
+        self._dealer.setsockopt(zmq.IMMEDIATE, 1)
         # A lost connection loses the requests it carried: they are failed, to be retried.
         # A refused security handshake fails them for good.
         self._monitor = self._dealer.get_monitor_socket(_EVENTS)
@@ -115,8 +127,13 @@ class ZmqTarget:
         self._pending: dict[int, _Pending[Any]] = {}
         self._closed = False
         self._refused: WorkerError | None = None
-        # Owned by the I/O thread: whether the current connection finished its handshake.
+        # Owned by the I/O thread: whether the current connection finished its handshake, and
+        # whether any did; the requests sent and not answered yet (cancelled ones too: the
+        # worker still answers them); patient requests that found no connection, in order.
         self._handshaked = False
+        self._connected_once = False
+        self._sent: set[int] = set()
+        self._held: collections.deque[tuple[int, list[bytes]]] = collections.deque()
         # Connections whose handshake failed without a reason (e.g. a wrong CURVE server key).
         self._handshake_failures = 0
         self._outbox: queue.SimpleQueue[tuple[int, list[bytes]] | None] = queue.SimpleQueue()
@@ -138,9 +155,10 @@ class ZmqTarget:
         """A future of the decoded batch; its arrays are read-only views of the received frames.
 
         Its exception is a `WorkerError`: the worker's, DATA_LOSS for a reply that fails its
-        checks, or UNAVAILABLE once the target is closed; or a `RecordError` for a failed record.
+        checks, or UNAVAILABLE without a connection to the worker (once there was one), with one
+        lost, or once the target is closed; or a `RecordError` for a failed record.
         """
-        return self._submit(request, lambda frames: self._batch(request, frames))
+        return self._submit(request, lambda frames: self._batch(request, frames), patient=False)
 
     def close(self) -> None:
         """Fail pending requests with UNAVAILABLE and stop the I/O thread."""
@@ -164,7 +182,8 @@ class ZmqTarget:
         return self._replies.decode(request, reply.header, reply.payload)
 
     def _call(self, request: RequestMessage, complete: Callable[[Frames], T], timeout: float) -> T:
-        future = self._submit(request, complete)
+        """The reply to `request`, waiting up to `timeout` for a connection and the answer."""
+        future = self._submit(request, complete, patient=True)
         try:
             return future.result(timeout)
         except TimeoutError:
@@ -181,7 +200,9 @@ class ZmqTarget:
                 )
             raise WorkerError("DEADLINE_EXCEEDED", message) from None
 
-    def _submit(self, request: RequestMessage, complete: Callable[[Frames], T]) -> Future[T]:
+    def _submit(
+        self, request: RequestMessage, complete: Callable[[Frames], T], *, patient: bool
+    ) -> Future[T]:
         future: Future[T] = Future()
         request_id = next(self._ids)
         frames = zmq_frames.request_frames(request_id, request, self._token)
@@ -192,7 +213,7 @@ class ZmqTarget:
             if self._refused is not None:
                 future.set_exception(self._refused)
                 return future
-            self._pending[request_id] = _Pending(future, complete)
+            self._pending[request_id] = _Pending(future, complete, patient)
             self._outbox.put((request_id, frames))
             self._wake_out.send(b"")
 
@@ -223,13 +244,15 @@ class ZmqTarget:
         poller.register(self._monitor, zmq.POLLIN)
         try:
             while True:
-                ready = dict(poller.poll())
+                ready = dict(poller.poll(_HELD_RETRY_MS if self._held else None))
                 if self._wake_in in ready and not self._send_submitted():
                     return
                 if self._dealer in ready:
                     self._receive_replies()
                 if self._monitor in ready:
                     self._on_monitor_events()
+                if self._held:
+                    self._send_held()
         except Exception:
             log.exception("the ZeroMQ I/O thread of %s failed", self.name)
         finally:
@@ -252,18 +275,46 @@ class ZmqTarget:
             if item is None:
                 return False
             request_id, frames = item
+            if self._held:  # no connection yet: behind those waiting for one, or failed
+                self._unsent(request_id, frames)
+                continue
             try:
                 self._dealer.send_multipart(frames, zmq.NOBLOCK)
             except zmq.Again:
-                # A DEALER refuses to queue when it has no connection (none yet, or one just
-                # dropped) or its queue is full. A refused security handshake drops the
-                # connection too: its monitor event, which says why, may trail a little.
-                if self._monitor.poll(_REFUSAL_WAIT_MS):
-                    self._on_monitor_events()  # fails every pending request if refused
-                self._fail_request(
-                    request_id,
-                    f"{self.name} is not reachable: no connection, or too many requests queued",
-                )
+                # With IMMEDIATE a DEALER refuses to queue when it has no connection (none yet,
+                # one just dropped, or a peer frozen mid-handshake) or its queue is full.
+                self._unsent(request_id, frames)
+            else:
+                self._sent.add(request_id)
+
+    def _unsent(self, request_id: int, frames: list[bytes]) -> None:
+        """A request that found no connection: held until there is one if it is patient (and
+        before the first connection, which a refused security handshake never makes, so that
+        its event says why), else failed with UNAVAILABLE, to be sent to another worker."""
+        with self._lock:
+            entry = self._pending.get(request_id)
+        if entry is None:
+            return  # cancelled, or failed already
+        if entry.patient or not self._connected_once:
+            self._held.append((request_id, frames))
+            return
+        self._fail_request(
+            request_id, f"{self.name} is not reachable: no connection, or too many requests queued"
+        )
+
+    def _send_held(self) -> None:
+        """Send the requests waiting for a connection, in order, while one takes them."""
+        while self._held:
+            request_id, frames = self._held[0]
+            with self._lock:
+                waiting = request_id in self._pending
+            if waiting:
+                try:
+                    self._dealer.send_multipart(frames, zmq.NOBLOCK)
+                except zmq.Again:
+                    return
+                self._sent.add(request_id)
+            self._held.popleft()
 
     def _receive_replies(self) -> None:
         for _ in range(_BURST):
@@ -277,6 +328,7 @@ class ZmqTarget:
             except WorkerError as error:
                 log.debug("dropped a reply from %s: %s", self.name, error)
                 continue
+            self._sent.discard(request_id)
             with self._lock:
                 entry = self._pending.pop(request_id, None)
             if entry is None:
@@ -302,7 +354,7 @@ class ZmqTarget:
                 break
             kind, value = event["event"], event["value"]
             if kind == zmq.EVENT_HANDSHAKE_SUCCEEDED:
-                self._handshaked = True
+                self._handshaked = self._connected_once = True
             elif kind == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
                 refused = WorkerError(
                     "UNAUTHENTICATED",
@@ -314,13 +366,15 @@ class ZmqTarget:
             elif kind == zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL:
                 self._handshake_failures += 1
             elif kind == zmq.EVENT_DISCONNECTED:
-                # Requests leave only once a handshake is done: before, they wait in ZeroMQ's
-                # queue for the next connection, and a lost connection loses none of them.
+                # Requests leave only once a handshake is done (IMMEDIATE): a connection lost
+                # before that carried none of them.
                 lost = lost or self._handshaked
                 self._handshaked = False
         if refused is not None:
             # ZeroMQ gives up on the connection: nothing pending will ever be sent.
             log.error("%s", refused)
+            self._held.clear()
+            self._sent.clear()
             with self._lock:
                 self._refused = refused
                 pending, self._pending = list(self._pending.values()), {}
@@ -329,8 +383,10 @@ class ZmqTarget:
             return
         if not lost:
             return
+        # Requests not sent yet (submitted, or held for a connection) wait for the next one.
+        lost_ids, self._sent = self._sent, set()
         with self._lock:
-            pending, self._pending = list(self._pending.values()), {}
+            pending = [self._pending.pop(key) for key in lost_ids if key in self._pending]
         if pending:
             log.warning("lost the connection to %s with %d requests", self.name, len(pending))
         for entry in pending:
