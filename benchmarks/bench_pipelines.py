@@ -3,10 +3,14 @@
 
 from __future__ import annotations
 
+import functools
+import os
+import time
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
+from fleet import SLOWDOWN_ENV
 from workloads import SEED, Workload, spectrum, t1_payload, w2_example
 
 import loadax
@@ -41,3 +45,23 @@ def t1(batches: int) -> loadax.Pipeline[Any, Any]:
     return loadax.Pipeline(
         loadax.InMemoryDataset([payload] * batches), loadax.Batcher(first_record)
     )
+
+
+R2_RECORD_BYTES = 1024
+
+
+def r2_record(cost_s: float, index: int) -> npt.NDArray[np.uint8]:
+    """R2's record `index`: 1 KiB made from the index, after a GIL-releasing sleep of `cost_s`
+    (times the worker's slowdown)."""
+    # Read here, not in the factory nor at import: the slowdown changes only the timing, never
+    # the pipeline's identity (args, code and the values it uses), so a straggler started with
+    # it serves the same pipeline as its healthy peers.
+    slowdown = float(os.environ.get(SLOWDOWN_ENV, "1"))
+    time.sleep(cost_s * slowdown)
+    return (np.arange(R2_RECORD_BYTES, dtype=np.int64) + index).astype(np.uint8)
+
+
+def r2(records: int, cost_ms: int) -> loadax.Pipeline[Any, Any]:
+    """R2: `records` records of 1 KiB, each costing a sleep of `cost_ms` milliseconds."""
+    dataset = loadax.RangeDataset(0, records).map(functools.partial(r2_record, cost_ms / 1000))
+    return loadax.Pipeline(dataset, loadax.Batcher())

@@ -8,6 +8,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Literal
 
+import fleet
+
 Role = Literal["loadax", "peer", "reference"]
 """loadax: a configuration under test; peer: another library it is compared with (ratios);
 reference: a yardstick measured in the same rounds (local mode, raw sockets, memcpy)."""
@@ -91,6 +93,9 @@ CATALOG: dict[str, tuple[System, ...]] = {
         System("Plan.indices batch 1048576", "p1_runner.py", "loadax"),
         System("Plan.indices batch 4096", "p1_runner.py", "loadax"),
     ),
+    "R2": tuple(
+        System(run.name, "fleet_runner.py", "loadax", service=run.service) for run in fleet.RUNS
+    ),
 }
 
 UNITS = {
@@ -101,6 +106,7 @@ UNITS = {
     "T1": "GB/s",
     "codec": "GB/s",
     "P1": "indices/s",
+    "R2": "records/s",
 }
 """What each workload's headline rate counts: elements, or bytes for T1 and the codec."""
 TITLES = {
@@ -112,6 +118,8 @@ TITLES = {
     "T1": "T1 transport: {records} pre-built 8 MiB batches, worker to client",
     "codec": "codec: a W2 batch ({batch_size} x 224x224x3 float32 + labels), {records} times",
     "P1": "P1 planner: shuffled Plan over {records:,} records",
+    "R2": "R2 fleet: {records:,} records of 1 KiB, each a sleep of 5 or 20 ms, batch {batch_size}, "
+    f"from loadax-workers ({fleet.THREADS} threads each) on loopback, default client settings",
 }
 """Each workload's heading in RESULTS.md, filled in with its records and batch size."""
 

@@ -10,66 +10,11 @@ import statistics
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
+import fleet_report
 from catalog import TENSORFLOW, TITLES, UNITS
+from results import Results, is_loadax, is_peer, number, verdict
 
 MIB = 1 << 20
-
-
-class Results:
-    """The runs of one suite run, by workload and system."""
-
-    def __init__(self, document: Mapping[str, Any]) -> None:
-        self.meta: Mapping[str, Any] = document["meta"]
-        self.systems: Mapping[str, list[dict[str, Any]]] = document["systems"]
-        self.workloads: Mapping[str, dict[str, Any]] = document["workloads"]
-        self._runs: dict[tuple[str, str], list[dict[str, Any]]] = {}
-        for run in document["runs"]:
-            self._runs.setdefault((run["workload"], run["system"]), []).append(run)
-
-    def runs(self, workload: str, system: str, status: str = "ok") -> list[dict[str, Any]]:
-        return [r for r in self._runs.get((workload, system), []) if r["status"] == status]
-
-    def rates(self, workload: str, system: str) -> list[float]:
-        return [rate(workload, run) for run in self.runs(workload, system)]
-
-    def median(self, workload: str, system: str) -> float | None:
-        rates = self.rates(workload, system)
-        return statistics.median(rates) if rates else None
-
-    def best(self, workload: str, keep: Callable[[dict[str, Any]], bool]) -> tuple[str, float]:
-        """The system with the highest median among those `keep` accepts ("", 0.0 if none ran)."""
-        candidates = [
-            (median, system["name"])
-            for system in self.systems.get(workload, [])
-            if keep(system) and (median := self.median(workload, system["name"])) is not None
-        ]
-        if not candidates:
-            return "", 0.0
-        median, name = max(candidates)
-        return name, median
-
-
-def rate(workload: str, run: Mapping[str, Any]) -> float:
-    """The headline rate of a run in its workload's unit."""
-    if UNITS[workload] == "GB/s":
-        return float(run["bytes_per_s"]) / 1e9
-    return float(run["elements_per_s"])
-
-
-def is_loadax(system: Mapping[str, Any]) -> bool:
-    return bool(system["role"] == "loadax")
-
-
-def is_peer(system: Mapping[str, Any]) -> bool:
-    return bool(system["role"] == "peer")
-
-
-def number(value: float) -> str:
-    """3 significant digits, with k / M / G."""
-    for scale, suffix in ((1e9, " G"), (1e6, " M"), (1e3, " k")):
-        if abs(value) >= scale:
-            return f"{value / scale:.3g}{suffix}"
-    return f"{value:.3g}"
 
 
 def render(document: Mapping[str, Any]) -> str:
@@ -100,13 +45,17 @@ def render(document: Mapping[str, Any]) -> str:
         ),
     ]
     for workload in results.systems:
-        lines += ["", *workload_table(results, workload)]
+        heading = f"## {TITLES[workload].format(**results.workloads[workload])}"
+        if workload == "R2":
+            lines += ["", heading, "", *fleet_report.tables(results)]
+            lines += ["", "Every R2 run:", "", *workload_table(results, workload)]
+        else:
+            lines += ["", heading, "", *workload_table(results, workload)]
     return "\n".join(lines) + "\n"
 
 
 def workload_table(results: Results, workload: str) -> list[str]:
     unit = UNITS[workload]
-    spec = results.workloads[workload]
     best_name, best = results.best(workload, is_loadax)
     with_mb = workload == "R1"
     header = ["system", f"{unit} (median)", "min - max"]
@@ -114,8 +63,6 @@ def workload_table(results: Results, workload: str) -> list[str]:
     header += [f"{best_name or 'loadax'} ÷ this", "first batch (s)", "peak RSS (MiB)"]
     header += ["memory bound"]
     lines = [
-        f"## {TITLES[workload].format(**spec)}",
-        "",
         "| " + " | ".join(header) + " |",
         "|" + "---|" * len(header),
     ]
@@ -195,12 +142,12 @@ def targets(results: Results) -> list[tuple[str, str, str]]:
             f"{value / other_value:.2f}x ({name} {number(value)} vs {other_name} "
             f"{number(other_value)} {UNITS[workload]})"
         )
-        verdict = _verdict(value / other_value >= minimum)
+        result = verdict(value / other_value >= minimum)
         missing = [] if isinstance(other, str) else _not_measured(results, workload, other)
         if missing:
             measured += f"; not measured: {', '.join(missing)}"
-            verdict += " (incomplete)"
-        rows.append((target, measured, verdict))
+            result += " (incomplete)"
+        rows.append((target, measured, result))
 
     def is_numpy_peer(system: Mapping[str, Any]) -> bool:
         return is_peer(system) and system["package"] != TENSORFLOW
@@ -225,6 +172,7 @@ def targets(results: Results) -> list[tuple[str, str, str]]:
     rows.append(_first_batch(results, ("W1", "W2", "W3"), 0.1, "local"))
     rows.append(_first_batch(results, ("R1",), 0.5, "remote"))
     rows.append(_within_bound(results))
+    rows += fleet_report.targets(results)
     return rows
 
 
@@ -245,10 +193,6 @@ def _not_measured(
     ]
 
 
-def _verdict(met: bool) -> str:
-    return "met" if met else "**missed**"
-
-
 def _at_least(
     results: Results, workload: str, system: str, minimum: float, unit: str
 ) -> tuple[str, str, str]:
@@ -256,7 +200,7 @@ def _at_least(
     value = results.median(workload, system)
     if value is None:
         return target, "not measured", "—"
-    return target, f"{number(value)} {unit}", _verdict(value >= minimum)
+    return target, f"{number(value)} {unit}", verdict(value >= minimum)
 
 
 def _p1_constant_memory(results: Results) -> tuple[str, str, str]:
@@ -270,7 +214,7 @@ def _p1_constant_memory(results: Results) -> tuple[str, str, str]:
             met = met and large < 2 * small
     if not measured:
         return target, "not measured", "—"
-    return target, "; ".join(measured), _verdict(met)
+    return target, "; ".join(measured), verdict(met)
 
 
 def _first_batch(
@@ -286,7 +230,7 @@ def _first_batch(
     if not medians:
         return target, "not measured", "—"
     worst, name = max(medians)
-    return target, f"slowest median {worst:.3f} s ({name})", _verdict(worst <= limit)
+    return target, f"slowest median {worst:.3f} s ({name})", verdict(worst <= limit)
 
 
 def _within_bound(results: Results) -> tuple[str, str, str]:
@@ -302,4 +246,4 @@ def _within_bound(results: Results) -> tuple[str, str, str]:
         return target, "not measured", "—"
     margin, name = max(bounded)
     over = f"{margin / MIB:.0f} MiB over" if margin > 0 else f"{-margin / MIB:.0f} MiB to spare"
-    return target, f"{len(bounded)} remote runs; tightest: {name}, {over}", _verdict(margin <= 0)
+    return target, f"{len(bounded)} remote runs; tightest: {name}, {over}", verdict(margin <= 0)

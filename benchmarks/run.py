@@ -1,22 +1,25 @@
 """The benchmark suite: loadax against its peers on every workload (W1-W3 local loading, R1
-remote, T1 transport, codec, P1 planner), each a ratio measured in the same rounds.
+remote, T1 transport, codec, P1 planner, R2 fleet), each a ratio measured in the same rounds.
 
 Usage: `python benchmarks/run.py [--quick] [--workloads W1,R1] [--systems "loadax 2w,tf.data"]
 [--rounds N] [--out benchmarks/RESULTS.md]`. Peers run in virtualenvs under .bench/ made with pip
 on first use (a peer pip cannot install is reported unavailable, with pip's reason); loadax runs
 in this interpreter's environment. Every run is its own process, systems alternate within each
 round, and the table is written with every run's record beside it (RESULTS.json). Exits 1 if a
-loadax run failed.
+loadax run failed. A run is a process group of its own, killed after it: nothing a run starts
+(R2's fault runs start their own workers) outlives it.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import json
 import os
 import platform
 import shlex
+import signal
 import subprocess
 import sys
 import tempfile
@@ -122,6 +125,8 @@ def main(argv: list[str] | None = None) -> int:
         },
         "runs": runs,
     }
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(document, indent=1) + "\n")
     args.out.write_text(report.render(document))
     print(f"wrote {args.out} and {args.json} in {meta['wall_s']:.0f} s")
@@ -183,18 +188,10 @@ def _run_one(
             *(f"--option={key}={value}" for key, value in options.items()),
         ]
         started = time.monotonic()
+        limit = spec.max_seconds + STARTUP_ALLOWANCE_S
         try:
-            result = subprocess.run(
-                command,
-                capture_output=True,
-                text=True,
-                env=child_env(),
-                cwd=directory,
-                timeout=spec.max_seconds + STARTUP_ALLOWANCE_S,
-                check=False,
-            )
+            result = _run_group(command, directory, limit)
         except subprocess.TimeoutExpired:
-            limit = spec.max_seconds + STARTUP_ALLOWANCE_S
             return {**base, "status": "failed", "reason": f"no result within {limit:.0f} s"}
         process_s = time.monotonic() - started
         if result.returncode != 0 or not record.is_file():
@@ -207,6 +204,29 @@ def _run_one(
             }
         numbers = json.loads(record.read_text())
     return {**base, **numbers, "status": "ok", "process_s": process_s}
+
+
+def _run_group(
+    command: list[str], directory: str, timeout: float
+) -> subprocess.CompletedProcess[str]:
+    """Run `command` as a process group of its own; then kill whatever of the group is left
+    (a worker a crashed or timed-out run started, stopped ones included)."""
+    with subprocess.Popen(
+        command,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=child_env(),
+        cwd=directory,
+        process_group=0,
+    ) as process:
+        try:
+            stdout, stderr = process.communicate(timeout=timeout)
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+    return subprocess.CompletedProcess(command, process.returncode, stdout, stderr)
 
 
 def _base(spec: Workload, system: System) -> dict[str, Any]:

@@ -1,6 +1,9 @@
 """Servers the remote systems talk to, all on loopback: `loadax-worker` processes, and tf.data
 service dispatchers with their workers. The driver starts one when a system first needs it
 (untimed) and stops every one at the end; each prints a JSON "ready" line with its address.
+
+R2's fleet is one pool of workers that grows to the largest fleet asked for so far (a fleet of N
+is its first N workers), beside a pool of slow ones (`fleet.SLOWDOWN_ENV` set).
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import fleet
 from catalog import LOADAX_WORKERS, TF_SERVICE_1, TF_SERVICE_2
 from workloads import Workload
 
@@ -50,6 +54,9 @@ class Services:
         self._processes: list[subprocess.Popen[bytes]] = []
         self._options: dict[str, dict[str, str]] = {}
         self._failures: dict[str, str] = {}
+        # The "ready" events of R2's fleet workers: healthy ones, and slow ones.
+        self._fleet: list[dict[str, Any]] = []
+        self._slow: list[dict[str, Any]] = []
 
     def options(self, name: str) -> dict[str, str]:
         """The addresses of service `name`, started now unless it is already (or failed to)."""
@@ -67,6 +74,7 @@ class Services:
         for process in self._processes:
             if process.poll() is None:
                 process.send_signal(signal.SIGTERM)
+                process.send_signal(signal.SIGCONT)  # a stopped one handles SIGTERM too
         for process in self._processes:
             try:
                 process.wait(STOP_TIMEOUT_S)
@@ -76,6 +84,8 @@ class Services:
         self._processes.clear()
         self._options.clear()
         self._failures.clear()
+        self._fleet.clear()
+        self._slow.clear()
 
     def _start(self, name: str) -> dict[str, str]:
         if name == LOADAX_WORKERS:
@@ -88,6 +98,8 @@ class Services:
                 "grpc": ",".join(f"grpc://{event['grpc']}" for event in events),
                 "zmq": ",".join(event["zmq"].replace("tcp://", "zmq://", 1) for event in events),
             }
+        if name in fleet.SERVICES:
+            return self._fleet_options(*fleet.SERVICES[name])
         if name in (TF_SERVICE_1, TF_SERVICE_2):
             if self._peers_python is None:
                 raise RuntimeError(f"{name} needs the peers' environment")
@@ -119,10 +131,55 @@ class Services:
         )
         return config
 
-    def _launch(self, command: list[str], label: str) -> subprocess.Popen[bytes]:
+    def _fleet_options(self, healthy: int, slow: int) -> dict[str, str]:
+        """The first `healthy` fleet workers and `slow` slow ones (started now if need be):
+        their addresses, and their process ids (`pids`) for the runs that signal them."""
+        config = self._directory / "fleet.toml"
+        if not config.is_file():
+            config.write_text(self._fleet_config())
+        command = [sys.executable, "-m", "loadax.server.main", "--config", str(config)]
+        slowdown = {fleet.SLOWDOWN_ENV: str(fleet.SLOWDOWN)}
+        for pool, wanted, prefix, env in (
+            (self._fleet, healthy, "loadax-fleet", {}),
+            (self._slow, slow, "loadax-fleet-slow", slowdown),
+        ):
+            missing = range(len(pool), wanted)
+            pool += self._start_all([(command, f"{prefix}-{index}") for index in missing], env)
+        chosen = self._fleet[:healthy] + self._slow[:slow]
+        return {
+            "grpc": ",".join(f"grpc://{event['grpc']}" for event in chosen),
+            "zmq": ",".join(event["zmq"].replace("tcp://", "zmq://", 1) for event in chosen),
+            "pids": ",".join(str(event["pid"]) for event in chosen),
+        }
+
+    def _fleet_config(self) -> str:
+        """R2's pipelines, one per per-record cost, on free loopback ports."""
+        spec = self._workloads.get("R2")
+        if spec is None:
+            raise RuntimeError("R2's fleet needs the R2 workload")
+        pipelines = [
+            _pipeline(
+                fleet.pipeline_name(cost), f"records = {spec.records}, cost_ms = {cost}", "r2"
+            )
+            for cost in fleet.COSTS_MS
+        ]
+        return (
+            "[server]\n"
+            'grpc = "127.0.0.1:0"\n'
+            'zmq = "tcp://127.0.0.1:0"\n'
+            f"threads = {fleet.THREADS}\n\n" + "\n\n".join(pipelines) + "\n"
+        )
+
+    def _launch(
+        self, command: list[str], label: str, env: Mapping[str, str] | None = None
+    ) -> subprocess.Popen[bytes]:
         log = (self._directory / f"{label}.log").open("wb")
         process = subprocess.Popen(
-            command, stdout=subprocess.PIPE, stderr=log, env=child_env(), cwd=self._directory
+            command,
+            stdout=subprocess.PIPE,
+            stderr=log,
+            env={**child_env(), **(env or {})},
+            cwd=self._directory,
         )
         log.close()
         self._processes.append(process)
@@ -133,10 +190,13 @@ class Services:
         lines = (self._directory / f"{label}.log").read_text(errors="replace").splitlines()
         return lines[-1] if lines else "it logged nothing"
 
-    def _start_all(self, commands: list[tuple[list[str], str]]) -> list[dict[str, Any]]:
-        """Start every (command, log name) at once; their "ready" events, once all are ready."""
-        processes = [(self._launch(command, label), label) for command, label in commands]
-        return [self._ready(process, label) for process, label in processes]
+    def _start_all(
+        self, commands: list[tuple[list[str], str]], env: Mapping[str, str] | None = None
+    ) -> list[dict[str, Any]]:
+        """Start every (command, log name) at once, with `env` added to the environment; their
+        "ready" events with their process ids ("pid"), once all are ready."""
+        processes = [(self._launch(command, label, env), label) for command, label in commands]
+        return [{**self._ready(process, label), "pid": process.pid} for process, label in processes]
 
     def _ready(self, process: subprocess.Popen[bytes], label: str) -> dict[str, Any]:
         """The process's "ready" event: the first JSON line on its stdout that has one."""
@@ -164,6 +224,8 @@ class Services:
         )
 
 
-def _pipeline(name: str, args: str) -> str:
-    """A worker config's table for factory `bench_pipelines:NAME`, called with `args` (TOML)."""
-    return f'[pipelines.{name}]\nfactory = "bench_pipelines:{name}"\nargs = {{ {args} }}'
+def _pipeline(name: str, args: str, factory: str | None = None) -> str:
+    """A worker config's table for pipeline `name` made by `bench_pipelines:FACTORY` (default:
+    `name`), called with `args` (TOML)."""
+    factory = f"bench_pipelines:{factory or name}"
+    return f'[pipelines.{name}]\nfactory = "{factory}"\nargs = {{ {args} }}'

@@ -41,6 +41,7 @@ class Workload:
     batch_size: int
     max_seconds: float
     data: Path | None = None  # the .npy file the records are read from, if any
+    scale: str = "full"
 
     def data_file(self) -> Path:
         if self.data is None:
@@ -49,7 +50,7 @@ class Workload:
 
 
 # (records, batch size) per workload and scale; T1's records are 8 MiB batches, the codec's
-# are batches encoded or decoded, P1's are the records of the plan.
+# are batches encoded or decoded, P1's are the records of the plan, R2's are 1 KiB each.
 _SIZES: dict[str, dict[str, tuple[int, int]]] = {
     "full": {
         "W1": (1_000_000, 256),
@@ -59,6 +60,7 @@ _SIZES: dict[str, dict[str, tuple[int, int]]] = {
         "T1": (384, 1),
         "codec": (40, 64),
         "P1": (10**10, 1 << 20),
+        "R2": (4096, 32),
     },
     "quick": {
         "W1": (200_000, 256),
@@ -68,6 +70,7 @@ _SIZES: dict[str, dict[str, tuple[int, int]]] = {
         "T1": (64, 1),
         "codec": (8, 64),
         "P1": (10**10, 1 << 20),
+        "R2": (512, 32),
     },
     "smoke": {
         "W1": (5000, 256),
@@ -77,6 +80,7 @@ _SIZES: dict[str, dict[str, tuple[int, int]]] = {
         "T1": (8, 1),
         "codec": (2, 64),
         "P1": (10**10, 1 << 20),
+        "R2": (128, 32),
     },
 }
 _MAX_SECONDS = {"full": 60.0, "quick": 3.0, "smoke": 3.0}
@@ -95,7 +99,7 @@ def workload(name: str, scale: str, data_dir: Path) -> Workload:
         data = data_dir / f"w2-{records}.npy"
     elif name == "W3":
         data = data_dir / f"w3-{records}.npy"
-    return Workload(name, records, batch_size, _MAX_SECONDS[scale], data)
+    return Workload(name, records, batch_size, _MAX_SECONDS[scale], data, scale)
 
 
 def prepare(spec: Workload) -> None:

@@ -279,6 +279,10 @@ class Dispatcher:
     def send(self, request: wire.BatchRequest) -> Future[Any]:
         return _Request(self, request).future
 
+    def soon(self, callback: Callable[[], None]) -> None:
+        """Run `callback` on the dispatcher's thread, off the caller's."""
+        self._scheduler.at(0.0, callback)
+
     def close(self) -> None:
         self._scheduler.stop()
         with self._lock:

@@ -45,7 +45,6 @@ from loadax.plan.planner import Plan
 from loadax.plan.work import Work
 from loadax.wire.limits import DEFAULT_TIMEOUT_S
 from loadax.wire.plans import batch_request
-from loadax.wire.v1 import worker_pb2 as wire
 
 _log = logging.getLogger("loadax.client")
 
@@ -393,8 +392,9 @@ class RemoteExecutor(Executor[Any]):
         self._dispatcher, self._pipeline, self._fingerprint = dispatcher, pipeline, fingerprint
         self._stats, self._memory_budget = stats, memory_budget
         self._lock = threading.Lock()
-        self._waiting: deque[tuple[wire.BatchRequest, Future[Any]]] = deque()
+        self._waiting: deque[tuple[Plan, Work, Future[Any]]] = deque()
         self._outstanding = 0
+        self._send_scheduled = False
 
     def lookahead(self, prefetch: int) -> int:
         """`prefetch` plus the dispatcher's depth, within the memory budget once batches are
@@ -404,12 +404,14 @@ class RemoteExecutor(Executor[Any]):
         return min(ahead, max(self._memory_budget // largest, 1)) if largest else ahead
 
     def submit(self, plan: Plan, work: Work) -> Pending[Any]:
+        """Queue `work`: the request is made and sent on the dispatcher's thread, not the
+        training loop's."""
         batch: Future[Any] = Future()
         with self._lock:
-            self._waiting.append(
-                (batch_request(self._pipeline, self._fingerprint, plan, work), batch)
-            )
-        self._send_waiting()
+            self._waiting.append((plan, work, batch))
+            schedule, self._send_scheduled = not self._send_scheduled, True
+        if schedule:
+            self._dispatcher.soon(self._send_waiting)
         return self._stats.timed(batch, window=work.streams)
 
     def release(self, wait: bool) -> None:
@@ -419,12 +421,14 @@ class RemoteExecutor(Executor[Any]):
         depth = self._dispatcher.depth()
         while True:
             with self._lock:
+                self._send_scheduled = False
                 if not self._waiting or self._outstanding >= depth:
                     return
-                request, batch = self._waiting.popleft()
+                plan, work, batch = self._waiting.popleft()
                 if batch.cancelled():
                     continue
                 self._outstanding += 1
+            request = batch_request(self._pipeline, self._fingerprint, plan, work)
             answer = self._dispatcher.send(request)
             # By weak reference: a cycle through the two futures would keep the batch until a
             # gc run.

@@ -190,9 +190,8 @@ class StatsRecorder:
         with self._lock:
             self._waited += seconds
 
-    def delivered(self, batch: Any, *, window: bool = False) -> None:
-        """Count a batch (or a stream's window) the training loop got."""
-        size = _array_bytes(batch)
+    def delivered(self, size: int, *, window: bool = False) -> None:
+        """Count a batch (or a stream's window) of `size` bytes that the training loop got."""
         with self._lock:
             if not window:
                 self._batches += 1
@@ -227,11 +226,15 @@ class StatsRecorder:
 
 
 class TimedPending(FuturePending[Any]):
-    """A batch being loaded; the time `result()` blocks is the time the loop waits."""
+    """A batch being loaded; the time `result()` blocks is the time the loop waits. Its size is
+    counted when it arrives, on the thread that receives it."""
 
     def __init__(self, batch: Future[Any], stats: StatsRecorder, window: bool) -> None:
         super().__init__(batch)
         self._stats, self._window = stats, window
+        # Not a bound method: a cycle through the future would keep the batch until a gc run.
+        self._size = _Size()
+        batch.add_done_callback(self._size.measure)
 
     def result(self) -> Any:
         started = self._stats.clock()
@@ -239,8 +242,21 @@ class TimedPending(FuturePending[Any]):
             batch = super().result()
         finally:
             self._stats.waited(self._stats.clock() - started)
-        self._stats.delivered(batch, window=self._window)
+        self._stats.delivered(self._size.bytes, window=self._window)
         return batch
+
+
+class _Size:
+    """The bytes of a batch's arrays, measured once it arrives."""
+
+    __slots__ = ("bytes",)
+
+    def __init__(self) -> None:
+        self.bytes = 0
+
+    def measure(self, batch: Future[Any]) -> None:
+        if not batch.cancelled() and batch.exception() is None:
+            self.bytes = _array_bytes(batch.result())
 
 
 def _array_bytes(batch: Any) -> int:

@@ -4,6 +4,7 @@ every run's record and the Markdown table; the peers' environments are not neede
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -16,23 +17,33 @@ SYSTEMS = {
     "T1": ["loadax gRPC"],
     "codec": ["loadax.wire.codec encode"],
     "P1": ["Plan.indices batch 4096"],
+    "R2": ["loadax ZeroMQ 1w 5ms", "loadax gRPC 2w 5ms", "loadax gRPC 2w 20ms SIGSTOP"],
 }
 REMOTE = {"loadax ZeroMQ 1w", "loadax gRPC"}
+FAULT = "loadax gRPC 2w 20ms SIGSTOP"
 ROUNDS = 2
 
 
 def test_suite_alternates_loadax_systems_and_writes_positive_records_and_a_table(
     tmp_path: Path,
 ) -> None:
-    out, work = tmp_path / "RESULTS.md", tmp_path / "work"
+    out, work, scratch = tmp_path / "RESULTS.md", tmp_path / "work", tmp_path / "tmp"
+    scratch.mkdir()
     command = [
         *(sys.executable, str(RUN), "--scale", "smoke", "--rounds", str(ROUNDS)),
         *("--workloads", ",".join(SYSTEMS)),
         *("--systems", ",".join({name for names in SYSTEMS.values() for name in names})),
         *("--out", str(out), "--work-dir", str(work)),
     ]
+    # Every worker's config lies under TMPDIR: a process naming it afterwards was left behind.
     result = subprocess.run(
-        command, capture_output=True, text=True, timeout=240, cwd=tmp_path, check=False
+        command,
+        capture_output=True,
+        text=True,
+        timeout=240,
+        cwd=tmp_path,
+        env={**os.environ, "TMPDIR": str(scratch)},
+        check=False,
     )
 
     assert result.returncode == 0, result.stderr
@@ -57,6 +68,14 @@ def test_suite_alternates_loadax_systems_and_writes_positive_records_and_a_table
         expected = run["base_rss_bytes"] + extra_batches * run["batch_bytes"]
         assert run["memory_bound_bytes"] == expected
     assert all(run["memory_bound_bytes"] is None for run in runs if run not in remote)
+    fleet = [run for run in runs if run["workload"] == "R2"]
+    assert all(run["extra"]["build_s"] > 0 for run in fleet)
+    for run in (run for run in fleet if run["system"] == FAULT):
+        # The worker was stopped after the first of the 4 batches, and batches came after it.
+        assert run["extra"]["fault_after_batches"] == 1
+        assert run["extra"]["gap_after_fault_s"] > 0
+        assert "gap_capped" in run["extra"]
+    assert _processes_naming(scratch) == []  # the stopped worker too
     # Only loadax's own environment was used: no peer virtualenv was made.
     assert sorted(path.name for path in work.iterdir()) == ["data"]
 
@@ -69,3 +88,24 @@ def test_suite_alternates_loadax_systems_and_writes_positive_records_and_a_table
         for name in names:
             assert f"| **{name}** | " in table
     assert "## W3" not in table
+    fault_target = "| R2: no gap > 2 s between batches after a fault of 1 of 2 workers | "
+    assert f"{fault_target}gRPC SIGSTOP " in table
+    assert "| R2: scaling efficiency ≥ 90% at 8 workers (20 ms) | not measured | — |" in table
+    lines = table.splitlines()
+    scaling = next(i for i, line in enumerate(lines) if line.startswith("| transport | cost | 1 "))
+    scaling_row = next(line for line in lines[scaling:] if line.startswith("| ZeroMQ | 5 ms |"))
+    one_worker = scaling_row.split(" | ")[2]
+    assert one_worker not in ("—", "failed"), scaling_row  # a rate, from the 1-worker run
+
+
+def _processes_naming(path: Path) -> list[str]:
+    """The command lines of running processes that mention `path`."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            command = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except (OSError, UnicodeDecodeError):
+            continue  # not a process, or gone meanwhile
+        if str(path) in command:
+            found.append(command)
+    return found
