@@ -19,6 +19,11 @@ class MemoryBudget:
 
     Requests are admitted first come, first served: one that waits for room is not overtaken by
     smaller ones behind it, so no request starves. Waiters block on a condition.
+
+    A request's size is that of the last of its kind (pipeline, rows); a kind never seen runs
+    alone. One whose size, or the size its rows would take at the bytes per row seen of its
+    pipeline (a line through the smallest and largest kinds seen, e.g. the worker's start-up
+    probes), is over the limit is refused before anything is built.
     """
 
     def __init__(self, limit: int, wait_s: float) -> None:
@@ -28,6 +33,8 @@ class MemoryBudget:
         self._used = 0
         self._queue: deque[object] = deque()
         self._estimates: OrderedDict[tuple[str, int], int] = OrderedDict()
+        # Per pipeline, (rows, bytes) of the smallest and of the largest kind seen.
+        self._extremes: dict[str, tuple[tuple[int, int], tuple[int, int]]] = {}
 
     def reserve(self, kind: tuple[str, int], work: object) -> int:
         """Wait for room for `work`, a request of `kind` (pipeline, rows); the bytes reserved."""
@@ -83,7 +90,23 @@ class MemoryBudget:
         return self.limit if estimate is None else min(estimate, self.limit)
 
     def _too_large(self, kind: tuple[str, int]) -> bool:
-        return self._estimates.get(kind, 0) > self.limit
+        return self._estimate(kind) > self.limit
+
+    def _estimate(self, kind: tuple[str, int]) -> int:
+        """The bytes of a request of `kind`: as last seen, else from the bytes per row seen of
+        its pipeline, else 0 (unknown)."""
+        known = self._estimates.get(kind)
+        if known is not None:
+            return known
+        pipeline, rows = kind
+        extremes = self._extremes.get(pipeline)
+        if extremes is None:
+            return 0
+        (few, few_bytes), (many, many_bytes) = extremes
+        if many == few:
+            return many_bytes * rows // max(many, 1)
+        per_row = max(many_bytes - few_bytes, 0) / (many - few)
+        return int(few_bytes + per_row * (rows - few))
 
     def _refuse_if_too_large(self, kind: tuple[str, int]) -> None:
         if kind in self._estimates:
@@ -93,16 +116,21 @@ class MemoryBudget:
             raise WorkerError(
                 "RESOURCE_EXHAUSTED",
                 f"a batch of {rows} rows of pipeline {pipeline!r} encodes to about "
-                f"{self._estimates[kind]} bytes, more than this worker's memory budget of "
+                f"{self._estimate(kind)} bytes, more than this worker's memory budget of "
                 f"{self.limit} bytes; ask for fewer rows per request",
             )
 
     def learn(self, kind: tuple[str, int], size: int) -> None:
+        """Note that a request of `kind` encoded to `size` bytes."""
         with self._condition:
             self._estimates[kind] = size
             self._estimates.move_to_end(kind)
             while len(self._estimates) > _MAX_ESTIMATES:
                 self._estimates.popitem(last=False)
+            pipeline, rows = kind
+            seen = (rows, size)
+            few, many = self._extremes.get(pipeline, (seen, seen))
+            self._extremes[pipeline] = (min(few, seen), max(many, seen))
 
     def release(self, reserved: int) -> None:
         with self._condition:

@@ -92,10 +92,13 @@ class Worker:
             if memory_budget_bytes is None
             else MemoryBudget(memory_budget_bytes, float(memory_wait_s))
         )
-        # What every batch looks like, announced in handshakes: derived once, from probe batches.
-        self._schemas = {
-            name: _probe_schema(name, pipeline) for name, pipeline in pipelines.items()
-        }
+        # What every batch looks like, announced in handshakes: derived once, from probe batches,
+        # whose sizes tell the budget the bytes per row.
+        self._schemas: dict[str, wire.BatchSchema | None] = {}
+        for name, pipeline in pipelines.items():
+            self._schemas[name], sizes = _probe(name, pipeline)
+            for rows, size in sizes if self._budget is not None else ():
+                self._budget.learn((name, rows), size)
 
     @classmethod
     def from_config(cls, config: WorkerConfig | str | Path) -> Worker:
@@ -240,13 +243,17 @@ def _encoded(pending: Pending[Any], work: Work) -> list[bytes | memoryview]:
         raise WorkerError("INTERNAL", f"{work} failed: {error!r}\n{text}") from error
 
 
-def _probe_schema(name: str, pipeline: Pipeline[Any, Any]) -> wire.BatchSchema | None:
+def _probe(
+    name: str, pipeline: Pipeline[Any, Any]
+) -> tuple[wire.BatchSchema | None, list[tuple[int, int]]]:
     """The schema of the pipeline's batches, from probes that go through the codec as replies
-    do: the first row and the first two rows of a batch (window 0 of a stream). None, logged,
-    when the pipeline cannot make a probe: clients then check batches without a schema."""
+    do (the first row and the first two rows of a batch, window 0 of a stream), and the encoded
+    bytes of each batch probe by its rows. No schema, logged, when the pipeline cannot make a
+    probe: clients then check batches without one."""
     num_records = pipeline.num_records
     if not num_records:
-        return None  # no batch to check
+        return None, []  # no batch to check
+    sizes: list[tuple[int, int]] = []
     try:
         if pipeline.stream is not None:
             plan = Plan(num_records, batch_size=1)
@@ -256,17 +263,18 @@ def _probe_schema(name: str, pipeline: Pipeline[Any, Any]) -> wire.BatchSchema |
             probes: list[tuple[Any, int | None]] = [(window, None)]
         else:
             plan = Plan(num_records, batch_size=min(num_records, 2))
-            probes = [
-                (_round_trip(pipeline.run(plan, StepWork(0, np.arange(rows)))), rows)
-                for rows in sorted({1, plan.batch_length(0)})
-            ]
+            probes = []
+            for rows in sorted({1, plan.batch_length(0)}):
+                frames = encode_frames(pipeline.run(plan, StepWork(0, np.arange(rows))))
+                sizes.append((rows, sum(len(frame) for frame in frames)))
+                probes.append((decode_frames(frames), rows))
     except Exception as error:
         log.warning("pipeline %r has no batch schema: its probe batch failed: %r", name, error)
-        return None
+        return None, []
     schema = batch_schema(probes)
     if schema is None:
         log.warning("pipeline %r has no batch schema: its probe batches differ in tree", name)
-    return schema
+    return schema, sizes
 
 
 def _round_trip(batch: Any) -> Any:

@@ -144,25 +144,41 @@ def test_the_memory_wait_must_be_a_positive_number(wait_s: Any) -> None:
         gated_worker(GatedRecords(), 1 << 20, wait_s)
 
 
-def test_a_batch_larger_than_the_budget_is_refused_naming_the_sizes() -> None:
+def test_a_batch_larger_than_the_budget_is_refused_before_it_is_built() -> None:
     records = GatedRecords()
     worker = gated_worker(records, budget=20_000)  # a 4-row batch encodes to about 32 KB
     try:
-        with pytest.raises(WorkerError) as built:
-            worker.load_batch(gated_request(worker, 0))
-        assert built.value.code == "RESOURCE_EXHAUSTED"
-        assert "encodes to 32" in built.value.message
-        assert "memory budget of 20000 bytes" in built.value.message
-        # Its size is known now: the next such request is refused before reading anything.
+        # The start-up probes (1 and 2 rows) told the budget the bytes per row.
         reads = records.reads
-        with pytest.raises(WorkerError) as known:
-            worker.load_batch(gated_request(worker, 1))
-        assert known.value.code == "RESOURCE_EXHAUSTED"
-        assert "a batch of 4 rows of pipeline 'gated' encodes to about 32" in known.value.message
+        with pytest.raises(WorkerError) as refused:
+            worker.load_batch(gated_request(worker, 0))
+        assert refused.value.code == "RESOURCE_EXHAUSTED"
+        message = refused.value.message
+        assert "a batch of 4 rows of pipeline 'gated' encodes to about 32" in message
+        assert "memory budget of 20000 bytes" in message
         assert records.reads == reads
         # Fewer rows fit.
         half = worker.load_batch(gated_request(worker, 1, rows=[0, 1]))
         np.testing.assert_array_equal(batch_of(half)[:, 0], [4, 5])
+    finally:
+        worker.close()
+
+
+def test_a_huge_request_is_refused_without_reading_a_record() -> None:
+    # 200,000 rows of 8 KB would be 1.6 GB: judged from the bytes per row, never built.
+    records = GatedRecords(records=200_000)
+    worker = gated_worker(records, budget=16 << 20)
+    try:
+        reads = records.reads
+        request = gated_request(worker, 0)
+        request.plan.CopyFrom(plan_to_wire(Plan(200_000, batch_size=200_000)))
+        with pytest.raises(WorkerError) as refused:
+            worker.load_batch(request)
+        assert refused.value.code == "RESOURCE_EXHAUSTED"
+        assert "a batch of 200000 rows of pipeline 'gated' encodes to about 16" in (
+            refused.value.message
+        )
+        assert records.reads == reads
     finally:
         worker.close()
 
