@@ -5,11 +5,13 @@ Every mistake is a `ConfigError` naming the file and the key, found before the w
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import importlib
 import re
+import sys
 import tomllib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -103,15 +105,18 @@ def load_factory(config: WorkerConfig, pipeline: PipelineConfig) -> Callable[...
     key = f"{pipeline.key}.factory"
     module_name, _, attributes = pipeline.factory.partition(":")
     try:
-        target: Any = importlib.import_module(module_name)
+        with _own_argv():
+            target: Any = importlib.import_module(module_name)
     except ModuleNotFoundError as error:
         if error.name is not None and f"{module_name}.".startswith(f"{error.name}."):
             raise config.error(
                 f"{key}: module {module_name!r} is not importable: {error}"
             ) from error
         raise config.error(f"{key}: importing module {module_name!r} failed: {error!r}") from error
-    except Exception as error:
-        raise config.error(f"{key}: importing module {module_name!r} failed: {error!r}") from error
+    except (Exception, SystemExit, KeyboardInterrupt) as error:
+        raise config.error(
+            f"{key}: importing module {module_name!r} failed: {_stopped(error)}"
+        ) from error
     for attribute in attributes.split("."):
         if not hasattr(target, attribute):
             raise config.error(
@@ -127,17 +132,39 @@ def load_factory(config: WorkerConfig, pipeline: PipelineConfig) -> Callable[...
     return factory
 
 
+@contextlib.contextmanager
+def _own_argv() -> Iterator[None]:
+    """The user's code runs as if started with no arguments: a module that parses the command
+    line at import sees none of the worker's."""
+    saved = sys.argv
+    sys.argv = saved[:1]
+    try:
+        yield
+    finally:
+        sys.argv = saved
+
+
+def _stopped(error: BaseException) -> str:
+    """What stopped the user's code, for a config error."""
+    if isinstance(error, SystemExit):
+        return f"it called sys.exit({error.code!r}) (SystemExit)"
+    if isinstance(error, KeyboardInterrupt):
+        return "KeyboardInterrupt"
+    return f"{type(error).__name__}: {error}"
+
+
 def build_pipelines(config: WorkerConfig) -> dict[str, Pipeline[Any, Any]]:
     """Import every factory and call it with its args."""
     pipelines: dict[str, Pipeline[Any, Any]] = {}
     for pipeline in config.pipelines:
         factory = load_factory(config, pipeline)
         try:
-            built = factory(**pipeline.args)
-        except Exception as error:
+            with _own_argv():
+                built = factory(**pipeline.args)
+        except (Exception, SystemExit, KeyboardInterrupt) as error:
             raise config.error(
                 f"{pipeline.key}.factory: {pipeline.factory}(**{show(dict(pipeline.args))}) "
-                f"raised {type(error).__name__}: {error}"
+                f"raised {_stopped(error)}"
             ) from error
         if not isinstance(built, Pipeline):
             raise config.error(

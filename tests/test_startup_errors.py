@@ -1,0 +1,81 @@
+"""Start-up failures of a worker name the file, the key and the cause, and exit non-zero, with and
+without `--check`: factory modules that exit, parse the command line or are interrupted at import,
+and factories that exit. Real `loadax-worker` processes."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from workers import worker_env
+
+from loadax.server.main import EXIT_CONFIG
+
+MODULES = {
+    "exits_at_import": "import sys\nsys.exit(0)\n",
+    "interrupted_at_import": "raise KeyboardInterrupt\n",
+    "factory_exits": "import sys\n\ndef make():\n    sys.exit(5)\n",
+}
+FAILURES = {
+    "exits_at_import": "importing module 'exits_at_import' failed: it called sys.exit(0)",
+    "interrupted_at_import": "importing module 'interrupted_at_import' failed: KeyboardInterrupt",
+    "factory_exits": "factory_exits:make(**{}) raised it called sys.exit(5) (SystemExit)",
+}
+# A module that parses the command line at import, as scripts do: it sees no worker argument.
+PARSES_ARGV = """
+import argparse
+
+import pipelines
+
+options = argparse.ArgumentParser().parse_args()
+
+
+def make():
+    return pipelines.numbers()
+"""
+
+
+def run_worker(
+    tmp_path: Path, module: str, source: str, *args: str
+) -> tuple[Path, subprocess.CompletedProcess[str]]:
+    """A worker (or `--check`) whose one pipeline comes from `module`, written from `source`:
+    the config's path, and how the process ended."""
+    (tmp_path / f"{module}.py").write_text(source)
+    config = tmp_path / "worker.toml"
+    factory = f"{module}:make" if "def make" in source else f"{module}:anything"
+    config.write_text(f'[server]\ngrpc = "127.0.0.1:0"\n\n[pipelines.x]\nfactory = "{factory}"\n')
+    env = worker_env()
+    env["PYTHONPATH"] = f"{tmp_path}:{env['PYTHONPATH']}"
+    result = subprocess.run(
+        [sys.executable, "-m", "loadax.server.main", "--config", str(config), *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=60,
+        check=False,
+    )
+    return config, result
+
+
+@pytest.mark.parametrize("check", [False, True])
+@pytest.mark.parametrize("module", list(MODULES))
+def test_user_code_that_stops_the_worker_is_a_config_error_naming_it(
+    tmp_path: Path, module: str, check: bool
+) -> None:
+    config, result = run_worker(tmp_path, module, MODULES[module], *(["--check"] if check else []))
+    stderr = result.stderr
+    assert result.returncode == EXIT_CONFIG, stderr
+    assert f"loadax-worker: {config}: [pipelines.x].factory: " in stderr, stderr
+    assert FAILURES[module] in stderr, stderr
+    assert "Traceback" not in stderr, stderr
+
+
+def test_a_module_that_parses_the_command_line_at_import_sees_none_of_the_workers(
+    tmp_path: Path,
+) -> None:
+    _, result = run_worker(tmp_path, "parses_argv", PARSES_ARGV, "--check")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("x: parses_argv:make(**{}) -> 100 records"), result.stdout
