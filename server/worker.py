@@ -97,8 +97,9 @@ class Worker:
         self._schemas: dict[str, wire.BatchSchema | None] = {}
         for name, pipeline in pipelines.items():
             self._schemas[name], sizes = _probe(name, pipeline)
-            for rows, size in sizes if self._budget is not None else ():
-                self._budget.learn((name, rows), size)
+            for rows, size in sizes:
+                if self._budget is not None:
+                    self._budget.learn((name, rows), size)
 
     @classmethod
     def from_config(cls, config: WorkerConfig | str | Path) -> Worker:
