@@ -9,6 +9,7 @@ import contextlib
 import dataclasses
 import importlib
 import re
+import socket
 import sys
 import tomllib
 from collections.abc import Callable, Iterator, Mapping
@@ -269,11 +270,12 @@ def _positive_int(source: str, server: Mapping[str, Any], key: str, default: int
 
 
 def _address(source: str, key: str, value: Any) -> str:
-    """A "host:port" (gRPC's, the metrics exporter's)."""
+    """A "host:port" (gRPC's, the metrics exporter's) whose host resolves."""
     if not isinstance(value, str) or not _host_port(value):
         raise ConfigError(
             f'{source}: {key} must be "host:port" (port 0: any free port), got {show(value)}'
         )
+    _check_resolves(source, key, value)
     return value
 
 
@@ -283,10 +285,25 @@ def _zmq_endpoint(source: str, key: str, value: Any) -> str:
         and value.startswith("tcp://")
         and _host_port(value.removeprefix("tcp://"), wildcard=True)
     ):
+        _check_resolves(source, key, value.removeprefix("tcp://"))
         return value
     raise ConfigError(
         f'{source}: {key} must be "tcp://host:port" (port 0: any free port), got {show(value)}'
     )
+
+
+def _check_resolves(source: str, key: str, address: str) -> None:
+    """A ConfigError unless the host of `address` ("host:port") names an address to listen on."""
+    host = address.rpartition(":")[0].strip("[]")
+    if host in ("*", ""):
+        return
+    try:
+        socket.getaddrinfo(host, None, flags=socket.AI_PASSIVE)
+    except (socket.gaierror, UnicodeError) as error:
+        raise ConfigError(
+            f"{source}: {key}: the host {host!r} does not resolve ({error}); listen on an "
+            'address of this machine, e.g. "0.0.0.0" for all of them'
+        ) from None
 
 
 def _host_port(address: str, *, wildcard: bool = False) -> bool:

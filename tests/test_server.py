@@ -139,6 +139,14 @@ SERVER = '[server]\ngrpc = "127.0.0.1:0"\n'
         ('[server]\ngrpc = "*:5"\n' + SERVED, '[server].grpc must be "host:port"'),
         (SERVER + "metrics = 9400\n" + SERVED, '[server].metrics must be "host:port" (port 0'),
         (SERVER + 'metrics = "localhost"\n' + SERVED, '[server].metrics must be "host:port"'),
+        (
+            '[server]\ngrpc = "no-such-host.invalid:50051"\n' + SERVED,
+            "[server].grpc: the host 'no-such-host.invalid' does not resolve",
+        ),
+        (
+            '[server]\nzmq = "tcp://no-such-host.invalid:50052"\n' + SERVED,
+            "[server].zmq: the host 'no-such-host.invalid' does not resolve",
+        ),
         (SERVER + 'metrics = "*:9400"\n' + SERVED, 'got "*:9400"'),
         (SERVER + 'metric = ":9400"\n' + SERVED, "unknown key [server].metric (did you mean"),
         (SERVER + 'threads = "8"\n' + SERVED, '[server].threads must be an int >= 1, got "8"'),
