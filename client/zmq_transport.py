@@ -104,7 +104,9 @@ class ZmqTarget:
         self._dealer.setsockopt(zmq.HEARTBEAT_IVL, ZMQ_HEARTBEAT_MS)
         self._dealer.setsockopt(zmq.HEARTBEAT_TIMEOUT, ZMQ_HEARTBEAT_TIMEOUT_MS)
         # Without a connection a send fails instead of queueing for a peer that may never come
-        # back: a batch request goes to another worker at once.
+        # back: a batch request goes to another worker at once. (The price: replies received
+        # and not yet read when a connection closes are dropped; a stopping worker waits a
+        # moment before it closes, for them to be read.)
         self._dealer.setsockopt(zmq.IMMEDIATE, 1)
         # A lost connection loses the requests it carried: they are failed, to be retried.
         # A refused security handshake fails them for good.

@@ -25,7 +25,7 @@ from loadax.server.metrics import WorkerMetrics
 from loadax.server.worker import Worker
 from loadax.validation import require_int
 from loadax.wire.failures import ERROR_METADATA, RecordFailed, error_reply, shorten
-from loadax.wire.limits import MAX_BATCH_BYTES
+from loadax.wire.limits import GRPC_MIN_PING_INTERVAL_MS, MAX_BATCH_BYTES
 from loadax.wire.messages import LOAD_BATCH, RequestMessage
 from loadax.wire.payloads import PAYLOAD_SERVICE, EncodedBatch, payload_reply
 from loadax.wire.v1 import worker_pb2 as wire
@@ -94,6 +94,11 @@ class GrpcServer:
                 ("grpc.max_receive_message_length", MAX_RECEIVE_BYTES),
                 # Two workers must not silently share a port.
                 ("grpc.so_reuseport", 0),
+                # Accept the clients' keepalive pings, between calls too (they find a frozen
+                # worker with them); only pings faster than theirs are strikes.
+                ("grpc.keepalive_permit_without_calls", 1),
+                # (GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS)
+                ("grpc.http2.min_ping_interval_without_data_ms", GRPC_MIN_PING_INTERVAL_MS),
             ],
         )
         servicer = WorkerServicer(worker, threads, admission)

@@ -35,6 +35,10 @@ log = logging.getLogger(__name__)
 MAX_REQUEST_BYTES = 16 * 2**20
 _BURST = 256  # messages taken from one socket per poll, so neither direction starves the other
 _MIN_FLUSH_S = 0.5  # how long replies sent last may take to leave at stop, grace or not
+# How long the connections stay open at stop once the requests in flight are answered: a client
+# drops the replies it has received but not read yet when its connection closes (IMMEDIATE), so
+# it is given time to read them; new requests are still refused meanwhile.
+_FAREWELL_S = 0.25
 _REPLIES = "inproc://loadax-zmq-replies"
 _TRANSPORT = Transport(
     "zmq", send_token="send a 4th request frame, 'Bearer <token>'", counted="requests"
@@ -157,7 +161,8 @@ class ZmqServer:
         """Refuse new requests with UNAVAILABLE, let those in flight finish for up to `grace`
         seconds and send their replies, then close the sockets.
 
-        Replies still queued then get at least half a second to leave. Handlers still running
+        The connections stay open a quarter of a second more, for clients to read the last
+        replies, which still queued get at least half a second to leave. Handlers still running
         after `grace` are not awaited; their replies are dropped.
         """
         with self._stop_lock:
@@ -187,19 +192,26 @@ class ZmqServer:
         poller.register(router, zmq.POLLIN)
         poller.register(replies, zmq.POLLIN)
         deadline: float | None = None
+        closing: float | None = None  # when the connections close, once stopping
         try:
             while True:
+                now = time.monotonic()
                 if deadline is None and self._stopping.is_set():
-                    deadline = time.monotonic() + self._grace
-                if deadline is not None and (
-                    self._admission.in_flight == 0 or time.monotonic() >= deadline
+                    deadline = now + self._grace
+                if (
+                    closing is None
+                    and deadline is not None
+                    and (self._admission.in_flight == 0 or now >= deadline)
                 ):
+                    closing = now + _FAREWELL_S
+                if closing is not None and now >= closing:
                     # Answer what is already queued UNAVAILABLE, so that clients retry elsewhere.
                     self._receive_requests(router)
                     break
+                wake_at = closing if closing is not None else deadline
                 timeout_ms = None
-                if deadline is not None:
-                    timeout_ms = max(math.ceil(1000 * (deadline - time.monotonic())), 0)
+                if wake_at is not None:
+                    timeout_ms = max(math.ceil(1000 * (wake_at - now)), 0)
                 ready = dict(poller.poll(timeout_ms))
                 if replies in ready:
                     self._forward_replies(replies, router)

@@ -10,6 +10,31 @@ MAX_BATCH_BYTES = 1 << 30
 refuses to send more, and a gRPC client to receive more."""
 DEFAULT_TIMEOUT_S = 30.0
 """How long a client waits for a worker to answer a handshake or an info request by default."""
-# The same on both ends: a peer that vanished without closing its connection is given up within
-# the timeout, so that the worker frees what it held and the client retries elsewhere.
-ZMQ_HEARTBEAT_MS, ZMQ_HEARTBEAT_TIMEOUT_MS = 1_000, 10_000
+
+# Failure detection: a worker that dies, freezes or drains is left within about two seconds, and
+# one that comes back is used again within about one. The same numbers on both ends, so that a
+# worker also frees at once what a vanished client held.
+
+ZMQ_HEARTBEAT_MS = 500
+"""How often each end of a ZeroMQ connection pings the other; ZeroMQ's own I/O thread answers,
+however busy the Python handlers are, so a ping unanswered means a peer frozen or gone."""
+ZMQ_HEARTBEAT_TIMEOUT_MS = 2_000
+"""Silence (after a ping) that drops a ZeroMQ connection and fails the requests on it: four
+heartbeats. A reply frame still arriving counts as silence: one frame must cross in this time
+(250 MB at 1 Gbit/s)."""
+GRPC_KEEPALIVE_MS = 1_000
+"""How often a gRPC client pings each worker's connection, with calls in flight or not: how
+long a frozen worker goes unsuspected."""
+GRPC_KEEPALIVE_TIMEOUT_MS = 1_000
+"""How long a ping may go unanswered before the connection and its calls fail with UNAVAILABLE;
+gRPC acknowledges pings in its own threads, between the frames of any large reply."""
+GRPC_MIN_PING_INTERVAL_MS = GRPC_KEEPALIVE_MS // 2
+"""The most often a worker accepts pings without data: below the clients' interval, so that
+their keepalive is never a strike, and pings faster than this still are."""
+GRPC_CONNECT_TIMEOUT_MS = 1_000
+"""How long one connection attempt may take (gRPC's `min_reconnect_backoff_ms`): a worker
+frozen mid-handshake is given up in this time, not gRPC's 20 s, so that calls do not wait on it."""
+GRPC_RECONNECT_BACKOFF_MS = (100, 1_000)
+"""The first and the longest wait between connection attempts (gRPC's defaults: 1 s and 120 s):
+a restarted worker is found within a second of listening again; a dead one costs a refused
+connection per second."""
