@@ -1,12 +1,14 @@
 """Delivery to devices: an iterator of global jax.Arrays whose next batches are already copying.
 
 `jax.device_put` returns before the copy is done, so distributing the next `depth` batches
-ahead of time overlaps their host-to-device copies with the current training step.
+ahead of time overlaps their host-to-device copies with the current training step. With a depth,
+the global arrays are assembled on a thread of their own, in order, off the training loop's.
 """
 
 from __future__ import annotations
 
 from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 from loadax.delivery.sharding import ShardingStrategy
@@ -17,7 +19,7 @@ class DeviceIterator(LoaderIterator[Any]):
     """Global device arrays of the batches of `host_batches`, `depth` of them copied ahead.
 
     Right after `next()` returns batch n, batches n+1 .. n+depth (those that exist) have been
-    taken from `host_batches` and are copying; with depth 0, none.
+    taken from `host_batches` and are being assembled and copied; with depth 0, none.
     """
 
     def __init__(
@@ -25,7 +27,10 @@ class DeviceIterator(LoaderIterator[Any]):
     ) -> None:
         self._host_batches, self._sharding, self._depth = host_batches, sharding, depth
         # Each batch on the device, with the host iterator's state from before it was loaded.
-        self._on_device: deque[tuple[dict[str, Any], Any]] = deque()
+        self._on_device: deque[tuple[dict[str, Any], Future[Any]]] = deque()
+        self._assembler = (
+            ThreadPoolExecutor(1, thread_name_prefix="loadax-device") if depth else None
+        )
 
     def __next__(self) -> Any:
         self._fill(1, defer_errors=False)
@@ -33,7 +38,7 @@ class DeviceIterator(LoaderIterator[Any]):
             raise StopIteration
         _, batch = self._on_device.popleft()
         self._fill(self._depth, defer_errors=True)
-        return batch
+        return batch.result()
 
     def get_state(self) -> dict[str, Any]:
         # The batches already on the device have not reached the training loop yet.
@@ -48,6 +53,8 @@ class DeviceIterator(LoaderIterator[Any]):
     def close(self) -> None:
         self._host_batches.close()
         self._on_device.clear()
+        if self._assembler is not None:
+            self._assembler.shutdown(wait=False, cancel_futures=True)
 
     def _fill(self, count: int, defer_errors: bool) -> None:
         """Take host batches until `count` are on the device, or the host iterator ends."""
@@ -61,4 +68,16 @@ class DeviceIterator(LoaderIterator[Any]):
                 if defer_errors:
                     return  # it is raised again when the loop reaches the failed step
                 raise
-            self._on_device.append((state, self._sharding.distribute_global_batch(batch)))
+            self._on_device.append((state, self._assemble(batch)))
+
+    def _assemble(self, batch: Any) -> Future[Any]:
+        """The global arrays of `batch`: on the assembling thread with a depth, else now."""
+        distribute = self._sharding.distribute_global_batch
+        if self._assembler is not None:
+            return self._assembler.submit(distribute, batch)
+        assembled: Future[Any] = Future()
+        try:
+            assembled.set_result(distribute(batch))
+        except Exception as error:
+            assembled.set_exception(error)
+        return assembled
