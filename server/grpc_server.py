@@ -9,6 +9,7 @@ Worker call; health checks and reflection stay open to probes.
 
 from __future__ import annotations
 
+import socket
 import threading
 from collections.abc import Callable
 from concurrent import futures
@@ -133,9 +134,11 @@ class GrpcServer:
                 )
                 port = self._server.add_secure_port(self._address, credentials)
         except RuntimeError as error:
-            raise OSError(f"gRPC cannot listen on {self._address}: {error}") from error
+            raise OSError(
+                f"gRPC cannot listen on {self._address}: {_why_not(self._address)} ({error})"
+            ) from error
         if not port:
-            raise OSError(f"gRPC cannot listen on {self._address}")
+            raise OSError(f"gRPC cannot listen on {self._address}: {_why_not(self._address)}")
         self._server.start()
         self._started = True
         for service in ("", SERVICE):
@@ -254,3 +257,23 @@ def _abort(context: Any, error: WorkerError) -> NoReturn:
         context.set_trailing_metadata(((ERROR_METADATA, error_reply(error).SerializeToString()),))
     context.abort(status, shorten(error.message, MAX_DETAILS))
     raise AssertionError("context.abort returned")  # pragma: no cover
+
+
+def _why_not(address: str) -> str:
+    """Why a socket cannot listen on `address` ("host:port"), as the OS says it (e.g. "address
+    already in use"); gRPC's own error does not say."""
+    host, _, port = address.rpartition(":")
+    host = host.strip("[]")
+    try:
+        infos = socket.getaddrinfo(
+            host, int(port), type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )
+    except (OSError, ValueError) as error:
+        return f"the address does not resolve: {error}"
+    for family, kind, protocol, _, where in infos:
+        with socket.socket(family, kind, protocol) as probe:
+            try:
+                probe.bind(where)
+            except OSError as error:
+                return (error.strerror or str(error)).lower()
+    return "gRPC refused it"

@@ -4,6 +4,7 @@ and factories that exit. Real `loadax-worker` processes."""
 
 from __future__ import annotations
 
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -11,7 +12,7 @@ from pathlib import Path
 import pytest
 from workers import worker_env
 
-from loadax.server.main import EXIT_CONFIG
+from loadax.server.main import EXIT_CONFIG, EXIT_START
 
 MODULES = {
     "exits_at_import": "import sys\nsys.exit(0)\n",
@@ -79,3 +80,30 @@ def test_a_module_that_parses_the_command_line_at_import_sees_none_of_the_worker
     _, result = run_worker(tmp_path, "parses_argv", PARSES_ARGV, "--check")
     assert result.returncode == 0, result.stderr
     assert result.stdout.startswith("x: parses_argv:make(**{}) -> 100 records"), result.stdout
+
+
+@pytest.mark.parametrize("transport", ["grpc", "zmq"])
+def test_a_port_in_use_is_named_so(tmp_path: Path, transport: str) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        listen = (
+            f'grpc = "127.0.0.1:{port}"'
+            if transport == "grpc"
+            else (f'zmq = "tcp://127.0.0.1:{port}"')
+        )
+        config = tmp_path / "worker.toml"
+        config.write_text(f'[server]\n{listen}\n\n[pipelines.x]\nfactory = "pipelines:numbers"\n')
+        result = subprocess.run(
+            [sys.executable, "-m", "loadax.server.main", "--config", str(config)],
+            capture_output=True,
+            text=True,
+            env=worker_env(),
+            cwd=tmp_path,
+            timeout=60,
+            check=False,
+        )
+    assert result.returncode == EXIT_START, result.stderr
+    assert f"127.0.0.1:{port}" in result.stderr, result.stderr
+    assert "address already in use" in result.stderr.lower(), result.stderr
