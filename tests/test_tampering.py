@@ -113,4 +113,6 @@ def test_a_tampered_worker_probed_again_and_again_never_yields_a_batch(
             stats = running.stats().workers[bad.grpc]
     assert seen == expected
     assert stats.requests > 1
-    assert stats.failures == stats.requests
+    # Every probe it answered failed; the last may still be out (or cancelled, answered
+    # elsewhere first) when the run ends: a probe goes out only once the one before is over.
+    assert stats.failures >= stats.requests - 1
