@@ -42,8 +42,8 @@ class Setup:
 class Trial:
     """A system set up and ready: `batches()` creates the iterator (the clock starts before it).
 
-    `prefetch`, for a remote client, is the batches it keeps in flight: its peak RSS is then
-    checked against base + (prefetch + 2) x batch bytes.
+    `prefetch`, for a remote client, is the batches it holds ahead, ready and in flight: its peak
+    RSS is then checked against base + (prefetch + 2) x batch bytes.
     """
 
     batches: Callable[[], Iterable[Any]]

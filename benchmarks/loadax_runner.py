@@ -15,8 +15,9 @@ from harness import Setup, System, Trial, main
 
 import loadax
 from loadax.client import RemoteDataLoader, RemoteLoader
+from loadax.client.dispatch import FleetOptions
+from loadax.loader import DEFAULT_PREFETCH
 
-PREFETCH_PER_WORKER = 2
 REMOTE_PIPELINES = {"R1": "w2", "T1": "t1"}
 """The pipeline each remote workload asks the workers for (see `services.WORKER_PIPELINES`)."""
 
@@ -36,16 +37,15 @@ def local(workers: int) -> System:
 
 
 def remote(transport: str, workers: int) -> System:
-    """A client of the first `workers` of the workers the driver started."""
+    """A client with default settings of the first `workers` of the workers the driver
+    started; it holds `prefetch` ready batches and 2 requests per worker in flight."""
 
     def system(setup: Setup) -> Trial:
         spec = setup.workload
         targets = setup.option(transport).split(",")[:workers]
-        prefetch = PREFETCH_PER_WORKER * len(targets)
-        builder = (
-            RemoteDataLoader(targets, pipeline=REMOTE_PIPELINES[spec.name])
-            .batch_size(spec.batch_size)
-            .prefetch(prefetch)
+        prefetch = DEFAULT_PREFETCH + FleetOptions().in_flight_per_worker * len(targets)
+        builder = RemoteDataLoader(targets, pipeline=REMOTE_PIPELINES[spec.name]).batch_size(
+            spec.batch_size
         )
         loaders: list[RemoteLoader] = []
 

@@ -31,7 +31,8 @@ def render(document: Mapping[str, Any]) -> str:
         "elements (or bytes) / wall time from creating the iterator to the last batch, start-up "
         "included; **first batch** is the time to the first one. Cells are medians over rounds, "
         "with min - max. **peak RSS** is the run's `ru_maxrss`. For a remote client the memory "
-        "bound is **base + (prefetch + 2) x batch bytes**, base being its RSS before the loader "
+        "bound is **base + (held + 2) x batch bytes**, held being the batches it holds ahead "
+        "(prefetch, plus 2 requests in flight per worker) and base its RSS before the loader "
         "was built: a row says whether every round stayed within it. A run marked * was stopped "
         f"after {meta['max_seconds']:g} s.",
         "",
@@ -234,7 +235,7 @@ def _first_batch(
 
 
 def _within_bound(results: Results) -> tuple[str, str, str]:
-    target = "client RSS ≤ base + (prefetch + 2) x batch bytes"
+    target = "client RSS ≤ base + (held + 2) x batch bytes"
     bounded = [
         (run["peak_rss_bytes"] - run["memory_bound_bytes"], f"{workload} {system['name']}")
         for workload, systems in results.systems.items()
