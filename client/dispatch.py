@@ -9,13 +9,13 @@ and placement may follow load without changing a byte:
   worker holds more than it takes from one client (its `max_in_flight_per_client`, announced at
   the handshake); RESOURCE_EXHAUSTED is back-pressure: that worker is sent less for a while, and
   nothing counts as failed.
-- Tails are hidden without tuning: the request that blocks in-order delivery (the oldest one
-  outstanding) is also sent to another worker once it is `HEDGE_FACTOR` x the fleet's recent p95
-  latency old, and an attempt older than `HUNG_FACTOR` x p95 is given up as hung (its worker may
-  still answer, and wins if first). Both are measured from when the attempt was sent, so the
-  queueing that the latency includes is allowed for, and together they add at most `EXTRA_SHARE`
-  of the requests, so they never cascade onto healthy workers. A worker given up `HUNG_STRIKES`
-  times in a row is quarantined until a request succeeds on it again.
+- Tails are hidden without tuning: a request that blocks in-order delivery (one of the
+  `HEDGED_FRONT` oldest outstanding) is also sent to another worker once it is `HEDGE_FACTOR` x
+  the fleet's recent p95 latency old, and an attempt older than `HUNG_FACTOR` x p95 is given up
+  as hung (its worker may still answer, and wins if first). Both are measured from when the
+  attempt was sent, so the queueing that the latency includes is allowed for, and together they
+  add at most `EXTRA_SHARE` of the requests, so they never cascade onto healthy workers. A
+  worker given up `HUNG_STRIKES` times in a row is quarantined until a request succeeds on it.
 - A request that fails, or lands on a worker that dies, is sent to another worker at once; the
   failed worker backs off. A worker wrong for this loader (another pipeline identity, no such
   pipeline, a reply that fails its checks) is quarantined: kept off for longer, then tried again
@@ -55,6 +55,8 @@ HUNG_FLOOR = 1.0
 """... but never one younger than this (seconds): scheduling noise is not a hang."""
 HUNG_STRIKES = 3
 """A worker whose attempts are given up this many times in a row is quarantined."""
+HEDGED_FRONT = 2
+"""The oldest requests outstanding that may be hedged: those that block in-order delivery."""
 EXTRA_SHARE = 0.1
 """Hedges and re-issues of hung attempts add at most this share of the requests."""
 _EXTRA_BURST = 4.0  # the most extra attempts saved up for a burst of slow requests
@@ -471,11 +473,12 @@ class Dispatcher:
         with self._lock:
             requests = list(self._requests)
             self._ticking = bool(requests)
-        # Requests go out in step order: the oldest one outstanding is the one that blocks the
-        # in-order delivery of the others, and the only one worth hedging.
-        front = min(requests, key=lambda request: request.started, default=None)
+        # Requests go out in step order: the oldest ones outstanding block the in-order delivery
+        # of the others (the oldest now, the next one as soon as it is answered), and are the
+        # only ones worth hedging.
+        front = heapq.nsmallest(HEDGED_FRONT, requests, key=lambda request: request.started)
         for request in requests:
-            request.check(now, hung, hedge if request is front else None)
+            request.check(now, hung, hedge if request in front else None)
         if requests:
             self._scheduler.at(_TICK, self._tick)
 
