@@ -16,6 +16,7 @@ from typing import TypeVar
 
 from loadax.errors import WorkerError
 from loadax.server.metrics import WorkerMetrics
+from loadax.server.throttled_log import ThrottledLog
 from loadax.wire.credentials import bearer
 from loadax.wire.messages import RequestMessage, method_of
 from loadax.wire.v1 import worker_pb2 as wire
@@ -51,6 +52,7 @@ class Admission:
         self._metrics = metrics
         self._credential = None if token is None else bearer(token)
         self._limit = max_in_flight
+        self._warnings = ThrottledLog(log)
         # Handler threads admit and release concurrently under gRPC.
         self._lock = threading.Lock()
         self._in_flight: dict[Hashable, int] = {}
@@ -105,7 +107,7 @@ class Admission:
         """Count and log a request refused on arrival, before it reached the worker (its
         `method` may be any text a client sent)."""
         self._metrics.refused(self._transport.name, method, error.code)
-        _log_refusal(method, client, error)
+        self._log_refusal(method, client, error)
 
     def answer(
         self, request: RequestMessage, client: str, call: Callable[[], R]
@@ -117,14 +119,20 @@ class Admission:
         try:
             return self._metrics.observe(self._transport.name, request, call)
         except WorkerError as error:
-            _log_refusal(method, client, error)
+            self._log_refusal(method, client, error)
             return error
         except Exception as error:
             log.error("%s from %s failed: INTERNAL %s", method, client, error, exc_info=error)
             return WorkerError("INTERNAL", f"the worker failed: {type(error).__name__}: {error}")
 
-
-def _log_refusal(method: str, client: str, error: WorkerError) -> None:
-    # The first line only: the message may hold a traceback of the pipeline's code.
-    first_line = error.message.partition("\n")[0]
-    log.warning("%s from %s refused: %s %s", method, client, error.code, first_line)
+    def _log_refusal(self, method: str, client: str, error: WorkerError) -> None:
+        # The first line only: the message may hold a traceback of the pipeline's code.
+        first_line = error.message.partition("\n")[0]
+        self._warnings.warning(
+            (client, method, error.code),
+            "%s from %s refused: %s %s",
+            method,
+            client,
+            error.code,
+            first_line,
+        )

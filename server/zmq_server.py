@@ -22,6 +22,7 @@ from loadax.errors import WorkerError
 from loadax.server.admission import Admission, Transport
 from loadax.server.config_security import CurveConfig
 from loadax.server.metrics import WorkerMetrics
+from loadax.server.throttled_log import ThrottledLog
 from loadax.server.worker import Worker
 from loadax.validation import require_int
 from loadax.wire import zmq_frames
@@ -80,6 +81,7 @@ class ZmqServer:
         self._max_in_flight = max_in_flight_per_client
         self._max_request_bytes = max_request_bytes
         self._curve = curve
+        self._warnings = ThrottledLog(log)
         self._admission = Admission(
             _TRANSPORT, metrics or WorkerMetrics(), token, max_in_flight_per_client
         )
@@ -244,7 +246,8 @@ class ZmqServer:
         except WorkerError:
             request_id = None
         if request_id is None:
-            log.warning(
+            self._warnings.warning(
+                (identity, "no request id"),
                 "dropped a message of %d frames from %s: no request id to answer",
                 len(frames),
                 _client(identity),
@@ -308,7 +311,10 @@ class ZmqServer:
         try:
             router.send_multipart(message, zmq.NOBLOCK, copy=False)
         except zmq.Again:
-            log.warning("dropped a reply to %s: it is not reading", _peer(message))
+            peer = _peer(message)
+            self._warnings.warning(
+                (peer, "not reading"), "dropped a reply to %s: it is not reading", peer
+            )
         except zmq.ZMQError as error:
             if error.errno != zmq.EHOSTUNREACH:
                 raise

@@ -23,6 +23,7 @@ from workers import WorkerProcess, pinned, worker_process
 
 import loadax.client.identity
 import loadax.client.verdicts
+import loadax.server.throttled_log
 from loadax import DataLoader, RecordError, WorkerError
 from loadax.client import RemoteDataLoader
 from loadax.client.dispatch import Dispatcher, FleetOptions
@@ -292,7 +293,8 @@ def test_each_failure_gets_its_verdict(error: BaseException, expected: Verdict) 
 
 
 def test_the_examples_of_the_fleet_modules_run() -> None:
-    for module in (loadax.client.identity, loadax.client.verdicts):
+    modules = (loadax.client.identity, loadax.client.verdicts, loadax.server.throttled_log)
+    for module in modules:
         failed, tried = doctest.testmod(module, optionflags=doctest.ELLIPSIS)
         assert tried > 0, module.__name__
         assert failed == 0, module.__name__

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -542,3 +543,26 @@ def test_addresses_must_be_zmq_or_tcp() -> None:
         ZmqTarget("grpc://127.0.0.1:1")
     with pytest.raises(ValueError, match="invalid ZeroMQ address"):
         ZmqTarget("zmq://no port")
+
+
+def test_a_client_that_keeps_misbehaving_gets_one_warning_line_per_interval(
+    open_socket: SocketFactory, server: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, logger="loadax.server")
+    clients = [open_socket(zmq.DEALER) for _ in range(2)]
+    for client in clients:
+        client.connect(server)
+        for _ in range(200):
+            client.send_multipart([b"\x01"])  # no request id to answer
+            client.send_multipart([ID, b"Nope", b""])  # refused: unknown method
+        # Messages of one connection are handled in order: once this is answered, all were.
+        last = (2).to_bytes(8, "big")
+        client.send_multipart([last, b"Info", wire.InfoRequest().SerializeToString()])
+        replies = [receive(client) for _ in range(201)]  # 200 refusals, then the answer
+        assert replies[-1][:2] == [last, b"ok"]
+    dropped = [r for r in caplog.records if "no request id to answer" in r.getMessage()]
+    refused = [r for r in caplog.records if "unknown method" in r.getMessage()]
+    # One line per client and kind, however many times it happened.
+    assert len(dropped) == 2, [r.getMessage() for r in dropped]
+    assert len(refused) == 2, [r.getMessage() for r in refused]
+    assert len({r.getMessage().split(": ")[0] for r in dropped}) == 2
