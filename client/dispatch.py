@@ -156,8 +156,12 @@ class Scheduler:
                     return
                 _, _, timer = heapq.heappop(self._queue)
             callback, timer.callback = timer.callback, None
-            if callback is not None:
+            if callback is None:
+                continue
+            try:
                 callback()
+            except Exception:  # a bug: logged, and the thread goes on serving the others
+                _log.exception("a scheduled callback of the dispatcher failed")
 
 
 class Timer:
@@ -331,7 +335,7 @@ class Dispatcher:
         sent = time.monotonic()
         with self._lock:
             member.sent.append(sent)
-        future = self._stats.track(member.target.name, lambda: member.target.load_batch(request))
+        future = self._stats.track(member.target.name, lambda: _asked(member.target, request))
         future.add_done_callback(lambda done: self._settled(member, done, sent))
         return _Attempt(member, future, sent)
 
@@ -492,6 +496,19 @@ class Dispatcher:
                 )
                 or "no targets"
             )
+
+
+def _asked(target: Target, request: wire.BatchRequest) -> Future[Any]:
+    """`target.load_batch(request)`; a target that raises instead (e.g. closed as it was
+    chosen) gives a failed attempt, not a failed dispatcher."""
+    try:
+        return target.load_batch(request)
+    except Exception as error:
+        failed: Future[Any] = Future()
+        failed.set_exception(
+            WorkerError("UNAVAILABLE", f"{target.name} could not be asked: {error}")
+        )
+        return failed
 
 
 def _new_member(target: Target, limit: int) -> _Member:

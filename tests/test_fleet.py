@@ -541,3 +541,18 @@ def test_a_worker_with_an_incompatible_version_is_left_out_at_build(
         )
     }
     assert any(message.startswith("left out in-process Old") for message in caplog.messages)
+
+
+def test_a_target_that_raises_when_asked_fails_its_attempt_not_the_dispatcher() -> None:
+    # A target closed as it is chosen (e.g. removed by another thread) raises in load_batch.
+    good = numbers_worker()
+    closed = named(numbers_worker(), "closed")
+    closed.close()
+    with dispatcher([closed, named(good, "good")], backoff_max=0.001) as (running, stats):
+        for step in range(8):
+            batch = running.send(request(good, step % 4)).result(timeout=10)
+            assert np.array_equal(batch["x"], local_batch(step % 4)["x"])
+        numbers = stats.snapshot(["closed", "good"]).workers
+    assert numbers["closed"].failures >= 1
+    assert numbers["closed"].last_error is not None
+    assert "could not be asked" in numbers["closed"].last_error
