@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import functools
 import ipaddress
 import re
 import subprocess
@@ -410,8 +411,16 @@ def test_a_curve_client_is_refused_by_a_plaintext_worker_that_warns_about_its_to
         tmp_path, 'token_file = "token"', PIPELINE, grpc=False, zmq=True
     ) as plain:
         plain.wait_for_output("is not encrypted: the token crosses the network in the clear")
-        target = open_target(plain.zmq, ClientSecurity(curve_server_key=SERVER_CURVE[0]))
-        error = refusal(lambda: target.handshake(handshake_request(), timeout=REFUSED_WITHIN))
+        # Rarely (about 1 connection in 500 here) libzmq reports the mismatch without its
+        # reason and does not retry: that connection's handshake times out instead. A new
+        # connection is then refused with the reason.
+        for _ in range(3):
+            target = open_target(plain.zmq, ClientSecurity(curve_server_key=SERVER_CURVE[0]))
+            error = refusal(
+                functools.partial(target.handshake, handshake_request(), timeout=REFUSED_WITHIN)
+            )
+            if error.code != "DEADLINE_EXCEEDED":
+                break
         assert error.code == "UNAUTHENTICATED"
         assert "does not use CURVE, but this client does" in error.message
 
