@@ -75,12 +75,6 @@ def remote(targets: list[str]) -> RemoteDataLoader:
     return RemoteDataLoader(targets, pipeline="blobs").batch_size(BATCH).shuffle(seed=SEED)
 
 
-def address(worker: WorkerProcess, transport: str) -> str:
-    chosen = worker.grpc if transport == "grpc" else worker.zmq
-    assert chosen is not None
-    return chosen
-
-
 def timed(iterator: Iterator[Any], count: int | None = None) -> tuple[list[Any], list[float]]:
     """The next `count` batches (all, if None) and the seconds each took since the previous one
     (the first: since this call)."""
@@ -111,7 +105,7 @@ def signalled_mid_epoch(
     the batches, the gaps between those after the signal, and the signalled worker."""
     with worker_processes(tmp_path, 2, BLOBS, zmq=True) as running:
         victim = running[0]
-        targets = [address(worker, transport) for worker in running]
+        targets = [worker.address(transport) for worker in running]
         with resumed_at_the_end(victim), remote(targets).build() as loader:
             iterator = iter(loader)
             seen = [next(iterator) for _ in range(SIGNALLED_AFTER)]
@@ -188,7 +182,7 @@ def test_a_frozen_workers_requests_fail_within_seconds_and_it_serves_once_resume
     with (
         worker_process(tmp_path, SLOW, zmq=True) as worker,
         resumed_at_the_end(worker),
-        contextlib.closing(connect(address(worker, transport))) as target,
+        contextlib.closing(connect(worker.address(transport))) as target,
     ):
         fingerprint = target.handshake(hello, 30.0).fingerprint
         requests = [batch_request("blobs", fingerprint, plan, StepWork(step)) for step in (1, 2)]

@@ -2,18 +2,14 @@
 
 from __future__ import annotations
 
-import contextlib
-import os
 import pathlib
-import signal
-from collections.abc import Iterator
 from typing import Any
 
 import pipelines
 import pytest
 from equivalence import digests
 from processes import free_port
-from workers import WorkerProcess, worker_process, worker_processes
+from workers import stopped, worker_process, worker_processes
 
 from loadax import DataLoader, WorkerError
 from loadax.client import RemoteDataLoader
@@ -33,16 +29,6 @@ def reference() -> list[str]:
     return digests(loader.build(pipeline.dataset))
 
 
-@contextlib.contextmanager
-def stopped(worker: WorkerProcess) -> Iterator[None]:
-    """The worker frozen with SIGSTOP (it hangs, holding its connections), then resumed."""
-    os.kill(worker.process.pid, signal.SIGSTOP)
-    try:
-        yield
-    finally:
-        os.kill(worker.process.pid, signal.SIGCONT)
-
-
 def builder(targets: list[Any], **failover: float | None) -> RemoteDataLoader:
     loader = (
         RemoteDataLoader(targets, pipeline="images")
@@ -55,18 +41,12 @@ def builder(targets: list[Any], **failover: float | None) -> RemoteDataLoader:
     return loader
 
 
-def address(worker: WorkerProcess, transport: str) -> str:
-    chosen = worker.grpc if transport == "grpc" else worker.zmq
-    assert chosen is not None
-    return chosen
-
-
 @pytest.mark.parametrize("transport", ["grpc", "zmq"])
 def test_a_worker_killed_mid_epoch_loses_nothing(
     tmp_path: pathlib.Path, transport: str, reference: list[str]
 ) -> None:
     with worker_processes(tmp_path, 3, IMAGES, zmq=True) as running:
-        targets = [address(worker, transport) for worker in running]
+        targets = [worker.address(transport) for worker in running]
         with builder(targets, request_timeout=30).build() as loader:
             iterator = iter(loader)
             seen = [next(iterator) for _ in range(5)]
@@ -79,7 +59,7 @@ def test_a_hung_worker_is_passed_over_at_the_deadline(
     tmp_path: pathlib.Path, reference: list[str]
 ) -> None:
     with worker_processes(tmp_path, 3, IMAGES) as running:
-        targets = [address(worker, "grpc") for worker in running]
+        targets = [worker.address("grpc") for worker in running]
         with builder(targets, request_timeout=1.0).build() as loader, stopped(running[0]):
             batches = digests(loader)
     assert batches == reference
@@ -89,7 +69,7 @@ def test_a_slow_worker_is_hedged_before_its_deadline(
     tmp_path: pathlib.Path, reference: list[str]
 ) -> None:
     with worker_processes(tmp_path, 2, IMAGES) as running:
-        targets = [address(worker, "grpc") for worker in running]
+        targets = [worker.address("grpc") for worker in running]
         # The deadline never comes within the test: only hedging can get past the stopped worker.
         with (
             builder(targets, request_timeout=3600, hedge_after=0.2).build() as loader,
@@ -109,14 +89,14 @@ def test_a_worker_restarted_on_its_address_is_used_again(
     (tmp_path / "helper").mkdir()
     with worker_process(tmp_path / "helper", IMAGES) as helper:
         with worker_process(tmp_path / "first", IMAGES, args=pinned) as first:
-            loader = builder([f"grpc://127.0.0.1:{port}", address(helper, "grpc")]).build()
+            loader = builder([f"grpc://127.0.0.1:{port}", helper.address("grpc")]).build()
             iterator = iter(loader)
             seen = [next(iterator) for _ in range(4)]
             first.process.kill()
             first.process.wait()
         with worker_process(tmp_path / "second", IMAGES, args=pinned):
             # Only the restarted worker is left: the rest must come from it.
-            loader.remove_target(address(helper, "grpc"))
+            loader.remove_target(helper.address("grpc"))
             seen += list(iterator)
             assert loader.targets == [f"grpc://127.0.0.1:{port}"]
         loader.close()
@@ -128,17 +108,17 @@ def test_workers_added_and_removed_mid_epoch_change_nothing(
 ) -> None:
     with (
         worker_processes(tmp_path, 3, IMAGES, zmq=True) as running,
-        builder([address(running[0], "grpc")]).build() as loader,
+        builder([running[0].address("grpc")]).build() as loader,
     ):
         iterator = iter(loader)
         seen = [next(iterator) for _ in range(3)]
-        loader.add_target(address(running[1], "zmq"))
-        loader.add_target(address(running[2], "grpc"))
+        loader.add_target(running[1].address("zmq"))
+        loader.add_target(running[2].address("grpc"))
         seen += [next(iterator) for _ in range(6)]
-        loader.remove_target(address(running[0], "grpc"))
+        loader.remove_target(running[0].address("grpc"))
         seen += list(iterator)
         assert sorted(loader.targets) == sorted(
-            [address(running[1], "zmq"), address(running[2], "grpc")]
+            [running[1].address("zmq"), running[2].address("grpc")]
         )
     assert digests(seen) == reference
 
@@ -174,7 +154,7 @@ def test_a_name_listing_several_addresses_is_looked_up_again(
 
 def test_with_no_worker_left_iteration_fails_naming_every_target(tmp_path: pathlib.Path) -> None:
     with worker_processes(tmp_path, 2, IMAGES) as running:
-        targets = [address(worker, "grpc") for worker in running]
+        targets = [worker.address("grpc") for worker in running]
         loader = builder(targets, no_worker_timeout=2.0).build()
         iterator = iter(loader)
         next(iterator)

@@ -9,19 +9,16 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-import os
 import pathlib
-import signal
 import socket
 import threading
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import pipelines
 import pytest
 from equivalence import digests
-from workers import WorkerProcess, pinned, worker_process, worker_processes
+from workers import pinned, stopped, worker_process, worker_processes
 
 from loadax import Batcher, DataLoader, Pipeline, RangeDataset, WorkerError
 from loadax.client import RemoteDataLoader
@@ -56,24 +53,6 @@ def paced(targets: list[Any]) -> RemoteDataLoader:
     return RemoteDataLoader(targets, pipeline="paced").batch_size(BATCH).shuffle(seed=SEED)
 
 
-def address(worker: WorkerProcess, transport: str) -> str:
-    chosen = worker.grpc if transport == "grpc" else worker.zmq
-    assert chosen is not None
-    return chosen
-
-
-@contextlib.contextmanager
-def stopped(*running: WorkerProcess) -> Iterator[None]:
-    """The workers frozen with SIGSTOP, then resumed."""
-    for worker in running:
-        os.kill(worker.process.pid, signal.SIGSTOP)
-    try:
-        yield
-    finally:
-        for worker in running:
-            os.kill(worker.process.pid, signal.SIGCONT)
-
-
 @pytest.mark.parametrize("transport", ["grpc", "zmq"])
 def test_a_straggler_gets_fewer_requests_and_changes_no_batch(
     tmp_path: pathlib.Path, transport: str, reference: list[str]
@@ -91,7 +70,7 @@ def test_a_straggler_gets_fewer_requests_and_changes_no_batch(
                     )
                 )
             )
-        targets = [address(worker, transport) for worker in running]
+        targets = [worker.address(transport) for worker in running]
         with paced(targets).build() as loader:
             batches = digests(loader)
             workers = loader.stats().workers
@@ -109,7 +88,7 @@ def test_the_client_keeps_within_the_limit_each_worker_announces(
     with worker_process(
         tmp_path, PACED, zmq=transport == "zmq", max_in_flight_per_client=2
     ) as worker:
-        target = address(worker, transport)
+        target = worker.address(transport)
         builder = paced([target]).prefetch(8).in_flight_per_worker(8)
         with builder.build() as loader:
             batches = digests(loader)
@@ -168,7 +147,7 @@ def test_a_hung_worker_is_passed_over_by_its_latency_not_a_fixed_deadline(hedgin
 def test_no_worker_timeout_is_the_time_to_the_error(tmp_path: pathlib.Path, transport: str) -> None:
     limit = 3.0
     with worker_processes(tmp_path, 2, PACED, zmq=transport == "zmq") as running:
-        targets = [address(worker, transport) for worker in running]
+        targets = [worker.address(transport) for worker in running]
         with paced(targets).num_epochs(None).no_worker_timeout(limit).build() as loader:
             iterator = iter(loader)
             for _ in range(4):
@@ -214,7 +193,7 @@ def test_a_name_that_resolves_only_later_joins(
     tmp_path: pathlib.Path, reference: list[str]
 ) -> None:
     with worker_processes(tmp_path, 2, PACED) as running:
-        port = address(running[1], "grpc").rsplit(":", 1)[1]
+        port = running[1].address("grpc").rsplit(":", 1)[1]
         resolvable_at = time.monotonic() + 1.5
 
         def resolver(host: str) -> list[str]:
@@ -225,7 +204,7 @@ def test_a_name_that_resolves_only_later_joins(
 
         late = f"grpc://worker.late.test:{port}"
         builder = RemoteDataLoader(
-            [address(running[0], "grpc"), late], pipeline="paced", resolver=resolver
+            [running[0].address("grpc"), late], pipeline="paced", resolver=resolver
         )
         with builder.batch_size(BATCH).shuffle(seed=SEED).build() as loader:
             deadline = time.monotonic() + 30

@@ -76,6 +76,12 @@ class WorkerProcess:
         assert self.grpc is not None, "this worker does not serve gRPC"
         return self.grpc.removeprefix("grpc://")
 
+    def address(self, transport: str) -> str:
+        """Its address over `transport` ("grpc" or "zmq"), as a client names it."""
+        chosen = self.grpc if transport == "grpc" else self.zmq
+        assert chosen is not None, f"this worker does not serve {transport}"
+        return chosen
+
     def output(self) -> str:
         """Everything the process printed so far, on stdout and stderr."""
         return self._output.text()
@@ -89,6 +95,18 @@ class WorkerProcess:
         """Send SIGTERM and wait for the process to exit; its exit status."""
         self.process.send_signal(signal.SIGTERM)
         return self.process.wait(timeout)
+
+
+@contextlib.contextmanager
+def stopped(*workers: WorkerProcess) -> Iterator[None]:
+    """The workers frozen with SIGSTOP (each hangs, holding its connections), then resumed."""
+    for worker in workers:
+        os.kill(worker.process.pid, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        for worker in workers:
+            os.kill(worker.process.pid, signal.SIGCONT)
 
 
 def write_config(
