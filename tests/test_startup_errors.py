@@ -39,14 +39,13 @@ def make():
 
 
 def run_worker(
-    tmp_path: Path, module: str, source: str, *args: str
+    tmp_path: Path, listen: str, factory: str, *args: str
 ) -> tuple[Path, subprocess.CompletedProcess[str]]:
-    """A worker (or `--check`) whose one pipeline comes from `module`, written from `source`:
-    the config's path, and how the process ended."""
-    (tmp_path / f"{module}.py").write_text(source)
+    """A worker (or `--check`) listening as `listen` (a `[server]` line) with one pipeline made
+    by `factory`; modules written in `tmp_path` are importable. The config's path, and how the
+    process ended."""
     config = tmp_path / "worker.toml"
-    factory = f"{module}:make" if "def make" in source else f"{module}:anything"
-    config.write_text(f'[server]\ngrpc = "127.0.0.1:0"\n\n[pipelines.x]\nfactory = "{factory}"\n')
+    config.write_text(f'[server]\n{listen}\n\n[pipelines.x]\nfactory = "{factory}"\n')
     env = worker_env()
     env["PYTHONPATH"] = f"{tmp_path}:{env['PYTHONPATH']}"
     result = subprocess.run(
@@ -61,12 +60,21 @@ def run_worker(
     return config, result
 
 
+def run_module(
+    tmp_path: Path, module: str, source: str, *args: str
+) -> tuple[Path, subprocess.CompletedProcess[str]]:
+    """`run_worker` with the pipeline of `module`, written from `source`."""
+    (tmp_path / f"{module}.py").write_text(source)
+    factory = f"{module}:make" if "def make" in source else f"{module}:anything"
+    return run_worker(tmp_path, 'grpc = "127.0.0.1:0"', factory, *args)
+
+
 @pytest.mark.parametrize("check", [False, True])
 @pytest.mark.parametrize("module", list(MODULES))
 def test_user_code_that_stops_the_worker_is_a_config_error_naming_it(
     tmp_path: Path, module: str, check: bool
 ) -> None:
-    config, result = run_worker(tmp_path, module, MODULES[module], *(["--check"] if check else []))
+    config, result = run_module(tmp_path, module, MODULES[module], *(["--check"] if check else []))
     stderr = result.stderr
     assert result.returncode == EXIT_CONFIG, stderr
     assert f"loadax-worker: {config}: [pipelines.x].factory: " in stderr, stderr
@@ -77,7 +85,7 @@ def test_user_code_that_stops_the_worker_is_a_config_error_naming_it(
 def test_a_module_that_parses_the_command_line_at_import_sees_none_of_the_workers(
     tmp_path: Path,
 ) -> None:
-    _, result = run_worker(tmp_path, "parses_argv", PARSES_ARGV, "--check")
+    _, result = run_module(tmp_path, "parses_argv", PARSES_ARGV, "--check")
     assert result.returncode == 0, result.stderr
     assert result.stdout.startswith("x: parses_argv:make(**{}) -> 100 records"), result.stdout
 
@@ -88,22 +96,10 @@ def test_a_port_in_use_is_named_so(tmp_path: Path, transport: str) -> None:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        listen = (
-            f'grpc = "127.0.0.1:{port}"'
-            if transport == "grpc"
-            else (f'zmq = "tcp://127.0.0.1:{port}"')
-        )
-        config = tmp_path / "worker.toml"
-        config.write_text(f'[server]\n{listen}\n\n[pipelines.x]\nfactory = "pipelines:numbers"\n')
-        result = subprocess.run(
-            [sys.executable, "-m", "loadax.server.main", "--config", str(config)],
-            capture_output=True,
-            text=True,
-            env=worker_env(),
-            cwd=tmp_path,
-            timeout=60,
-            check=False,
-        )
+        listen = f'grpc = "127.0.0.1:{port}"'
+        if transport == "zmq":
+            listen = f'zmq = "tcp://127.0.0.1:{port}"'
+        _, result = run_worker(tmp_path, listen, "pipelines:numbers")
     assert result.returncode == EXIT_START, result.stderr
     assert f"127.0.0.1:{port}" in result.stderr, result.stderr
     assert "address already in use" in result.stderr.lower(), result.stderr
