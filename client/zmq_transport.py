@@ -34,6 +34,7 @@ _BURST = 256  # replies taken per poll, so that submissions are not starved
 # Requests waiting for a connection are sent when its handshake succeeds; this is a fallback
 # should a send still find no connection then.
 _HELD_RETRY_MS = 100
+_SILENT_REFUSALS = 3  # handshakes failed without a reason that make a refusal (without CURVE)
 _WAKE = "inproc://loadax-zmq-wake"
 _EVENTS = (
     zmq.EVENT_DISCONNECTED
@@ -367,6 +368,20 @@ class ZmqTarget:
                 refused = WorkerError("UNAUTHENTICATED", self._protocol_failure(value))
             elif kind == zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL:
                 self._handshake_failures += 1
+                # Without CURVE a handshake fails only against a worker that requires it; when
+                # the worker closes first, libzmq says so without the reason. A few in a row,
+                # none ever succeeding, are that refusal (a worker dying mid-handshake is not).
+                if (
+                    not self._curve
+                    and not self._connected_once
+                    and self._handshake_failures >= _SILENT_REFUSALS
+                ):
+                    refused = WorkerError(
+                        "UNAUTHENTICATED",
+                        f"{self.name} closed {self._handshake_failures} security handshakes "
+                        "without saying why: it most likely requires CURVE: set "
+                        "ClientSecurity.curve_server_key to the worker's public key",
+                    )
             elif kind == zmq.EVENT_DISCONNECTED:
                 # Requests leave only once a handshake is done (IMMEDIATE): a connection lost
                 # before that carried none of them.

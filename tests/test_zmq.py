@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import socket as net
 import threading
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -566,3 +567,34 @@ def test_a_client_that_keeps_misbehaving_gets_one_warning_line_per_interval(
     assert len(dropped) == 2, [r.getMessage() for r in dropped]
     assert len(refused) == 2, [r.getMessage() for r in refused]
     assert len({r.getMessage().split(": ")[0] for r in dropped}) == 2
+
+
+def test_a_peer_that_keeps_closing_the_handshake_is_a_refusal_naming_curve() -> None:
+    # What a plaintext client sees of a CURVE worker that closes first: failures without a reason.
+    with net.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        stop = threading.Event()
+
+        def close_every_connection() -> None:
+            listener.settimeout(0.1)
+            while not stop.is_set():
+                try:
+                    connection, _ = listener.accept()
+                except TimeoutError:
+                    continue
+                connection.recv(64)  # the client's greeting, then hang up
+                connection.close()
+
+        closer = threading.Thread(target=close_every_connection, daemon=True)
+        closer.start()
+        target = ZmqTarget(f"zmq://127.0.0.1:{listener.getsockname()[1]}")
+        try:
+            with pytest.raises(WorkerError) as refused:
+                target.info(wire.InfoRequest(), timeout=WAIT_S)
+        finally:
+            target.close()
+            stop.set()
+            closer.join()
+    assert refused.value.code == "UNAUTHENTICATED", refused.value
+    assert "without saying why: it most likely requires CURVE" in refused.value.message
