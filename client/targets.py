@@ -192,7 +192,10 @@ class InProcessTarget:
         except WorkerError as error:
             failure = self._replies.failure(error)
             raise failure from failure.__cause__  # a RecordError keeps its cause
-        return self._batch(request, answer.header, answer.frames)
+        try:
+            return self._batch(request, answer.header, answer.frames)
+        finally:
+            answer.release()
 
     def _batch(
         self, request: wire.BatchRequest, header: wire.BatchResponse, payload: Sequence[Buffer]

@@ -206,14 +206,20 @@ class WorkerServicer:
     def LoadBatch(self, request: wire.BatchRequest, context: Any) -> wire.BatchResponse:
         """The schema's method: the header with the payload inside (one more copy)."""
         batch = self.load_payload(request, context)
-        response = batch.header
-        response.payload = batch.payload
-        return response
+        try:
+            response = batch.header
+            response.payload = batch.payload
+            return response
+        finally:
+            batch.release()
 
     def load_raw(self, request: wire.BatchRequest, context: Any) -> bytes:
         """The raw method's reply: the header, then the payload (`payload_reply`)."""
         batch = self.load_payload(request, context)
-        return payload_reply(batch.header, batch.frames)
+        try:
+            return payload_reply(batch.header, batch.frames)
+        finally:
+            batch.release()
 
     def load_payload(self, request: wire.BatchRequest, context: Any) -> EncodedBatch:
         """A batch request, within this client's in-flight limit and the loading threads."""

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 from collections import OrderedDict, deque
+from collections.abc import Callable
 
 from loadax.errors import WorkerError
 
@@ -36,8 +38,9 @@ class MemoryBudget:
         # Per pipeline, (rows, bytes) of the smallest and of the largest kind seen.
         self._extremes: dict[str, tuple[tuple[int, int], tuple[int, int]]] = {}
 
-    def reserve(self, kind: tuple[str, int], work: object) -> int:
-        """Wait for room for `work`, a request of `kind` (pipeline, rows); the bytes reserved."""
+    def reserve(self, kind: tuple[str, int], work: object) -> Callable[[], None]:
+        """Wait for room for `work`, a request of `kind` (pipeline, rows); what frees the bytes
+        reserved (only its first call does)."""
         with self._condition:
             self._refuse_if_too_large(kind)
             ticket = object()
@@ -76,7 +79,7 @@ class MemoryBudget:
                     "or on another worker",
                 )
             self._used += need
-            return need
+            return _once(functools.partial(self._release, need))
 
     @property
     def reserved(self) -> int:
@@ -132,7 +135,22 @@ class MemoryBudget:
             few, many = self._extremes.get(pipeline, (seen, seen))
             self._extremes[pipeline] = (min(few, seen), max(many, seen))
 
-    def release(self, reserved: int) -> None:
+    def _release(self, reserved: int) -> None:
         with self._condition:
             self._used -= reserved
             self._condition.notify_all()
+
+
+def _once(release: Callable[[], None]) -> Callable[[], None]:
+    """`release`, run by the first call only (a reply may be sent and dropped, or released twice
+    by a transport's paths)."""
+    pending = [release]
+    lock = threading.Lock()
+
+    def once() -> None:
+        with lock:
+            todo = pending.pop() if pending else None
+        if todo is not None:
+            todo()
+
+    return once

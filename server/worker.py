@@ -7,6 +7,7 @@ optional memory budget bounds the bytes of the batches it builds at once, whatev
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import traceback
 from collections.abc import Mapping
@@ -48,11 +49,10 @@ class Worker:
     encoded size last seen for its pipeline and number of rows; the first request of a kind runs
     alone, and a kind larger than the whole budget is refused with RESOURCE_EXHAUSTED.
 
-    What the budget does not count: its bytes are released when `load_batch` returns, but the
-    transport still holds the reply while it sends it (gRPC a serialized copy, ZeroMQ the payload
-    itself), and building a batch briefly holds the records, the collated batch and its encoding
-    together, about three times its encoded size. The transports' in-flight limits bound the first;
-    leave room for the second when choosing the budget.
+    A batch's bytes stay reserved until the transport calls its `release()`, once the reply has
+    been sent: a reply that a slow client has not read still counts. What the budget does not
+    count: building a batch briefly holds the records, the collated batch and its encoding
+    together, about three times its encoded size; leave room for that when choosing the budget.
     """
 
     def __init__(
@@ -171,7 +171,7 @@ class Worker:
                 request, expected, _encoded(executor.submit(plan, work), work)
             )
         kind = (request.pipeline, size)
-        reserved = self._budget.reserve(kind, work)
+        release = self._budget.reserve(kind, work)
         try:
             batch = EncodedBatch.answering(
                 request, expected, _encoded(executor.submit(plan, work), work)
@@ -184,10 +184,11 @@ class Worker:
                     f"bytes ({size} rows), more than this worker's memory budget of "
                     f"{self._budget.limit} bytes; ask for fewer rows per request",
                 )
-            return batch
-        finally:
-            # The transport holds the reply a little longer: see the class docstring.
-            self._budget.release(reserved)
+        except BaseException:
+            release()
+            raise
+        # Reserved until the transport has sent the reply (or dropped it).
+        return dataclasses.replace(batch, release=release)
 
     def info(self, request: wire.InfoRequest) -> wire.InfoResponse:
         del request  # nothing to ask

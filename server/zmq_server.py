@@ -29,6 +29,7 @@ from loadax.wire import zmq_frames
 from loadax.wire.credentials import BEARER
 from loadax.wire.limits import ZMQ_HEARTBEAT_MS, ZMQ_HEARTBEAT_TIMEOUT_MS
 from loadax.wire.messages import RequestMessage, ResponseMessage
+from loadax.wire.payloads import EncodedBatch
 from loadax.wire.v1 import worker_pb2 as wire
 
 log = logging.getLogger(__name__)
@@ -277,6 +278,8 @@ class ZmqServer:
             reply = zmq_frames.error_frames(request_id, answer)
         else:
             reply = zmq_frames.reply_frames(request_id, answer)
+            if isinstance(answer, EncodedBatch):
+                answer.release()  # to do (memory bounds): once sent, not once handed over
         with self._push_lock:
             if self._push is None:
                 log.warning("dropped the reply to request %d: the server stopped", request_id)

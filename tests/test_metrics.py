@@ -127,9 +127,9 @@ def test_the_memory_gauges_follow_the_budget_and_are_absent_without_one() -> Non
     metrics = WorkerMetrics(budget)
     assert value(metrics, "loadax_worker_memory_budget_bytes") == 1000
     assert value(metrics, "loadax_worker_memory_reserved_bytes") == 0
-    reserved = budget.reserve(("numbers", 4), StepWork(0))  # a kind never seen: the whole budget
-    assert value(metrics, "loadax_worker_memory_reserved_bytes") == reserved == 1000
-    budget.release(reserved)
+    release = budget.reserve(("numbers", 4), StepWork(0))  # a kind never seen: the whole budget
+    assert value(metrics, "loadax_worker_memory_reserved_bytes") == budget.reserved == 1000
+    release()
     assert value(metrics, "loadax_worker_memory_reserved_bytes") == 0
     assert value(WorkerMetrics(), "loadax_worker_memory_budget_bytes") is None
 

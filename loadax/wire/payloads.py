@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import struct
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from google.protobuf.message import DecodeError
 
@@ -34,13 +34,17 @@ _MAX_HEADER_BYTES = 4096  # a header is about 100 bytes
 class EncodedBatch:
     """The batch (or stream window) a request asked for, as `loadax.wire.codec.encode_frames` gives
     it (the arrays' frames are views of the batch's arrays, not copies), with what its header says:
-    the pipeline identity that made it, the digest of the request it answers and its checksum."""
+    the pipeline identity that made it, the digest of the request it answers and its checksum.
+
+    `release` frees what the worker holds for it (its share of the memory budget): the transport
+    calls it once the reply has left, or was dropped; calls after the first do nothing."""
 
     step: int
     frames: Sequence[bytes | memoryview]
     fingerprint: str = ""
     request_digest: bytes = b""
     checksum: int = 0
+    release: Callable[[], None] = dataclasses.field(default=lambda: None, compare=False)
 
     @classmethod
     def answering(
