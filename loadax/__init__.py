@@ -22,6 +22,7 @@ from loadax.iterators.base import LoaderIterator
 from loadax.iterators.batches import BatchIterator
 from loadax.loader import DataLoader, Loader
 from loadax.plan.planner import Plan
+from loadax.sources.images import ImageFolderDataset
 from loadax.sources.memory import InMemoryDataset, RangeDataset
 from loadax.sources.numpy import NumpyDataset
 from loadax.sources.sqlite import SQLiteDataset
@@ -35,6 +36,7 @@ __all__ = [
     "DataLoader",
     "Dataset",
     "DatasetBase",
+    "ImageFolderDataset",
     "InMemoryDataset",
     "Loader",
     "LoaderIterator",
