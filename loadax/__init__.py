@@ -15,6 +15,7 @@ from loadax.dataset.ops import (
 )
 from loadax.dataset.protocol import Dataset
 from loadax.dataset.stream import Stream
+from loadax.dataset.zipped import ZippedDataset
 from loadax.errors import RecordError, WorkerError
 from loadax.execution.pipeline import Pipeline
 from loadax.execution.processes import WorkerProcessError
@@ -56,6 +57,7 @@ __all__ = [
     "Stream",
     "WorkerError",
     "WorkerProcessError",
+    "ZippedDataset",
     "__version__",
     "pad_batcher",
     "read_records",
