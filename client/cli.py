@@ -11,6 +11,7 @@ error (bad arguments, or a command that moved).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import functools
 import json
@@ -275,6 +276,10 @@ def _probe(
             report.health = _health(target, timeout)
             if report.health not in (None, "SERVING"):
                 report.error = f"{report.address} is not serving: its health is {report.health}"
+                with contextlib.suppress(WorkerError):  # a loadax worker's Info says why
+                    reason = target.info(wire.InfoRequest(), timeout).status_reason
+                    if reason:
+                        report.error = f"{report.address} is not serving: {reason}"
                 return
         call = "Info"
         info, info_ms = _timed(functools.partial(target.info, wire.InfoRequest(), timeout))
@@ -285,6 +290,10 @@ def _probe(
             report.error = f"{report.address} refused {call}: {error}"
         return
     report.library_version = info.library_version
+    if info.status == "NOT_SERVING":  # what ZeroMQ has of health
+        report.health = info.status
+        report.error = f"{report.address} is not serving: {info.status_reason}"
+        return
     report.pipelines = [
         _Pipeline(served.name, served.fingerprint, served.num_records) for served in info.pipelines
     ]

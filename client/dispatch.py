@@ -22,6 +22,9 @@ and placement may follow load without changing a byte:
   with a real request, so a worker restarted right rejoins.
 - When the fleet has answered nothing for `no_worker_timeout` seconds, or every worker has been
   failing a request that long, the request fails naming each worker and its last error.
+- Work that killed the worker's process loading it, or ran past its deadline there (poison), is
+  asked of at most `poison_retries` other workers; when they fail it so too, the request fails
+  with `PoisonedRecords`, naming the work, its rows and records, and those workers.
 """
 
 from __future__ import annotations
@@ -42,7 +45,8 @@ from loadax.client.stats import StatsRecorder
 from loadax.client.targets import Target
 from loadax.client.verdicts import Verdict, verdict
 from loadax.errors import WorkerError
-from loadax.validation import require_positive
+from loadax.validation import require_int, require_positive
+from loadax.wire.failures import PoisonFailed
 from loadax.wire.v1 import worker_pb2 as wire
 
 _log = logging.getLogger("loadax.client")
@@ -83,6 +87,7 @@ class FleetOptions:
     - `in_flight_per_worker`: requests kept outstanding per healthy worker (within its limit).
     - `memory_budget_mb`: the most batch bytes an iterator holds, outstanding and ready.
     - `startup_timeout`: how long `build()` waits for `min_workers` targets to agree.
+    - `poison_retries`: how many more workers are asked work that killed or stalled one.
     - `backoff_*`, `quarantine_*`: how long a failed or a quarantined worker is kept off,
       doubling from the initial value up to the maximum.
     """
@@ -94,6 +99,7 @@ class FleetOptions:
     memory_budget_mb: int = 1024
     startup_timeout: float = 30.0
     min_workers: int = 1
+    poison_retries: int = 1
     backoff_initial: float = 0.05
     backoff_max: float = 2.0
     quarantine_initial: float = 1.0
@@ -116,6 +122,7 @@ class FleetOptions:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+        require_int("poison_retries", self.poison_retries, minimum=0)
 
 
 class Scheduler:
@@ -534,6 +541,7 @@ class _Request:
         self._attempts: dict[str, _Attempt] = {}
         self.started = time.monotonic()
         self._failing_since: float | None = None  # when the first attempt failed
+        self._poisoned: list[str] = []  # the workers that answered that the work is poison
         # By weak reference: a cycle through the future would keep its batch until a gc run.
         itself = weakref.ref(self)
         self.future.add_done_callback(lambda future: _call_if_alive(itself, future))
@@ -577,7 +585,15 @@ class _Request:
                 return
             if extra and not self._dispatcher._extra_available():
                 return
-            member = self._dispatcher._choose(set(self._attempts))
+            if self._poisoned and (
+                len(self._poisoned) + len(self._attempts) > self._dispatcher.options.poison_retries
+            ):
+                return  # as many workers as may have it are trying it, or have failed it
+            busy = set(self._attempts)
+            # Another worker, if there is one, when one has failed it as poison.
+            member = self._dispatcher._choose(busy | set(self._poisoned))
+            if member is None and self._poisoned:
+                member = self._dispatcher._choose(busy)
             if member is None:
                 return  # the next tick tries again
             if extra:
@@ -632,6 +648,12 @@ class _Request:
                 self.future.set_exception(error)
                 return
             self._note_failure()
+            if isinstance(error, PoisonFailed):
+                self._poisoned.append(member.target.name)
+                if len(self._poisoned) > self._dispatcher.options.poison_retries:
+                    self.future.set_exception(error.rebuild(self._poisoned))
+                    return
+                _log.warning("%s answered: %s", member.target.name, error.message)
             if judged is Verdict.QUARANTINE:
                 self._dispatcher._quarantine(member, str(error))
             elif judged is Verdict.PRESSURE:

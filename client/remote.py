@@ -131,6 +131,12 @@ class RemoteDataLoader(LoaderBuilder):
         each worker and its last error. Default 120."""
         return self._with_failover(no_worker_timeout=seconds)
 
+    def poison_retries(self, workers: int) -> Self:
+        """How many more workers are asked a batch whose loading killed the worker's process or
+        ran past its deadline on one; when each fails it so too, iteration raises
+        `loadax.errors.PoisonedRecords` (a `RecordError`) naming its rows and records. Default 1."""
+        return self._with_failover(poison_retries=workers)
+
     def quarantine(self, initial: float, longest: float) -> Self:
         """How long a worker that proved wrong for this loader (another identity, no such
         pipeline, a reply that fails its checks) is kept off before one request probes it again:

@@ -236,10 +236,10 @@ class TimedPending(FuturePending[Any]):
         self._size = _Size()
         batch.add_done_callback(self._size.measure)
 
-    def result(self) -> Any:
+    def result(self, timeout: float | None = None) -> Any:
         started = self._stats.clock()
         try:
-            batch = super().result()
+            batch = super().result(timeout)
         finally:
             self._stats.waited(self._stats.clock() - started)
         self._stats.delivered(self._size.bytes, window=self._window)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import enum
 
 from loadax.errors import WorkerError
+from loadax.wire.failures import PoisonFailed
 
 # Codes that say nothing about the request itself: another worker may well succeed.
 RETRYABLE = frozenset({"UNAVAILABLE", "DEADLINE_EXCEEDED", "CANCELLED", "UNKNOWN", "INTERNAL"})
@@ -26,6 +27,9 @@ class Verdict(enum.Enum):
     """The worker is full: re-issue the request; the worker is sent less for a while."""
     QUARANTINE = "quarantine"
     """The worker is wrong for this loader: re-issue the request; the worker is kept off longer."""
+    POISON = "poison"
+    """The work killed or stalled what loaded it: another worker may be asked (a few at most);
+    the worker itself is fine."""
     FATAL = "fatal"
     """The request itself is wrong (or one of its records fails): every worker would repeat it."""
 
@@ -40,6 +44,8 @@ def verdict(error: BaseException) -> Verdict:
     >>> verdict(RecordError(3, 0, ValueError("corrupt"))).name
     'FATAL'
     """
+    if isinstance(error, PoisonFailed):
+        return Verdict.POISON
     if not isinstance(error, WorkerError):
         return Verdict.FATAL  # a RecordError, or a bug: never hidden by a retry
     if error.code in RETRYABLE:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 
 class RecordError(RuntimeError):
     """A user function or source failed on one record; `cause` is chained as `__cause__`.
@@ -21,6 +23,51 @@ class RecordError(RuntimeError):
         self.index = index
         self.epoch = epoch
         self.__cause__ = cause
+
+
+class PoisonedRecords(RecordError):
+    """Work that killed the worker process loading it, or never finished, on every worker that was
+    asked (two by default): one or more of its records (`indices`, of `epochs`; at `rows` of the
+    batch) is poison. `index` and `epoch` are the first of them; the cause holds the last reason.
+
+    >>> from loadax.errors import PoisonedRecords
+    >>> error = PoisonedRecords(
+    ...     "the batch of step 3", [0, 1], [17, 4], [0, 0], "exited with code 3", ["a:1", "b:1"]
+    ... )
+    >>> str(error).split(": records")[0]
+    'the batch of step 3 killed or stalled what loaded it, at each of 2 attempts (a:1, b:1)'
+    >>> error.indices, error.rows, error.index, error.reason
+    ([17, 4], [0, 1], 17, 'exited with code 3')
+    """
+
+    def __init__(
+        self,
+        work: str,
+        rows: Sequence[int],
+        indices: Sequence[int],
+        epochs: Sequence[int],
+        reason: str,
+        workers: Sequence[str],
+    ) -> None:
+        cause = RemoteCause("PoisonedWork", reason)
+        RuntimeError.__init__(
+            self,
+            f"{work} killed or stalled what loaded it, at each of {len(workers)} attempts "
+            f"({', '.join(workers)}): records {listed(indices)} (epochs {listed(epochs)}) at "
+            f"rows {listed(rows)}; last: {reason}",
+        )
+        self.index = int(indices[0]) if len(indices) else -1
+        self.epoch = int(epochs[0]) if len(epochs) else -1
+        self.__cause__ = cause
+        self.work, self.reason, self.workers = work, reason, list(workers)
+        self.rows, self.indices, self.epochs = list(rows), list(indices), list(epochs)
+
+
+def listed(values: Sequence[int], most: int = 16) -> str:
+    """`values` as a list, the first `most` of them when there are more (for messages)."""
+    shown = ", ".join(str(int(value)) for value in values[:most])
+    more = f", ... ({len(values)} in all)" if len(values) > most else ""
+    return f"[{shown}{more}]"
 
 
 class RemoteCause(RuntimeError):

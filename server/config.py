@@ -32,6 +32,8 @@ _SERVER_KEYS = (
     "zmq",
     "metrics",
     "threads",
+    "processes",
+    "request_deadline_s",
     "max_in_flight_per_client",
     "memory_budget_mb",
     "token_file",
@@ -69,6 +71,8 @@ class WorkerConfig:
     zmq: str | None = None
     metrics: str | None = None  # where the Prometheus exporter listens
     threads: int = 4
+    processes: int = 0  # child processes per pipeline that load its batches; 0: threads do
+    request_deadline_s: float = 60.0  # loading one request's work may take this long
     max_in_flight_per_client: int = 16
     memory_budget_bytes: int | None = None  # batches being built and encoded, at most
     tls: TlsConfig | None = None
@@ -85,9 +89,10 @@ def load_config(
     grpc: str | None = None,
     zmq: str | None = None,
     metrics: str | None = None,
+    processes: int | None = None,
 ) -> WorkerConfig:
-    """The config in `path`; `grpc`, `zmq` and `metrics` (the CLI's overrides) replace the
-    file's."""
+    """The config in `path`; `grpc`, `zmq`, `metrics` and `processes` (the CLI's overrides)
+    replace the file's."""
     source = str(path)
     try:
         text = Path(path).read_bytes().decode()
@@ -98,7 +103,12 @@ def load_config(
         document = tomllib.loads(text)
     except tomllib.TOMLDecodeError as error:
         raise ConfigError(f"{source}: invalid TOML: {error}") from error
-    return _parse(source, document, grpc=grpc, zmq=zmq, metrics=metrics)
+    config = _parse(source, document, grpc=grpc, zmq=zmq, metrics=metrics)
+    if processes is None:
+        return config
+    if not is_int(processes, minimum=0):
+        raise ConfigError(f"{source}: --processes must be an int >= 0, got {show(processes)}")
+    return dataclasses.replace(config, processes=processes)
 
 
 def load_factory(config: WorkerConfig, pipeline: PipelineConfig) -> Callable[..., Any]:
@@ -156,24 +166,42 @@ def _stopped(error: BaseException) -> str:
 
 def build_pipelines(config: WorkerConfig) -> dict[str, Pipeline[Any, Any]]:
     """Import every factory and call it with its args."""
-    pipelines: dict[str, Pipeline[Any, Any]] = {}
-    for pipeline in config.pipelines:
-        factory = load_factory(config, pipeline)
-        try:
-            with _own_argv():
-                built = factory(**pipeline.args)
-        except (Exception, SystemExit, KeyboardInterrupt) as error:
-            raise config.error(
-                f"{pipeline.key}.factory: {pipeline.factory}(**{show(dict(pipeline.args))}) "
-                f"raised {_stopped(error)}"
-            ) from error
-        if not isinstance(built, Pipeline):
-            raise config.error(
-                f"{pipeline.key}.factory: {pipeline.factory} must return a loadax.Pipeline, "
-                f"got {type(built).__name__}: {built!r:.80}"
-            )
-        pipelines[pipeline.name] = built
-    return pipelines
+    return {pipeline.name: build_pipeline(config, pipeline) for pipeline in config.pipelines}
+
+
+def build_pipeline(config: WorkerConfig, pipeline: PipelineConfig) -> Pipeline[Any, Any]:
+    """Import `pipeline`'s factory and call it with its args."""
+    factory = load_factory(config, pipeline)
+    try:
+        with _own_argv():
+            built = factory(**pipeline.args)
+    except (Exception, SystemExit, KeyboardInterrupt) as error:
+        raise config.error(
+            f"{pipeline.key}.factory: {pipeline.factory}(**{show(dict(pipeline.args))}) "
+            f"raised {_stopped(error)}"
+        ) from error
+    if not isinstance(built, Pipeline):
+        raise config.error(
+            f"{pipeline.key}.factory: {pipeline.factory} must return a loadax.Pipeline, "
+            f"got {type(built).__name__}: {built!r:.80}"
+        )
+    return built
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Rebuild:
+    """A pipeline as child processes get it: unpickled, it is built again by calling its factory,
+    as the worker did, so that the lambdas and closures in it need no pickling."""
+
+    source: str
+    pipeline: PipelineConfig
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return _rebuilt, (self.source, self.pipeline)
+
+
+def _rebuilt(source: str, pipeline: PipelineConfig) -> Pipeline[Any, Any]:
+    return build_pipeline(WorkerConfig(source=source, pipelines=(pipeline,)), pipeline)
 
 
 def _parse(
@@ -229,6 +257,8 @@ def _parse(
         zmq=zmq,
         metrics=metrics,
         threads=_positive_int(source, server, "threads", 4),
+        processes=_int(source, server, "processes", 0, minimum=0),
+        request_deadline_s=_seconds(source, server, "request_deadline_s", 60.0),
         max_in_flight_per_client=_positive_int(source, server, "max_in_flight_per_client", 16),
         memory_budget_bytes=(
             _positive_int(source, server, "memory_budget_mb", 1) << 20
@@ -263,10 +293,25 @@ def _pipeline(source: str, name: str, table: Any) -> PipelineConfig:
 
 
 def _positive_int(source: str, server: Mapping[str, Any], key: str, default: int) -> int:
+    return _int(source, server, key, default, minimum=1)
+
+
+def _int(source: str, server: Mapping[str, Any], key: str, default: int, *, minimum: int) -> int:
     value = server.get(key, default)
-    if not is_int(value, minimum=1):
-        raise ConfigError(f"{source}: [server].{key} must be an int >= 1, got {show(value)}")
+    if not is_int(value, minimum=minimum):
+        raise ConfigError(
+            f"{source}: [server].{key} must be an int >= {minimum}, got {show(value)}"
+        )
     return int(value)
+
+
+def _seconds(source: str, server: Mapping[str, Any], key: str, default: float) -> float:
+    value = server.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < 1e9:
+        raise ConfigError(
+            f"{source}: [server].{key} must be a number of seconds > 0, got {show(value)}"
+        )
+    return float(value)
 
 
 def _address(source: str, key: str, value: Any) -> str:

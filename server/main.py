@@ -53,7 +53,13 @@ def main(argv: Sequence[str] | None = None) -> None:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     try:
-        config = load_config(args.config, grpc=args.grpc, zmq=args.zmq, metrics=args.metrics)
+        config = load_config(
+            args.config,
+            grpc=args.grpc,
+            zmq=args.zmq,
+            metrics=args.metrics,
+            processes=args.processes,
+        )
         worker = Worker.from_config(config)
     except ConfigError as error:
         if args.json:
@@ -123,6 +129,13 @@ def _parser() -> argparse.ArgumentParser:
         "replacing [server].metrics (port 0: any free port)",
     )
     parser.add_argument(
+        "--processes",
+        type=int,
+        metavar="N",
+        help="load each pipeline's batches in N child processes, replacing [server].processes "
+        "(0: on threads); a record that crashes or hangs then costs a child, not the worker",
+    )
+    parser.add_argument(
         "--grace",
         type=float,
         default=30.0,
@@ -161,7 +174,8 @@ def _serve(config: WorkerConfig, worker: Worker, grace: float) -> None:
     bound: dict[str, str | None] = {"grpc": None, "zmq": None, "metrics": None}
     metrics = WorkerMetrics(worker.memory_budget)
     limits = {
-        "threads": config.threads,
+        # Requests loaded at once: enough to keep every child busy.
+        "threads": max(config.threads, config.processes),
         "max_in_flight_per_client": config.max_in_flight_per_client,
     }
     _warn_about_plaintext(config)

@@ -3,12 +3,20 @@
 It holds no per-client state: a batch is a pure function of (pipeline, plan, step, rows), so any
 worker can serve any request. Every bad request is a `WorkerError` naming what is wrong. An
 optional memory budget bounds the bytes of the batches it builds at once, whatever the request rate.
+
+Record work runs on threads, or with `processes` in child processes (the local loader's
+`ProcessExecutor`: forkserver, shared memory), so that GIL-bound transforms use every core and
+work that crashes or hangs its process costs one child, not the worker. Work that kills its child
+or runs past `request_deadline_s` is answered `PoisonFailed`, naming the work, its rows and
+records; on threads, a request past its deadline is answered so too, but its thread stays stuck
+in it, and once every loading slot is, the worker reports NOT_SERVING (`serving`).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
+import threading
 import traceback
 from collections.abc import Mapping
 from pathlib import Path
@@ -18,17 +26,19 @@ import numpy as np
 
 import loadax
 from loadax.errors import RecordError, WorkerError
-from loadax.execution.executor import Pending
+from loadax.execution.executor import Executor, Pending
+from loadax.execution.pickled import PickledPipeline
 from loadax.execution.pipeline import Pipeline
+from loadax.execution.processes import ProcessExecutor, WorkerProcessLost
 from loadax.execution.threads import ThreadExecutor
 from loadax.plan.planner import Plan
 from loadax.plan.work import StepWork, StreamWindow, Work
-from loadax.server.config import WorkerConfig, build_pipelines, load_config
+from loadax.server.config import Rebuild, WorkerConfig, build_pipelines, load_config
 from loadax.server.identity import pipeline_identity
 from loadax.server.memory import MemoryBudget
-from loadax.validation import is_int, require_positive
+from loadax.validation import is_int, require_int, require_positive
 from loadax.wire.codec import decode_frames, encode_frames
-from loadax.wire.failures import RecordFailed
+from loadax.wire.failures import PoisonFailed, RecordFailed
 from loadax.wire.payloads import EncodedBatch
 from loadax.wire.plans import compatible_versions, plan_from_wire, work_from_wire
 from loadax.wire.schema import batch_schema
@@ -38,10 +48,16 @@ log = logging.getLogger(__name__)
 
 DEFAULT_MEMORY_WAIT_S = 30.0
 """How long a batch request waits for room in the memory budget before RESOURCE_EXHAUSTED."""
+DEFAULT_REQUEST_DEADLINE_S = 60.0
+"""How long loading one request's work may take before it is given up as poison (below the
+client's default `no_worker_timeout`, so that the trainer hears of it first)."""
 
 
 class Worker:
-    """Serves batches of named pipelines; `threads` read the records of each batch.
+    """Serves batches of named pipelines; `threads` read the records of each batch, or, with
+    `processes`, that many child processes per pipeline (started on its first request) load
+    whole batches (each gets the pipeline from `rebuilt`, e.g. a `Rebuild` of its factory, or
+    pickled). Loading a request's work may take `request_deadline_s`.
 
     With `memory_budget_bytes`, the batches being built and their encodings not yet returned
     stay within that many bytes: a request waits (in arrival order, up to `memory_wait_s`
@@ -60,12 +76,18 @@ class Worker:
         pipelines: Mapping[str, Pipeline[Any, Any]],
         *,
         threads: int = 4,
+        processes: int = 0,
+        request_deadline_s: float = DEFAULT_REQUEST_DEADLINE_S,
         origins: Mapping[str, Mapping[str, Any]] | None = None,
+        rebuilt: Mapping[str, PickledPipeline[Any]] | None = None,
         memory_budget_bytes: int | None = None,
         memory_wait_s: float = DEFAULT_MEMORY_WAIT_S,
     ) -> None:
         if not pipelines:
             raise ValueError("a worker needs at least one pipeline")
+        require_int("threads", threads, minimum=1)
+        require_int("processes", processes, minimum=0)
+        require_positive("request_deadline_s", request_deadline_s)
         if memory_budget_bytes is not None and not is_int(memory_budget_bytes, minimum=1):
             raise ValueError(
                 f"memory_budget_bytes must be None or an int >= 1, got {memory_budget_bytes!r}"
@@ -77,13 +99,25 @@ class Worker:
                     f"pipeline {name!r} must be a loadax.Pipeline, got {type(pipeline).__name__}"
                 )
         self._pipelines = dict(pipelines)
+        self._threads, self._processes = threads, processes
+        self._deadline_s = float(request_deadline_s)
         self._executors = {
-            name: ThreadExecutor(pipeline, threads) for name, pipeline in pipelines.items()
+            name: _executor(
+                name, pipeline, (rebuilt or {}).get(name), threads, processes, self._deadline_s
+            )
+            for name, pipeline in pipelines.items()
         }
-        # Each pipeline's identity (see loadax.server.identity): its probe runs on its threads.
+        # Requests past their deadline whose threads are still stuck in them.
+        self._wedged: list[Pending[Any]] = []
+        self._wedged_lock = threading.Lock()
+        # Each pipeline's identity (see loadax.server.identity): its probe runs on its threads,
+        # or here when children load its batches (they hand out encodings, not batches).
         self._fingerprints = {
             name: pipeline_identity(
-                name, pipeline, (origins or {}).get(name), executor=self._executors[name]
+                name,
+                pipeline,
+                (origins or {}).get(name),
+                executor=None if processes else self._executors[name],
             )
             for name, pipeline in pipelines.items()
         }
@@ -113,10 +147,17 @@ class Worker:
             pipeline.name: {"factory": pipeline.factory, "args": dict(pipeline.args)}
             for pipeline in config.pipelines
         }
+        rebuilt = {
+            pipeline.name: PickledPipeline.built_by(Rebuild(config.source, pipeline))
+            for pipeline in config.pipelines
+        }
         return cls(
             build_pipelines(config),
             threads=config.threads,
+            processes=config.processes,
+            request_deadline_s=config.request_deadline_s,
             origins=origins,
+            rebuilt=rebuilt,
             memory_budget_bytes=config.memory_budget_bytes,
         )
 
@@ -165,17 +206,12 @@ class Worker:
         plan = plan_from_wire(request.plan)
         work = work_from_wire(request)
         size = _checked(request.pipeline, pipeline, plan, work)
-        executor = self._executors[request.pipeline]
         if self._budget is None:
-            return EncodedBatch.answering(
-                request, expected, _encoded(executor.submit(plan, work), work)
-            )
+            return EncodedBatch.answering(request, expected, self._load(request, plan, work))
         kind = (request.pipeline, size)
         release = self._budget.reserve(kind, work)
         try:
-            batch = EncodedBatch.answering(
-                request, expected, _encoded(executor.submit(plan, work), work)
-            )
+            batch = EncodedBatch.answering(request, expected, self._load(request, plan, work))
             self._budget.learn(kind, batch.size)
             if batch.size > self._budget.limit:
                 raise WorkerError(
@@ -190,9 +226,32 @@ class Worker:
         # Reserved until the transport has sent the reply (or dropped it).
         return dataclasses.replace(batch, release=release)
 
+    @property
+    def serving(self) -> bool:
+        """Whether a request can be loaded: False once every loading slot (`threads`) is stuck
+        in work that ran past its deadline. Children past it are replaced, so never with
+        `processes`."""
+        return not self._stuck()
+
+    def _stuck(self) -> str | None:
+        """Why no request can be loaded, or None."""
+        with self._wedged_lock:
+            self._wedged = [pending for pending in self._wedged if _running(pending)]
+            stuck = len(self._wedged)
+        if stuck < self._threads:
+            return None
+        return (
+            f"all {self._threads} loading threads are stuck in requests that ran past "
+            f"request_deadline_s = {self._deadline_s:g} s; restart the worker (run record work "
+            "in child processes, [server] processes, to have such requests stopped instead)"
+        )
+
     def info(self, request: wire.InfoRequest) -> wire.InfoResponse:
         del request  # nothing to ask
+        stuck = self._stuck()
         return wire.InfoResponse(
+            status="SERVING" if stuck is None else "NOT_SERVING",
+            status_reason=stuck or "",
             library_version=loadax.__version__,
             pipelines=[
                 wire.PipelineInfo(
@@ -206,9 +265,52 @@ class Worker:
         )
 
     def close(self) -> None:
-        """Release the record-loading threads (after in-flight work finishes)."""
+        """Release the record-loading threads (after in-flight work finishes; threads stuck past
+        their deadline are not waited for) and child processes."""
+        with self._wedged_lock:
+            wedged = bool(self._wedged)
         for executor in self._executors.values():
-            executor.release(wait=True)
+            executor.release(wait=not wedged)
+
+    def _load(self, request: wire.BatchRequest, plan: Plan, work: Work) -> list[bytes | memoryview]:
+        """The frames of the batch `work` makes: a failure is a `WorkerError` naming `work`, a
+        `RecordFailed` naming the record when one failed, `PoisonFailed` when the work killed
+        its child process or ran past the deadline."""
+        pipeline = self._pipelines[request.pipeline]
+        pending = self._executors[request.pipeline].submit(plan, work)
+        try:
+            if self._processes:
+                # The child encoded it; it stops at the deadline itself.
+                return [pending.result()]
+            try:
+                return encode_frames(pending.result(self._deadline_s))
+            except TimeoutError:
+                with self._wedged_lock:
+                    self._wedged.append(pending)
+                log.error(
+                    "%s of pipeline %r ran past request_deadline_s = %g s; its thread stays stuck "
+                    "in it",
+                    work,
+                    request.pipeline,
+                    self._deadline_s,
+                )
+                raise _poisoned(
+                    request,
+                    pipeline,
+                    plan,
+                    work,
+                    f"it ran past request_deadline_s = {self._deadline_s:g} s on a loading thread",
+                ) from None
+        except WorkerProcessLost as error:
+            log.error("%s of pipeline %r: %s", work, request.pipeline, error.reason)
+            raise _poisoned(request, pipeline, plan, work, error.reason) from error
+        except RecordError as error:
+            raise RecordFailed.of(error) from error
+        except WorkerError:
+            raise  # the answer already: poison
+        except Exception as error:
+            text = "".join(traceback.format_exception(error))
+            raise WorkerError("INTERNAL", f"{work} failed: {error!r}\n{text}") from error
 
     def _pipeline(self, name: str) -> Pipeline[Any, Any]:
         if name not in self._pipelines:
@@ -233,16 +335,42 @@ def _checked(name: str, pipeline: Pipeline[Any, Any], plan: Plan, work: Work) ->
         raise WorkerError("OUT_OF_RANGE", str(error)) from None
 
 
-def _encoded(pending: Pending[Any], work: Work) -> list[bytes | memoryview]:
-    """The frames of the batch `pending` yields; a failure is a `WorkerError` naming `work`, a
-    `RecordFailed` naming the record when one failed."""
+def _executor(
+    name: str,
+    pipeline: Pipeline[Any, Any],
+    rebuilt: PickledPipeline[Any] | None,
+    threads: int,
+    processes: int,
+    deadline_s: float,
+) -> Executor[Any]:
+    if not processes:
+        return ThreadExecutor(pipeline, threads)
+    if rebuilt is None:
+        try:
+            rebuilt = PickledPipeline(pipeline)
+        except ValueError as error:
+            raise ValueError(f"pipeline {name!r}: {error}") from None
+    return ProcessExecutor(rebuilt, processes, deadline_s=deadline_s, encoded=True)
+
+
+def _poisoned(
+    request: wire.BatchRequest, pipeline: Pipeline[Any, Any], plan: Plan, work: Work, reason: str
+) -> PoisonFailed:
+    """The answer that `work` killed or stalled what loaded it, naming its rows and records."""
+    indices, epochs = pipeline.positions(plan, work)
+    rows = list(request.rows) or list(range(len(indices)))
+    return PoisonFailed.of(str(work), rows, indices.tolist(), epochs.tolist(), reason)
+
+
+def _running(pending: Pending[Any]) -> bool:
+    """Whether `pending` is still being loaded."""
     try:
-        return encode_frames(pending.result())
-    except RecordError as error:
-        raise RecordFailed.of(error) from error
-    except Exception as error:
-        text = "".join(traceback.format_exception(error))
-        raise WorkerError("INTERNAL", f"{work} failed: {error!r}\n{text}") from error
+        pending.result(timeout=0)
+    except TimeoutError:
+        return True
+    except BaseException:
+        return False
+    return False
 
 
 def _probe(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 import time
 from typing import Any
 
@@ -107,5 +108,23 @@ def blobs(records: int = 256, floats: int = 16384, delay: float = 0.0) -> loadax
             time.sleep(delay)  # the wait a remote read has, not synchronisation
         x = np.random.default_rng(index).random(floats, dtype=np.float32)
         return {"x": x, "label": np.int32(index)}
+
+    return loadax.Pipeline(loadax.RangeDataset(0, records).map(record), loadax.Batcher())
+
+
+def poisoned(
+    records: int = 40, kill: int = -1, hang: int = -1, raises: int = -1
+) -> loadax.Pipeline[Any, Any]:
+    """Record i is {"x": i}, except that reading record `kill` ends its process (exit code 3),
+    record `hang` never finishes, and record `raises` raises a ValueError."""
+
+    def record(index: int) -> dict[str, Any]:
+        if index == kill:
+            os._exit(3)
+        if index == hang:
+            threading.Event().wait()  # forever: nothing sets it
+        if index == raises:
+            raise ValueError(f"record {index} is corrupt")
+        return {"x": np.int64(index)}
 
     return loadax.Pipeline(loadax.RangeDataset(0, records).map(record), loadax.Batcher())

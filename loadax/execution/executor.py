@@ -22,8 +22,9 @@ B_co = TypeVar("B_co", covariant=True, default=Any)
 class Pending(Protocol[B_co]):
     """A batch being loaded."""
 
-    def result(self) -> B_co:
-        """The batch, once loaded (blocking without spinning); raises what loading raised."""
+    def result(self, timeout: float | None = None) -> B_co:
+        """The batch, once loaded (blocking without spinning); raises what loading raised, or
+        TimeoutError when it is not loaded within `timeout` seconds."""
         ...
 
     def cancel(self) -> None:
@@ -37,8 +38,8 @@ class FuturePending(Generic[B]):
     def __init__(self, future: Future[B]) -> None:
         self._future = future
 
-    def result(self) -> B:
-        return self._future.result()
+    def result(self, timeout: float | None = None) -> B:
+        return self._future.result(timeout)
 
     def cancel(self) -> None:
         self._future.cancel()

@@ -41,7 +41,8 @@ class _Loaded(Generic[B]):
     def __init__(self, batch: B) -> None:
         self._batch = batch
 
-    def result(self) -> B:
+    def result(self, timeout: float | None = None) -> B:
+        del timeout  # loaded already
         return self._batch
 
     def cancel(self) -> None:
@@ -54,7 +55,8 @@ class _Failed:
     def __init__(self, error: Exception) -> None:
         self._error = error
 
-    def result(self) -> Any:
+    def result(self, timeout: float | None = None) -> Any:
+        del timeout  # failed already
         raise self._error
 
     def cancel(self) -> None:

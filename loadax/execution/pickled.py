@@ -19,6 +19,16 @@ B = TypeVar("B", default=Any)
 class PickledPipeline(Generic[B]):
     """A pipeline pickled once for worker processes; one that cannot be is a ValueError."""
 
+    data: bytes
+
+    @classmethod
+    def built_by(cls, recipe: object) -> PickledPipeline[Any]:
+        """What unpickling `recipe` builds (its `__reduce__` makes the pipeline), for pipelines
+        that processes make rather than receive."""
+        made = cls.__new__(cls)
+        made.data = pickle.dumps(recipe, protocol=pickle.HIGHEST_PROTOCOL)
+        return made
+
     def __init__(self, pipeline: Pipeline[Any, B]) -> None:
         try:
             self.data = pickle.dumps(pipeline, protocol=pickle.HIGHEST_PROTOCOL)

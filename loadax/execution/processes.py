@@ -10,6 +10,10 @@ A worker encodes each batch with `loadax.wire.codec` straight into a shared memo
 parent made for it and reuses; only sizes cross the pipe, and arrays are never pickled. The parent
 copies the batch out (one memcpy) and decodes it. A segment keeps its /dev/shm name only until
 the worker has attached to it, so none is left behind, even when a worker is killed.
+
+With a deadline, a process that runs one work item longer is killed and its item fails with
+`WorkerProcessLost`, like one whose process died; a new process takes the slot. With `encoded`,
+the parent hands out the encoding itself (for a loadax worker, which sends it on unchanged).
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ import pickle
 import secrets
 import signal
 import threading
+import time
 import traceback
 from collections import deque
 from concurrent.futures import CancelledError, Future, InvalidStateError
@@ -62,6 +67,15 @@ class WorkerProcessError(RuntimeError):
     ...         print(error)
     the batch of step 0 was not loaded: worker process 0 (pid ...) exited with code 3
     """
+
+
+class WorkerProcessLost(WorkerProcessError):
+    """The process loading a work item died, or was stopped past its deadline: the item's own
+    records may be what kills it. `work` is the item, `reason` what happened to the process."""
+
+    def __init__(self, work: Work, reason: str) -> None:
+        super().__init__(f"{work} was not loaded: {reason}")
+        self.work, self.reason = work, reason
 
 
 @functools.cache
@@ -177,6 +191,7 @@ def _encoded(batch: Any) -> list[bytes | memoryview]:
 class _Task:
     request: _Request
     future: Future[Any] = dataclasses.field(default_factory=Future)
+    started: float = 0.0  # when a process took it (time.monotonic())
 
 
 class _Worker:
@@ -186,6 +201,8 @@ class _Worker:
         self.slot, self.process, self.connection = slot, process, connection
         self.task: _Task | None = None
         self.collector: threading.Thread | None = None
+        self.loaded = 0  # work items it has loaded
+        self.stopped_for: str | None = None  # why the parent killed it, when it did
         self._segment: SharedMemory | None = None
         self._named = False  # the segment's name is still in /dev/shm
 
@@ -230,16 +247,30 @@ class ProcessExecutor(Executor[B]):
     """Loads whole batches (and stream windows) in `workers` processes, several in parallel.
 
     Batches wait in a queue of the parent until a process is free, so a cancelled one that has
-    not started is never loaded. A process that dies fails the batch it was loading (and, if no
-    process is left, the queued ones); the next `submit` starts a new one in its place.
+    not started is never loaded. A process that dies, or loads one item for longer than
+    `deadline_s` seconds (then it is killed), fails that item with `WorkerProcessLost`. A new
+    process takes its place at once if it had loaded an item before; else (it may not be able to
+    start at all) the queued items fail too when no process is left, and the next `submit` starts
+    new ones. With `encoded`, results are the encoding of each batch (a `bytearray` that
+    `loadax.wire.codec.decode` reads), not the batch.
     """
 
-    def __init__(self, pipeline: PickledPipeline[B], workers: int) -> None:
+    def __init__(
+        self,
+        pipeline: PickledPipeline[B],
+        workers: int,
+        *,
+        deadline_s: float | None = None,
+        encoded: bool = False,
+    ) -> None:
         self._pipeline_data, self._slots = pipeline.data, workers
+        self._deadline_s, self._encoded = deadline_s, encoded
         # Reentrant: a finalizer's release() may run in a thread that holds it.
         self._lock = threading.RLock()
         self._workers: list[_Worker | None] = [None] * workers
         self._queue: deque[_Task] = deque()
+        self._watchdog: threading.Thread | None = None
+        self._released = threading.Event()
 
     def submit(self, plan: Plan, work: Work) -> Pending[Any]:
         return self._enqueue(_Request(plan, work))
@@ -250,6 +281,10 @@ class ProcessExecutor(Executor[B]):
             workers = [worker for worker in self._workers if worker is not None]
             self._workers = [None] * self._slots
             queued, self._queue = self._queue, deque()
+            watchdog, self._watchdog = self._watchdog, None
+            self._released.set()
+        if watchdog is not None:
+            watchdog.join()
         for task in queued:
             task.future.cancel()
         for worker in workers:
@@ -265,9 +300,38 @@ class ProcessExecutor(Executor[B]):
             for slot, worker in enumerate(self._workers):
                 if worker is None:
                     self._workers[slot] = self._start(slot)
+            if self._deadline_s is not None and self._watchdog is None:
+                self._released.clear()
+                self._watchdog = threading.Thread(
+                    target=self._watch,
+                    args=(self._deadline_s,),
+                    name="loadax-deadline",
+                    daemon=True,
+                )
+                self._watchdog.start()
             self._queue.append(task)
             self._dispatch()
         return FuturePending(task.future)
+
+    def _watch(self, deadline_s: float) -> None:
+        """Kill each process that has been loading one item for longer than `deadline_s`."""
+        while not self._released.wait(min(deadline_s / 4, 0.25)):
+            now = time.monotonic()
+            with self._lock:
+                overdue = [
+                    worker
+                    for worker in self._workers
+                    if worker is not None
+                    and worker.task is not None
+                    and worker.stopped_for is None
+                    and now - worker.task.started > deadline_s
+                ]
+                for worker in overdue:
+                    worker.stopped_for = (
+                        f"ran longer than its deadline of {deadline_s:g} s and was stopped"
+                    )
+            for worker in overdue:
+                worker.process.kill()  # its collector fails the item and replaces it
 
     def _start(self, slot: int) -> _Worker:
         context = _context()
@@ -296,6 +360,7 @@ class ProcessExecutor(Executor[B]):
                 task = self._queue.popleft()
                 if task.future.set_running_or_notify_cancel():
                     worker.task = task
+                    task.started = time.monotonic()
                     with contextlib.suppress(OSError):  # it died: its collector fails the task
                         worker.connection.send(task.request)
                     break
@@ -330,6 +395,7 @@ class ProcessExecutor(Executor[B]):
         payload = worker.copy_out(detail) if kind == "done" else None
         with self._lock:
             task, worker.task = worker.task, None
+            worker.loaded += 1
             self._dispatch()
         if task is None:
             return f"sent {kind!r} while loading nothing"
@@ -337,7 +403,7 @@ class ProcessExecutor(Executor[B]):
             task.future.set_exception(detail.rebuild(f"{worker}, loading {task.request}"))
             return None
         try:
-            task.future.set_result(decode(payload))
+            task.future.set_result(payload if self._encoded else decode(payload))
         except CodecError as error:
             task.future.set_exception(error)
         return None
@@ -349,19 +415,27 @@ class ProcessExecutor(Executor[B]):
         worker.process.join()
         worker.drop_segment()
         worker.connection.close()
+        why = failure or worker.stopped_for or _exit_reason(worker.process.exitcode)
+        reason = f"{worker} {why}"
         with self._lock:
             released = self._workers[worker.slot] is not worker
             if not released:
                 self._workers[worker.slot] = None
             loading, worker.task = worker.task, None
             orphans: list[_Task] = []
-            if not released and all(slot is None for slot in self._workers):
+            proven = worker.loaded or worker.stopped_for is not None
+            if not released and self._queue and proven and failure is None:
+                # It worked before: what killed it was the item it loaded; the queue goes on.
+                self._workers[worker.slot] = self._start(worker.slot)
+                self._dispatch()
+            elif not released and all(slot is None for slot in self._workers):
                 orphans, self._queue = list(self._queue), deque()
-        reason = f"{worker} {failure or _exit_reason(worker.process.exitcode)}"
         if loading is not None:
             loading.future.set_exception(
                 CancelledError()  # the source was released: nobody waits for it
                 if released
+                else WorkerProcessLost(loading.request.work, reason)
+                if failure is None
                 else WorkerProcessError(f"{loading.request} was not loaded: {reason}")
             )
         for task in orphans:

@@ -90,8 +90,8 @@ class _ChunkedBatch(Generic[B]):
             pool.submit(self._read_chunk, position, *chunk) for position, chunk in enumerate(chunks)
         ]
 
-    def result(self) -> B:
-        return self._batch.result()
+    def result(self, timeout: float | None = None) -> B:
+        return self._batch.result(timeout)
 
     def cancel(self) -> None:
         for task in self._chunk_tasks:

@@ -8,8 +8,9 @@ message, the worker's traceback) under the status RECORD_FAILED, so that the cli
 from __future__ import annotations
 
 import traceback
+from collections.abc import Sequence
 
-from loadax.errors import RecordError, RemoteCause, WorkerError
+from loadax.errors import PoisonedRecords, RecordError, RemoteCause, WorkerError, listed
 from loadax.wire.v1 import worker_pb2 as wire
 
 RECORD_FAILED = "ABORTED"
@@ -79,18 +80,76 @@ class RecordFailed(WorkerError):
         return error
 
 
+class PoisonFailed(WorkerError):
+    """A worker's answer that loading the work killed its process or ran past its deadline: the
+    worker itself is fine and keeps serving. The client asks another worker (at most
+    `poison_retries` more), then raises `PoisonedRecords` (`rebuild`).
+
+    >>> from loadax.wire.failures import PoisonFailed
+    >>> failed = PoisonFailed.of("the batch of step 3", [0, 1], [17, 4], [0, 0], "exited (3)")
+    >>> failed.code, failed.message
+    ('ABORTED', 'the batch of step 3 (records [17, 4]) was not loaded: exited (3)')
+    >>> type(failed.rebuild(["grpc://a:1", "grpc://b:1"])).__name__
+    'PoisonedRecords'
+    """
+
+    def __init__(self, poisoned: wire.PoisonedWork) -> None:
+        super().__init__(
+            RECORD_FAILED,
+            f"{poisoned.work} (records {listed(poisoned.indices, 8)}) was not loaded: "
+            f"{poisoned.reason}",
+        )
+        self.poisoned = poisoned
+
+    @classmethod
+    def of(
+        cls,
+        work: str,
+        rows: Sequence[int],
+        indices: Sequence[int],
+        epochs: Sequence[int],
+        reason: str,
+    ) -> PoisonFailed:
+        return cls(
+            wire.PoisonedWork(
+                work=work,
+                rows=[int(row) for row in rows],
+                indices=[int(index) for index in indices],
+                epochs=[int(epoch) for epoch in epochs],
+                reason=shorten(reason, MAX_CAUSE_CHARS),
+            )
+        )
+
+    def rebuild(self, workers: Sequence[str]) -> PoisonedRecords:
+        """The error the training loop gets once `workers` have each failed the work so."""
+        poisoned = self.poisoned
+        return PoisonedRecords(
+            poisoned.work,
+            list(poisoned.rows),
+            list(poisoned.indices),
+            list(poisoned.epochs),
+            poisoned.reason,
+            workers,
+        )
+
+
 def error_reply(error: WorkerError) -> wire.ErrorReply:
     """The `ErrorReply` that tells a client about `error`."""
     reply = wire.ErrorReply(code=error.code, message=error.message)
     if isinstance(error, RecordFailed):
         reply.record.CopyFrom(error.record)
+    elif isinstance(error, PoisonFailed):
+        reply.poisoned.CopyFrom(error.poisoned)
     return reply
 
 
 def error_from_reply(reply: wire.ErrorReply) -> WorkerError:
-    """The error an `ErrorReply` tells of: a `RecordFailed` when it names a record."""
+    """The error an `ErrorReply` tells of: a `RecordFailed` when it names a record, a
+    `PoisonFailed` when it names poisoned work."""
     if reply.HasField("record"):
         return RecordFailed(reply.record)
+    if reply.HasField("poisoned"):
+        return PoisonFailed(reply.poisoned)
     return WorkerError(reply.code or "UNKNOWN", reply.message)
 
 

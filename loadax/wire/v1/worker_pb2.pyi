@@ -127,22 +127,42 @@ class PipelineInfo(_message.Message):
     def __init__(self, name: _Optional[str] = ..., fingerprint: _Optional[str] = ..., num_records: _Optional[int] = ..., stream_window: _Optional[int] = ...) -> None: ...
 
 class InfoResponse(_message.Message):
-    __slots__ = ("library_version", "pipelines")
+    __slots__ = ("library_version", "pipelines", "status", "status_reason")
     LIBRARY_VERSION_FIELD_NUMBER: _ClassVar[int]
     PIPELINES_FIELD_NUMBER: _ClassVar[int]
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    STATUS_REASON_FIELD_NUMBER: _ClassVar[int]
     library_version: str
     pipelines: _containers.RepeatedCompositeFieldContainer[PipelineInfo]
-    def __init__(self, library_version: _Optional[str] = ..., pipelines: _Optional[_Iterable[_Union[PipelineInfo, _Mapping]]] = ...) -> None: ...
+    status: str
+    status_reason: str
+    def __init__(self, library_version: _Optional[str] = ..., pipelines: _Optional[_Iterable[_Union[PipelineInfo, _Mapping]]] = ..., status: _Optional[str] = ..., status_reason: _Optional[str] = ...) -> None: ...
 
 class ErrorReply(_message.Message):
-    __slots__ = ("code", "message", "record")
+    __slots__ = ("code", "message", "record", "poisoned")
     CODE_FIELD_NUMBER: _ClassVar[int]
     MESSAGE_FIELD_NUMBER: _ClassVar[int]
     RECORD_FIELD_NUMBER: _ClassVar[int]
+    POISONED_FIELD_NUMBER: _ClassVar[int]
     code: str
     message: str
     record: RecordFailure
-    def __init__(self, code: _Optional[str] = ..., message: _Optional[str] = ..., record: _Optional[_Union[RecordFailure, _Mapping]] = ...) -> None: ...
+    poisoned: PoisonedWork
+    def __init__(self, code: _Optional[str] = ..., message: _Optional[str] = ..., record: _Optional[_Union[RecordFailure, _Mapping]] = ..., poisoned: _Optional[_Union[PoisonedWork, _Mapping]] = ...) -> None: ...
+
+class PoisonedWork(_message.Message):
+    __slots__ = ("work", "rows", "indices", "epochs", "reason")
+    WORK_FIELD_NUMBER: _ClassVar[int]
+    ROWS_FIELD_NUMBER: _ClassVar[int]
+    INDICES_FIELD_NUMBER: _ClassVar[int]
+    EPOCHS_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    work: str
+    rows: _containers.RepeatedScalarFieldContainer[int]
+    indices: _containers.RepeatedScalarFieldContainer[int]
+    epochs: _containers.RepeatedScalarFieldContainer[int]
+    reason: str
+    def __init__(self, work: _Optional[str] = ..., rows: _Optional[_Iterable[int]] = ..., indices: _Optional[_Iterable[int]] = ..., epochs: _Optional[_Iterable[int]] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class RecordFailure(_message.Message):
     __slots__ = ("index", "epoch", "cause_type", "cause_message", "traceback")
