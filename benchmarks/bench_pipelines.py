@@ -65,3 +65,18 @@ def r2(records: int, cost_ms: int) -> loadax.Pipeline[Any, Any]:
     """R2: `records` records of 1 KiB, each costing a sleep of `cost_ms` milliseconds."""
     dataset = loadax.RangeDataset(0, records).map(functools.partial(r2_record, cost_ms / 1000))
     return loadax.Pipeline(dataset, loadax.Batcher())
+
+
+def gil_record(loops: int, index: int) -> npt.NDArray[np.int64]:
+    """Record `index` of the GIL-bound pipeline: `loops` steps of pure-Python arithmetic, which
+    holds the GIL throughout (as a Python decoder or tokenizer does), summed into 8 numbers."""
+    total = index
+    for step in range(loops):
+        total = (total * 31 + step) % 1_000_003
+    return np.full(8, total, dtype=np.int64)
+
+
+def gil_bound(records: int, loops: int) -> loadax.Pipeline[Any, Any]:
+    """`records` records, each `loops` steps of pure-Python work (see `gil_record`)."""
+    dataset = loadax.RangeDataset(0, records).map(functools.partial(gil_record, loops))
+    return loadax.Pipeline(dataset, loadax.Batcher())
