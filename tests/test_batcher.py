@@ -162,8 +162,8 @@ def test_non_callable_fn_raises_value_error_naming_it(fn: Any) -> None:
 
 
 def test_repr_names_the_function() -> None:
-    assert repr(Batcher()) == "Batcher('stack')"
-    assert repr(Batcher(sorted)) == "Batcher('sorted')"
+    assert repr(Batcher()) == "Batcher()"
+    assert repr(Batcher(sorted)) == "Batcher(sorted)"
 
 
 def test_a_shared_stack_equals_stack_and_steps_aside_when_parts_differ() -> None:

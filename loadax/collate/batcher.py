@@ -11,6 +11,8 @@ import jax
 import numpy as np
 from typing_extensions import TypeVar
 
+from loadax.dataset.names import callable_name
+
 T = TypeVar("T", default=Any)
 B = TypeVar("B", default=Any)
 
@@ -84,6 +86,8 @@ class Batcher(Generic[T, B]):
     [1, 2, 3]
     >>> Batcher(sum)([1, 2, 3])
     6
+    >>> Batcher(), Batcher(sum)
+    (Batcher(), Batcher(sum))
     """
 
     @overload
@@ -104,7 +108,7 @@ class Batcher(Generic[T, B]):
         return self._fn(records)
 
     def __repr__(self) -> str:
-        return f"Batcher({getattr(self._fn, '__qualname__', self._fn)!r})"
+        return "Batcher()" if self.stacks else f"Batcher({callable_name(self._fn)})"
 
 
 class SharedStack:

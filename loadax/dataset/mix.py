@@ -17,6 +17,7 @@ import numpy as np
 import numpy.typing as npt
 from typing_extensions import TypeVar
 
+from loadax.dataset.names import dataset_repr
 from loadax.dataset.ops import ConcatenatedDataset, DatasetBase
 from loadax.dataset.protocol import Dataset, dataset_lengths
 from loadax.plan.permutation import IndexArray, KeyPurpose, derive_key, permute
@@ -79,6 +80,9 @@ class MixedDataset(DatasetBase[T]):
     ((2, 1), 3, 9)
     >>> "".join(mixed)  # each window of 3 holds two "a" and one "b"
     'ababaaaab'
+    >>> from loadax import RangeDataset
+    >>> MixedDataset([RangeDataset(0, 6), RangeDataset(10, 13)], weights=[0.6, 0.3])
+    MixedDataset([RangeDataset(0, 6), RangeDataset(10, 13)], weights=[2, 1], seed=0, window=3)
     """
 
     def __init__(
@@ -126,6 +130,17 @@ class MixedDataset(DatasetBase[T]):
 
     def __len__(self) -> int:
         return self._windows * self._window
+
+    def __repr__(self) -> str:
+        # A window's counts as weights, with the window, give exactly this mixture.
+        datasets = ", ".join(map(dataset_repr, self._datasets))
+        return (
+            f"MixedDataset([{datasets}], weights={list(self.counts)}, seed={self._seed}, "
+            f"window={self._window})"
+        )
+
+    def _parents(self) -> tuple[Dataset[Any], ...]:
+        return self._datasets
 
     def read(self, indices: IndexArray, epoch: int) -> list[T]:
         if len(indices) == 0:

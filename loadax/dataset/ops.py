@@ -9,12 +9,13 @@ from __future__ import annotations
 import abc
 import operator
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import Any, cast
+from typing import Any, ClassVar, cast
 
 import numpy as np
 import numpy.typing as npt
 from typing_extensions import TypeVar
 
+from loadax.dataset.names import callable_name, dataset_repr
 from loadax.dataset.packing import PackedRow
 from loadax.dataset.protocol import Dataset, ReadsRows, dataset_length, dataset_lengths, reads_rows
 from loadax.dataset.stream import Stream
@@ -55,7 +56,12 @@ class DatasetBase(Dataset[T], abc.ABC):
     >>> squares = Squares()
     >>> squares[-1], list(squares.map(str).slice(1, 3))
     (16, ['1', '4'])
+    >>> squares.map(str).slice(1, 3)
+    Squares(<5 records>).map(str).slice(1, 3)
     """
+
+    keyed_by_epoch: ClassVar[bool] = False
+    """True for the ops whose records depend on the epoch itself (shuffles, random maps)."""
 
     @abc.abstractmethod
     def __len__(self) -> int: ...
@@ -72,6 +78,14 @@ class DatasetBase(Dataset[T], abc.ABC):
 
     def __iter__(self) -> Iterator[T]:
         return (self[index] for index in range(len(self)))
+
+    def __repr__(self) -> str:
+        """How the dataset was written: its source, then each op as a method call."""
+        return f"{type(self).__name__}(<{len(self)} records>)"
+
+    def _parents(self) -> tuple[Dataset[Any], ...]:
+        """The datasets this one reads its records from (none for a source)."""
+        return ()
 
     def map(self, fn: Callable[[T], U]) -> MappedDataset[U]:
         """Apply `fn` to every record, lazily.
@@ -178,6 +192,30 @@ class DatasetBase(Dataset[T], abc.ABC):
         return position
 
 
+def varies_by_epoch(dataset: object) -> bool:
+    """True when `dataset` reads other records in one epoch than in another: a shuffle or a
+    random map somewhere in it (a dataset loadax does not know is taken not to).
+
+    >>> from loadax import RangeDataset
+    >>> from loadax.dataset.ops import varies_by_epoch
+    >>> varies_by_epoch(RangeDataset(0, 4).map(str)), varies_by_epoch(RangeDataset(0, 4).shuffle())
+    (False, True)
+    """
+    if isinstance(dataset, Stream):
+        return varies_by_epoch(dataset.dataset)
+    if not isinstance(dataset, DatasetBase):
+        return False
+    return dataset.keyed_by_epoch or any(varies_by_epoch(parent) for parent in dataset._parents())
+
+
+def _op(parent: Dataset[Any], method: str, constructor: str, arguments: str) -> str:
+    """The op as it is written: `parent.method(arguments)` when the parent is one of loadax's
+    datasets, which chain; else `constructor(parent, arguments)`."""
+    if isinstance(parent, DatasetBase):
+        return f"{parent!r}.{method}({arguments})"
+    return f"{constructor}({dataset_repr(parent)}, {arguments})"
+
+
 def _seed(seed: int | None) -> int:
     # None is the fixed default seed 0, not fresh entropy: a pipeline must be reproducible.
     return 0 if seed is None else require_int("seed", seed, minimum=0)
@@ -202,6 +240,12 @@ class MappedDataset(DatasetBase[U]):
     def read(self, indices: IndexArray, epoch: int) -> list[U]:
         return [self._fn(record) for record in read_records(self._dataset, indices, epoch)]
 
+    def __repr__(self) -> str:
+        return _op(self._dataset, "map", "MappedDataset", callable_name(self._fn))
+
+    def _parents(self) -> tuple[Dataset[Any], ...]:
+        return (self._dataset,)
+
 
 class RandomMappedDataset(DatasetBase[U]):
     """`fn(record, rng)` applied lazily; `rng` depends only on (seed, epoch, record index).
@@ -212,6 +256,8 @@ class RandomMappedDataset(DatasetBase[U]):
     >>> tagged.read(np.arange(3), epoch=0), tagged.read(np.arange(3), epoch=1)
     (['a8', 'b6', 'c0'], ['a2', 'b6', 'c7'])
     """
+
+    keyed_by_epoch = True
 
     def __init__(
         self,
@@ -234,6 +280,13 @@ class RandomMappedDataset(DatasetBase[U]):
             for record, index in zip(records, indices.tolist(), strict=True)
         ]
 
+    def __repr__(self) -> str:
+        arguments = f"{callable_name(self._fn)}, seed={self._seed}"
+        return _op(self._dataset, "random_map", "RandomMappedDataset", arguments)
+
+    def _parents(self) -> tuple[Dataset[Any], ...]:
+        return (self._dataset,)
+
 
 class ShuffledDataset(DatasetBase[T]):
     """`dataset` in a keyed random order, reshuffled in every epoch; no O(n) table.
@@ -244,6 +297,8 @@ class ShuffledDataset(DatasetBase[T]):
     >>> shuffled.read(np.arange(4), epoch=0), shuffled.read(np.arange(4), epoch=1)
     (['c', 'd', 'b', 'a'], ['b', 'c', 'a', 'd'])
     """
+
+    keyed_by_epoch = True
 
     def __init__(self, dataset: Dataset[T], seed: int | None = None) -> None:
         self._dataset, self._length, self._seed = dataset, dataset_length(dataset), _seed(seed)
@@ -264,6 +319,12 @@ class ShuffledDataset(DatasetBase[T]):
     def _parent(self, indices: IndexArray, epoch: int) -> IndexArray:
         key = derive_key(KeyPurpose.DATASET_SHUFFLE, self._seed, epoch)
         return permute(indices, self._length, key)
+
+    def __repr__(self) -> str:
+        return _op(self._dataset, "shuffle", "ShuffledDataset", f"seed={self._seed}")
+
+    def _parents(self) -> tuple[Dataset[Any], ...]:
+        return (self._dataset,)
 
 
 def _optional_int(name: str, value: int | None) -> int | None:
@@ -310,6 +371,16 @@ class SlicedDataset(DatasetBase[T]):
         parent = self._range.start + indices * self._range.step
         return parent.astype(np.int64, copy=False)
 
+    def __repr__(self) -> str:
+        # The bounds resolved against the parent's length; a stop before 0 is "to the start".
+        bounds = self._range
+        stop = None if bounds.stop < 0 else bounds.stop
+        arguments = f"{bounds.start}, {stop}" + ("" if bounds.step == 1 else f", {bounds.step}")
+        return _op(self._dataset, "slice", "SlicedDataset", arguments)
+
+    def _parents(self) -> tuple[Dataset[Any], ...]:
+        return (self._dataset,)
+
 
 class ConcatenatedDataset(DatasetBase[T]):
     """The records of each of `datasets` in turn; each dataset is read once per batched read.
@@ -336,6 +407,15 @@ class ConcatenatedDataset(DatasetBase[T]):
             owners, lambda owner, chosen: read_records(self._datasets[owner], local[chosen], epoch)
         )
 
+    def __repr__(self) -> str:
+        first, *others = self._datasets
+        if isinstance(first, DatasetBase) and others:
+            return f"{first!r}.concatenate({', '.join(map(dataset_repr, others))})"
+        return f"ConcatenatedDataset([{', '.join(map(dataset_repr, self._datasets))}])"
+
+    def _parents(self) -> tuple[Dataset[Any], ...]:
+        return self._datasets
+
 
 class RepeatedDataset(DatasetBase[T]):
     """`dataset` `count` times over; pass p of epoch e reads `dataset` as epoch e * count + p.
@@ -360,6 +440,12 @@ class RepeatedDataset(DatasetBase[T]):
                 self._dataset, local[chosen], epoch * self._count + repeat
             ),
         )
+
+    def __repr__(self) -> str:
+        return _op(self._dataset, "repeat", "RepeatedDataset", str(self._count))
+
+    def _parents(self) -> tuple[Dataset[Any], ...]:
+        return (self._dataset,)
 
 
 def _read_grouped(groups: IndexArray, read: Callable[[int, IndexArray], list[T]]) -> list[T]:

@@ -18,6 +18,7 @@ from typing import Any, Generic
 import numpy as np
 from typing_extensions import TypeVar
 
+from loadax.dataset.names import callable_name, dataset_repr, from_loadax
 from loadax.dataset.packing import FirstFitPacker, PackedRow
 from loadax.dataset.protocol import Dataset, require_dataset
 from loadax.errors import RecordError
@@ -43,6 +44,8 @@ class Stream(Generic[T]):
     >>> stream = Stream(["a", "bb", "ccc", "dddd"]).map(len).filter(lambda n: n > 1)
     >>> [batch.tolist() for batch in DataLoader(Batcher()).batch_size(2).build(stream)]
     [[2, 3], [4]]
+    >>> stream
+    Stream(['a', 'bb', 'ccc', 'dddd']).map(len).filter(<lambda>)
     """
 
     def __init__(
@@ -81,8 +84,14 @@ class Stream(Generic[T]):
         return items
 
     def __repr__(self) -> str:
-        ops = ", ".join(repr(op) for op in self.ops)
-        return f"Stream({type(self.dataset).__name__}, window={self.window}, ops=[{ops}])"
+        ops = "".join(f".{op!r}" for op in self.ops)
+        window = "" if self.window == DEFAULT_WINDOW else f", window={self.window}"
+        dataset = dataset_repr(self.dataset)
+        # loadax's `dataset.filter(...)` and `.pack(...)` start a stream of the default window.
+        chains = from_loadax(self.dataset) and hasattr(self.dataset, "filter")
+        if chains and not window and self.ops and not isinstance(self.ops[0], StreamMap):
+            return f"{dataset}{ops}"
+        return f"Stream({dataset}{window}){ops}"
 
     def _then(self, op: Callable[[list[Any], Origins], tuple[list[Any], Origins]]) -> Stream[Any]:
         return Stream(self.dataset, window=self.window, ops=(*self.ops, op))
@@ -92,10 +101,6 @@ def _callable(name: str, fn: Any) -> Any:
     if not callable(fn):
         raise ValueError(f"{name} must be callable, got {fn!r}")
     return fn
-
-
-def _name(fn: Any) -> str:
-    return str(getattr(fn, "__qualname__", fn))
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -113,7 +118,7 @@ class Filter:
                     position,
                     origins,
                     TypeError(
-                        f"filter predicate {_name(self.predicate)} returned {verdict!r}; "
+                        f"filter predicate {callable_name(self.predicate)} returned {verdict!r}; "
                         "it must return a bool"
                     ),
                     "filtering",
@@ -125,7 +130,7 @@ class Filter:
         return kept, None if origins is None else kept_origins
 
     def __repr__(self) -> str:
-        return f"filter({_name(self.predicate)})"
+        return f"filter({callable_name(self.predicate)})"
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -142,7 +147,7 @@ class StreamMap:
         return mapped, origins
 
     def __repr__(self) -> str:
-        return f"map({_name(self.fn)})"
+        return f"map({callable_name(self.fn)})"
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -157,7 +162,9 @@ class Pack:
 
     def __repr__(self) -> str:
         packer = self.packer
-        return f"pack({packer.length}, pad_value={packer.pad_value}, truncate={packer.truncate})"
+        options = "" if packer.pad_value == 0 else f", pad_value={packer.pad_value!r}"
+        options += ", truncate=True" if packer.truncate else ""
+        return f"pack({packer.length}{options})"
 
 
 def _each(fn: Callable[[Any], Any], item: Any, position: int, origins: Origins, what: str) -> Any:

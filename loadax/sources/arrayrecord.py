@@ -13,6 +13,7 @@ import numpy as np
 from array_record.python.array_record_module import ArrayRecordReader
 from typing_extensions import TypeVar
 
+from loadax.dataset.names import callable_name
 from loadax.dataset.ops import DatasetBase
 from loadax.plan.permutation import IndexArray
 from loadax.sources.handles import HandlePool
@@ -107,7 +108,8 @@ class ArrayRecordDataset(DatasetBase[T]):
 
     def __repr__(self) -> str:
         shown = [str(path) for path in self._paths]
-        return f"ArrayRecordDataset({shown!r}, decode={self._decode!r})"
+        decode = "" if self._decode is None else f", decode={callable_name(self._decode)}"
+        return f"ArrayRecordDataset({shown!r}{decode})"
 
     def __reduce__(self) -> tuple[Any, ...]:
         # Pickled by path (for worker processes): unpickling opens the files again.

@@ -8,6 +8,7 @@ import numpy as np
 import numpy.typing as npt
 from typing_extensions import TypeVar
 
+from loadax.dataset.names import short_repr
 from loadax.dataset.ops import DatasetBase, read_records
 from loadax.dataset.protocol import Dataset, dataset_length
 from loadax.plan.permutation import IndexArray
@@ -46,6 +47,9 @@ class InMemoryDataset(DatasetBase[T]):
             raise TypeError(f"{type(self._items).__name__} records are not the rows of an array")
         return self._items[indices]
 
+    def __repr__(self) -> str:
+        return f"InMemoryDataset({short_repr(self._items)})"
+
 
 class RangeDataset(DatasetBase[int]):
     """The ints of `range(start, stop, step)`; O(1) memory for any length.
@@ -83,4 +87,6 @@ class RangeDataset(DatasetBase[int]):
         return self._range.start + indices * self._range.step
 
     def __repr__(self) -> str:
-        return f"RangeDataset({self._range.start}, {self._range.stop}, {self._range.step})"
+        bounds = self._range
+        step = "" if bounds.step == 1 else f", {bounds.step}"
+        return f"RangeDataset({bounds.start}, {bounds.stop}{step})"

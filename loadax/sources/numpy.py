@@ -56,7 +56,7 @@ class NumpyDataset(DatasetBase[Any]):
         return self._path
 
     def __repr__(self) -> str:
-        return f"NumpyDataset({str(self._path)!r}, mmap={self._mmap})"
+        return f"NumpyDataset({str(self._path)!r}{'' if self._mmap else ', mmap=False'})"
 
     def __reduce__(self) -> tuple[Any, ...]:
         # Pickled by path (for worker processes): unpickling maps the file again, never a copy.
