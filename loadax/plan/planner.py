@@ -95,6 +95,39 @@ class Plan:
         """
         return self._check_step(step) // self.steps_per_epoch
 
+    def epoch_steps(self, epoch: int) -> range:
+        """The steps of `epoch`: its batches, the short last one included unless
+        `drop_remainder`. Defined for every epoch, also past `num_epochs` (see `extended_to`).
+
+        >>> from loadax import Plan
+        >>> plan = Plan(10, 4, num_epochs=2)
+        >>> plan.epoch_steps(0), plan.epoch_steps(1), plan.epoch_steps(5)
+        (range(0, 3), range(3, 6), range(15, 18))
+        """
+        epoch = require_int("epoch", epoch, minimum=0)
+        return range(epoch * self.steps_per_epoch, (epoch + 1) * self.steps_per_epoch)
+
+    def extended_to(self, epoch: int) -> Plan:
+        """This plan if it runs `epoch`; else the same plan without an end (`num_epochs=None`).
+
+        A step's records depend on everything but `num_epochs`, which only says where the plan
+        ends: both plans give every step they share the same records.
+
+        >>> from loadax import Plan
+        >>> plan = Plan(10, 4, seed=1, shuffle=True, num_epochs=2)
+        >>> plan.extended_to(1) is plan, plan.extended_to(2).num_epochs
+        (True, None)
+        >>> three = Plan(10, 4, seed=1, shuffle=True, num_epochs=3)
+        >>> [three.indices(step).tolist() for step in (3, 6)]
+        [[0, 6, 9, 8], [7, 1, 9, 0]]
+        >>> [plan.extended_to(2).indices(step).tolist() for step in (3, 6)]
+        [[0, 6, 9, 8], [7, 1, 9, 0]]
+        """
+        epoch = require_int("epoch", epoch, minimum=0)
+        if self.num_epochs is None or epoch < self.num_epochs:
+            return self
+        return dataclasses.replace(self, num_epochs=None)
+
     def batch_length(self, step: int) -> int:
         """How many records the batch of `step` has (short only at the end of an epoch).
 
