@@ -11,6 +11,8 @@ from jax.sharding import Mesh
 from typing_extensions import TypeVar
 
 from loadax.collate.batcher import Batcher
+from loadax.dataset.names import dataset_repr
+from loadax.dataset.ops import varies_by_epoch
 from loadax.dataset.protocol import Dataset
 from loadax.dataset.stream import Stream
 from loadax.delivery.device import DeviceIterator
@@ -23,6 +25,8 @@ from loadax.execution.processes import ProcessExecutor
 from loadax.execution.threads import ThreadExecutor
 from loadax.iterators.base import LoaderIterator
 from loadax.iterators.batches import BatchIterator
+from loadax.iterators.passes import Passes
+from loadax.iterators.stats import LoaderStatsLike, StatsRecorder
 from loadax.iterators.streams import StreamIterator
 from loadax.plan.planner import Plan
 from loadax.validation import require_bool, require_int
@@ -85,6 +89,29 @@ class LoaderOptions:
 
     def sharding_strategy(self) -> ShardingStrategy:
         return ShardingStrategy(self.mesh, self.data_axis)
+
+    def calls(self) -> str:
+        """The builder calls that set these options, those left at their defaults left out."""
+        calls = []
+        if self.batch_size is not None:
+            calls.append(f"batch_size({self.batch_size})")
+        if self.shuffle:
+            calls.append(f"shuffle(seed={self.seed})")
+        if self.num_epochs != 1:
+            calls.append(f"num_epochs({self.num_epochs})")
+        if self.drop_remainder:
+            calls.append("drop_remainder()")
+        if self.worker_kind != "threads":
+            calls.append(f"workers({self.workers}, kind={self.worker_kind!r})")
+        elif self.workers != DEFAULT_WORKERS:
+            calls.append(f"workers({self.workers})")
+        if self.prefetch is not None:
+            calls.append(f"prefetch({self.prefetch})")
+        if self.mesh is not None:
+            calls.append(f"shard(<mesh {dict(self.mesh.shape)}>, {self.data_axis!r})")
+        if self.device_prefetch is not None:
+            calls.append(f"device_prefetch({self.device_prefetch})")
+        return "".join(f".{call}" for call in calls)
 
     def plan(self, num_records: int) -> Plan:
         if self.batch_size is None:
@@ -178,6 +205,13 @@ class LoaderBuilder:
         """
         return self._with(device_prefetch=depth)
 
+    def __repr__(self) -> str:
+        return f"{self._repr_head()}{self._options.calls()}"
+
+    def _repr_head(self) -> str:
+        """How the builder was made, before its option calls."""
+        return f"{type(self).__name__}()"
+
     def _with(self, **changes: Any) -> Self:
         copy = copy_module.copy(self)
         copy._options = dataclasses.replace(self._options, **changes)
@@ -195,6 +229,8 @@ class DataLoader(LoaderBuilder, Generic[T, B]):
     [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]
     >>> [batch.tolist() for batch in batches.drop_remainder().build(RangeDataset(0, 10))]
     [[0, 1, 2, 3], [4, 5, 6, 7]]
+    >>> batches.workers(4)
+    DataLoader(Batcher()).batch_size(4).workers(4)
     """
 
     def __init__(self, batcher: Batcher[T, B], options: LoaderOptions | None = None) -> None:
@@ -202,6 +238,9 @@ class DataLoader(LoaderBuilder, Generic[T, B]):
             raise ValueError(f"batcher must be a loadax.Batcher, got {type(batcher).__name__}")
         super().__init__(options)
         self._batcher = batcher
+
+    def _repr_head(self) -> str:
+        return f"DataLoader({self._batcher!r})"
 
     def workers(self, count: int, kind: WorkerKind = "threads") -> Self:
         """Threads (or processes) that load batches; 0 loads in the calling thread. Default 1.
@@ -266,13 +305,16 @@ class DataLoader(LoaderBuilder, Generic[T, B]):
             prefetch=prefetch,
             pipeline=pipeline,
             stream_window=None if stream is None else stream.window,
+            description=f"{self!r}.build({dataset_repr(dataset)})",
         )
 
 
 class Loader(Generic[B]):
     """A stateless loader definition: every `iter()` starts a new iterator at step 0.
 
-    With `stream_window`, the batches are cut from the windows of a stream of that size.
+    `iter(loader)` yields the whole plan (every epoch of `num_epochs`); `loader.epoch(e)` yields
+    epoch `e` alone. With `stream_window`, the batches are cut from the windows of a stream of
+    that size. `stats` counts what the loop got and waited for, over all the loader's iterators.
 
     >>> from loadax import Batcher, DataLoader, RangeDataset
     >>> loader = DataLoader(Batcher()).batch_size(2).build(RangeDataset(0, 5))
@@ -281,6 +323,8 @@ class Loader(Generic[B]):
     >>> first, second = iter(loader), iter(loader)
     >>> next(first).tolist(), next(first).tolist(), next(second).tolist()
     ([0, 1], [2, 3], [0, 1])
+    >>> loader
+    DataLoader(Batcher()).batch_size(2).build(RangeDataset(0, 5))
     """
 
     def __init__(
@@ -292,6 +336,8 @@ class Loader(Generic[B]):
         prefetch: int,
         pipeline: Pipeline[Any, B] | None = None,
         stream_window: int | None = None,
+        stats: StatsRecorder | None = None,
+        description: str | None = None,
     ) -> None:
         self.plan, self.pipeline, self.stream_window = plan, pipeline, stream_window
         self.sharding_strategy = options.sharding_strategy()
@@ -303,12 +349,21 @@ class Loader(Generic[B]):
             )
         self._executor, self._prefetch = executor, prefetch
         self._device_prefetch = options.device_prefetch
+        self._options, self._description = options, description
+        self._recorder = StatsRecorder() if stats is None else stats
+        varies = plan.shuffle or (pipeline is not None and varies_by_epoch(pipeline.dataset))
+        self._passes = Passes(varies)
 
     def __iter__(self) -> LoaderIterator[B]:
         host_batches: LoaderIterator[B]
         if self.stream_window is None:
             host_batches = BatchIterator(
-                self._executor(), self.plan, self.sharding_strategy, prefetch=self._prefetch
+                self._executor(),
+                self.plan,
+                self.sharding_strategy,
+                prefetch=self._prefetch,
+                stats=self._recorder,
+                passes=self._passes,
             )
         else:
             host_batches = StreamIterator(
@@ -317,10 +372,68 @@ class Loader(Generic[B]):
                 self.sharding_strategy,
                 self.stream_window,
                 prefetch=self._prefetch,
+                stats=self._recorder,
+                passes=self._passes,
             )
-        if self._device_prefetch is None:
-            return host_batches
-        return DeviceIterator(host_batches, self.sharding_strategy, self._device_prefetch)
+        return self._delivered(host_batches)
+
+    def epoch(self, epoch: int) -> LoaderIterator[B]:
+        """An iterator of the batches of epoch `epoch` alone, in a new order for each epoch.
+
+        `for e in range(E): for batch in loader.epoch(e):` yields exactly the batches of the
+        same loader built with `.num_epochs(E)`, epoch after epoch: the same reshuffles and the
+        same short (or dropped) last batch of each epoch. Any epoch can be asked for, also past
+        `num_epochs`, which bounds `iter(loader)` only. Its steps are those of the whole plan
+        (epoch e starts at step `e * plan.steps_per_epoch`); its state names the epoch, and
+        restores into `loader.epoch(e)` of the same loader at the same position.
+
+        >>> from loadax import Batcher, DataLoader, RangeDataset
+        >>> builder = DataLoader(Batcher()).batch_size(2).shuffle(seed=0)
+        >>> loader = builder.build(RangeDataset(0, 5))
+        >>> [[batch.tolist() for batch in loader.epoch(e)] for e in range(2)]
+        [[[0, 4], [3, 2], [1]], [[1, 2], [4, 0], [3]]]
+        >>> [batch.tolist() for batch in builder.num_epochs(2).build(RangeDataset(0, 5))]
+        [[0, 4], [3, 2], [1], [1, 2], [4, 0], [3]]
+        >>> iterator = loader.epoch(1)
+        >>> _ = next(iterator)
+        >>> state = iterator.get_state()
+        >>> state["step"], state["epoch"]
+        (4, 1)
+        >>> resumed = loader.epoch(1)
+        >>> resumed.set_state(state)
+        >>> [batch.tolist() for batch in resumed]
+        [[4, 0], [3]]
+        """
+        epoch = require_int("epoch", epoch, minimum=0)
+        if self.stream_window is not None:
+            raise TypeError(
+                "a stream (filter, pack) has no epochs of its own: its windows read the plan's "
+                "epochs back to back, so a batch may span two. Iterate it with .num_epochs(E), "
+                "or .num_epochs(None) and a step count"
+            )
+        host_batches = BatchIterator(
+            self._executor(),
+            self.plan,
+            self.sharding_strategy,
+            prefetch=self._prefetch,
+            epoch=epoch,
+            stats=self._recorder,
+        )
+        return self._delivered(host_batches)
+
+    def stats(self) -> LoaderStatsLike:
+        """Batches, bytes and rates since the first request, over all the loader's iterators,
+        and the share of that time the training loop spent waiting in `next()` for data.
+
+        >>> from loadax import Batcher, DataLoader, RangeDataset
+        >>> loader = DataLoader(Batcher()).batch_size(4).build(RangeDataset(0, 10))
+        >>> loader.stats().batches, [len(batch) for batch in loader], loader.stats().batches
+        (0, [4, 4, 2], 3)
+        >>> stats = loader.stats()
+        >>> stats.bytes, stats.batches_per_second > 0, 0 <= stats.wait_fraction <= 1
+        (80, True, True)
+        """
+        return self._recorder.snapshot(())
 
     def __len__(self) -> int:
         """The number of batches an iterator yields."""
@@ -333,3 +446,13 @@ class Loader(Generic[B]):
         if steps is None:
             raise TypeError("a loader with num_epochs(None) repeats forever and has no length")
         return steps
+
+    def __repr__(self) -> str:
+        if self._description is not None:
+            return self._description
+        return f"<{type(self).__name__} of {self.plan.num_records} records{self._options.calls()}>"
+
+    def _delivered(self, host_batches: LoaderIterator[B]) -> LoaderIterator[B]:
+        if self._device_prefetch is None:
+            return host_batches
+        return DeviceIterator(host_batches, self.sharding_strategy, self._device_prefetch)

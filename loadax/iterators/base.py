@@ -8,6 +8,8 @@ from typing import Any
 
 from typing_extensions import TypeVar
 
+from loadax.state.checks import epoch_of
+
 B = TypeVar("B", default=Any)
 
 
@@ -69,6 +71,49 @@ class LoaderIterator(Iterator[B], abc.ABC):
         >>> next(iterator, "exhausted")
         'exhausted'
         """
+
+    @property
+    def step(self) -> int:
+        """The step of the batch `next()` yields next: how many batches of the whole plan come
+        before it (`get_state()["step"]`; a stream counts the batches it yielded).
+
+        So right after the n-th batch of a fresh `iter(loader)`, `step` is n; for
+        `loader.epoch(e)`, steps go on from `e * steps_per_epoch`, as in a plan of many epochs.
+
+        >>> from loadax import Batcher, DataLoader, RangeDataset
+        >>> loader = DataLoader(Batcher()).batch_size(2).build(RangeDataset(0, 6))
+        >>> iterator = iter(loader)
+        >>> [iterator.step for _ in iterator], iterator.step
+        ([1, 2, 3], 3)
+        >>> iterator = loader.epoch(2)
+        >>> iterator.step, [iterator.step for _ in iterator]
+        (6, [7, 8, 9])
+        """
+        return int(self.get_state()["step"])
+
+    @property
+    def epoch(self) -> int:
+        """The epoch of the batch `next()` yields next; for `loader.epoch(e)`'s iterator, `e`.
+
+        A plain iterator that has yielded the last batch of an epoch is in the next one (past
+        the plan's end once it is exhausted). A stream's batches may span epochs: its epoch is
+        that of the first record of the window its next batch starts in.
+
+        >>> from loadax import Batcher, DataLoader, RangeDataset
+        >>> loader = DataLoader(Batcher()).batch_size(2).num_epochs(2).build(RangeDataset(0, 4))
+        >>> iterator = iter(loader)
+        >>> iterator.epoch, next(iterator).tolist(), iterator.epoch, next(iterator).tolist()
+        (0, [0, 1], 0, [2, 3])
+        >>> iterator.epoch  # the last batch of epoch 0 is behind it
+        1
+        >>> iterator = loader.epoch(1)
+        >>> [iterator.epoch for _ in iterator]
+        [1, 1]
+        """
+        return epoch_of(self.get_state())
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} at step {self.step}, epoch {self.epoch}>"
 
     def __enter__(self) -> LoaderIterator[B]:
         return self

@@ -3,7 +3,8 @@
 `BatchIterator` keeps the executor's lookahead of steps (`prefetch`, or more for a remote
 executor that keeps every worker busy) in flight ahead of the training loop and yields them in
 plan order, so what comes out depends only on the plan. Its state is the next step and the plan:
-the same for every executor.
+the same for every executor. An iterator of one epoch (`Loader.epoch(e)`) yields that epoch's
+steps of the plan, and its state names the epoch too.
 """
 
 from __future__ import annotations
@@ -17,9 +18,11 @@ from typing_extensions import TypeVar
 from loadax.delivery.sharding import ShardingStrategy
 from loadax.execution.executor import Executor, Pending
 from loadax.iterators.base import LoaderIterator
+from loadax.iterators.passes import Passes
+from loadax.iterators.stats import StatsRecorder
 from loadax.plan.planner import Plan
 from loadax.plan.work import StepWork
-from loadax.state.checks import STATE_VERSION, checked_step
+from loadax.state.checks import STATE_VERSION, checked_epoch_step, checked_step
 
 B = TypeVar("B", default=Any)
 
@@ -27,7 +30,10 @@ B = TypeVar("B", default=Any)
 class BatchIterator(LoaderIterator[B]):
     """Yields this process's rows of the batches of `plan`, in plan order, from `executor`.
 
-    It is what iterating a local or remote loader gives (without device prefetch):
+    It is what iterating a local or remote loader gives (without device prefetch). With
+    `epoch`, it yields the steps of that epoch only (`plan.epoch_steps(epoch)`), past the
+    plan's `num_epochs` too. `stats` counts what the training loop got and waited for;
+    `passes` hears when the iterator has run through the whole plan from step 0, unrestored.
 
     >>> from loadax import BatchIterator, Batcher, DataLoader, RangeDataset
     >>> iterator = iter(DataLoader(Batcher()).batch_size(2).build(RangeDataset(0, 4)))
@@ -36,19 +42,79 @@ class BatchIterator(LoaderIterator[B]):
     """
 
     def __init__(
-        self, executor: Executor[B], plan: Plan, sharding: ShardingStrategy, *, prefetch: int
+        self,
+        executor: Executor[B],
+        plan: Plan,
+        sharding: ShardingStrategy,
+        *,
+        prefetch: int,
+        epoch: int | None = None,
+        stats: StatsRecorder | None = None,
+        passes: Passes | None = None,
     ) -> None:
         self._executor, self._plan, self._sharding = executor, plan, sharding
         self._prefetch = prefetch
-        self._next_step = 0  # the step the training loop gets next
-        self._next_submit = 0  # the first step not yet handed to the executor
+        self._epoch = epoch
+        if epoch is None:
+            self._work_plan, first, self._stop = plan, 0, plan.num_steps
+        else:
+            steps = plan.epoch_steps(epoch)
+            # The same records for every step: the loader's plan only ends sooner.
+            self._work_plan, first, self._stop = plan.extended_to(epoch), steps.start, steps.stop
+        self._next_step = first  # the step the training loop gets next
+        self._next_submit = first  # the first step not yet handed to the executor
         self._in_flight: deque[tuple[int, Pending[B]]] = deque()
         self._closed = False
+        self._counts = (StatsRecorder() if stats is None else stats).counts(self)
+        self._passes = passes if epoch is None else None  # None once it cannot make a pass
         # Garbage collection of an abandoned iterator releases the executor's threads too.
         self._finalizer = weakref.finalize(self, executor.release, False)
 
     def __next__(self) -> B:
+        counts = self._counts
+        started = counts.clock()  # the loop waits from here to the return
+        try:
+            batch = self._next_batch()
+        except BaseException:
+            counts.counted(started)
+            raise
+        counts.counted(started, batch)
+        return batch
+
+    @property
+    def step(self) -> int:
+        return self._next_step
+
+    @property
+    def epoch(self) -> int:
+        if self._epoch is not None:
+            return self._epoch
+        per_epoch = self._plan.steps_per_epoch
+        return self._next_step // per_epoch if per_epoch else 0
+
+    def get_state(self) -> dict[str, Any]:
+        state = {"version": STATE_VERSION, "step": self._next_step, "plan": self._plan.describe()}
+        if self._epoch is not None:
+            state["epoch"] = self._epoch
+        return state
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        if self._epoch is None:
+            self._next_step = checked_step(state, self._plan)
+        else:
+            self._next_step = checked_epoch_step(state, self._plan, self._epoch)
+        self._passes = None  # a resumed run is no full pass
+        self._cancel_in_flight()
+
+    def close(self) -> None:
+        self._closed = True
+        self._release(wait=True)
+
+    def _next_batch(self) -> B:
         if self._closed or self._is_finished(self._next_step):
+            if not self._closed and self._passes is not None:
+                passes, self._passes = self._passes, None
+                passes.finished(stacklevel=3)
             self._release(wait=False)
             raise StopIteration
         self._fill_window()
@@ -65,20 +131,8 @@ class BatchIterator(LoaderIterator[B]):
         self._next_step = step + 1
         return batch
 
-    def get_state(self) -> dict[str, Any]:
-        return {"version": STATE_VERSION, "step": self._next_step, "plan": self._plan.describe()}
-
-    def set_state(self, state: dict[str, Any]) -> None:
-        self._next_step = checked_step(state, self._plan)
-        self._cancel_in_flight()
-
-    def close(self) -> None:
-        self._closed = True
-        self._release(wait=True)
-
     def _is_finished(self, step: int) -> bool:
-        total = self._plan.num_steps
-        return total is not None and step >= total
+        return self._stop is not None and step >= self._stop
 
     def _fill_window(self) -> None:
         ahead = self._executor.lookahead(self._prefetch)
@@ -86,9 +140,9 @@ class BatchIterator(LoaderIterator[B]):
             self._submit_next()
 
     def _submit_next(self) -> None:
-        step = self._next_submit
-        rows = self._sharding.rows(self._plan.batch_length(step))
-        self._in_flight.append((step, self._executor.submit(self._plan, StepWork(step, rows))))
+        step, plan = self._next_submit, self._work_plan
+        rows = self._sharding.rows(plan.batch_length(step))
+        self._in_flight.append((step, self._executor.submit(plan, StepWork(step, rows))))
         self._next_submit = step + 1
 
     def _cancel_in_flight(self) -> None:

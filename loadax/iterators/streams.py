@@ -19,6 +19,8 @@ import numpy as np
 from loadax.delivery.sharding import ShardingStrategy
 from loadax.execution.executor import Executor, Pending
 from loadax.iterators.base import LoaderIterator
+from loadax.iterators.passes import Passes
+from loadax.iterators.stats import LoopCounts, StatsRecorder
 from loadax.plan.planner import Plan
 from loadax.plan.work import StreamWindow, shard_length
 from loadax.state.checks import STATE_VERSION, checked_step, require_same
@@ -39,13 +41,23 @@ class StreamIterator(LoaderIterator[Any]):
         window_size: int,
         *,
         prefetch: int,
+        stats: StatsRecorder | None = None,
+        passes: Passes | None = None,
     ) -> None:
         self._executor, self._plan, self._window_size = executor, plan, window_size
         self._num_shards = sharding.num_data_shards
+        self._counts = (StatsRecorder() if stats is None else stats).counts(self)
+        self._passes = passes
         own = sharding.rows(self._num_shards)
         shards = range(self._num_shards) if own is None else own.tolist()
         self._shards = [
-            _ShardStream(executor, plan, window_size, StreamWindow(self._num_shards, shard, 0))
+            _ShardStream(
+                executor,
+                plan,
+                window_size,
+                StreamWindow(self._num_shards, shard, 0),
+                self._counts,
+            )
             for shard in shards
         ]
         self._rows_per_shard = plan.batch_size // self._num_shards
@@ -55,24 +67,19 @@ class StreamIterator(LoaderIterator[Any]):
         self._finalizer = weakref.finalize(self, executor.release, False)
 
     def __next__(self) -> Any:
-        if self._closed:
-            raise StopIteration
-        wanted = self._rows_per_shard
+        counts = self._counts
+        started = counts.clock()
         try:
-            available = min(shard.available(wanted) for shard in self._shards)
+            batch = self._next_batch()
         except BaseException:
-            # The cursors still point at the failed batch: a next() or a restore retries it.
-            for shard in self._shards:
-                shard.cancel()
+            counts.counted(started)
             raise
-        keep_short = self._num_shards == 1 and not self._plan.drop_remainder
-        if available == 0 or (available < wanted and not keep_short):
-            self._release(wait=False)
-            raise StopIteration
-        ahead = self._executor.lookahead(self._prefetch)
-        parts = [shard.take(available, ahead) for shard in self._shards]
-        self._step += 1
-        return _concatenate(parts)
+        counts.counted(started, batch)
+        return batch
+
+    @property
+    def step(self) -> int:
+        return self._step
 
     def get_state(self) -> dict[str, Any]:
         return {
@@ -92,10 +99,34 @@ class StreamIterator(LoaderIterator[Any]):
         for shard in self._shards:
             shard.seek(*cursors[str(shard.shard)])
         self._step = step
+        self._passes = None  # a resumed run is no full pass
 
     def close(self) -> None:
         self._closed = True
         self._release(wait=True)
+
+    def _next_batch(self) -> Any:
+        if self._closed:
+            raise StopIteration
+        wanted = self._rows_per_shard
+        try:
+            available = min(shard.available(wanted) for shard in self._shards)
+        except BaseException:
+            # The cursors still point at the failed batch: a next() or a restore retries it.
+            for shard in self._shards:
+                shard.cancel()
+            raise
+        keep_short = self._num_shards == 1 and not self._plan.drop_remainder
+        if available == 0 or (available < wanted and not keep_short):
+            if self._passes is not None:
+                passes, self._passes = self._passes, None
+                passes.finished(stacklevel=3)
+            self._release(wait=False)
+            raise StopIteration
+        ahead = self._executor.lookahead(self._prefetch)
+        parts = [shard.take(available, ahead) for shard in self._shards]
+        self._step += 1
+        return _concatenate(parts)
 
     def _checked_cursors(self, stream: Any) -> dict[str, tuple[int, int]]:
         if not isinstance(stream, dict):
@@ -133,9 +164,14 @@ class _ShardStream:
     """One data shard's stream: windows loading ahead, and the cursor of the next unused row."""
 
     def __init__(
-        self, executor: Executor[Any], plan: Plan, window_size: int, first: StreamWindow
+        self,
+        executor: Executor[Any],
+        plan: Plan,
+        window_size: int,
+        first: StreamWindow,
+        counts: LoopCounts,
     ) -> None:
-        self._executor, self._plan = executor, plan
+        self._executor, self._plan, self._counts = executor, plan, counts
         self._shards, self.shard = first.shards, first.shard
         length = shard_length(plan, first.shards, first.shard)
         self._num_windows = None if length is None else -(-length // window_size)
@@ -162,6 +198,8 @@ class _ShardStream:
                 self._submit_next()
             rows = self._in_flight[0].result()
             self._in_flight.popleft()
+            if rows is not None:
+                self._counts.loaded(rows)
             count = 0 if rows is None else len(jax.tree.leaves(rows)[0])
             self._loaded.append((rows, count))
             ready += count

@@ -1,4 +1,9 @@
-"""The iterator state's format: a small JSON-able dict, checked against the loader restoring it."""
+"""The iterator state's format: a small JSON-able dict, checked against the loader restoring it.
+
+Every state holds `version`, `step` (the step the restored iterator yields next) and `plan`; the
+state of an iterator of one epoch (`Loader.epoch(e)`) holds its `epoch` too, and a stream's its
+cursors (`stream`).
+"""
 
 from __future__ import annotations
 
@@ -12,6 +17,68 @@ STATE_VERSION = 1
 
 def checked_step(state: Any, plan: Plan) -> int:
     """The step of an iterator state, after checking the state belongs to `plan`."""
+    step = _checked(state, plan)
+    total = plan.num_steps
+    if total is not None and step > total:
+        epoch = state.get("epoch")
+        where = (
+            f"; it is a state of loader.epoch({epoch}): restore it into that iterator"
+            if is_int(epoch, minimum=0)
+            else ""
+        )
+        raise ValueError(f"iterator state has step {step}, beyond the plan's {total} steps{where}")
+    return step
+
+
+def checked_epoch_step(state: Any, plan: Plan, epoch: int) -> int:
+    """The step of a state restored into an iterator of `epoch` of `plan`: a step of that epoch,
+    or the step right after it (the epoch's end, which is also the next epoch's start)."""
+    step = _checked(state, plan)
+    steps = plan.epoch_steps(epoch)
+    if not steps.start <= step <= steps.stop:
+        saved = state.get("epoch")
+        if not is_int(saved, minimum=0):
+            saved = step // plan.steps_per_epoch if plan.steps_per_epoch else 0
+        raise ValueError(
+            f"iterator state has step {step}, in epoch {saved}; this iterator yields epoch "
+            f"{epoch} (steps {steps.start} to {steps.stop - 1}): restore it into "
+            f"loader.epoch({saved})"
+        )
+    return step
+
+
+def epoch_of(state: dict[str, Any]) -> int:
+    """The epoch an iterator with this state is in: the epoch of the step it yields next (for
+    `Loader.epoch(e)`'s iterators, always `e`; for a stream, of the first record of the window
+    its next batch starts in).
+
+    >>> from loadax import Batcher, DataLoader, RangeDataset
+    >>> from loadax.state.checks import epoch_of
+    >>> loader = DataLoader(Batcher()).batch_size(2).num_epochs(3).build(RangeDataset(0, 4))
+    >>> state = iter(loader).get_state()
+    >>> [epoch_of({**state, "step": step}) for step in range(7)]
+    [0, 0, 1, 1, 2, 2, 3]
+    >>> epoch_of(loader.epoch(1).get_state())
+    1
+    """
+    if "epoch" in state:
+        return int(state["epoch"])
+    plan = state["plan"]
+    records, batch_size = plan["num_records"], plan["batch_size"]
+    if "stream" in state and records:
+        stream = state["stream"]
+        window, shards = stream["window"], stream["shards"]
+        starts = [
+            (cursor[0] * window * shards + int(shard)) // records
+            for shard, cursor in stream["cursors"].items()
+        ]
+        return min(starts, default=0)
+    per_epoch = records // batch_size if plan["drop_remainder"] else -(-records // batch_size)
+    return int(state["step"]) // per_epoch if per_epoch else 0
+
+
+def _checked(state: Any, plan: Plan) -> int:
+    """The step of a state whose version and plan are checked (its range is not)."""
     if not isinstance(state, dict):
         raise ValueError(f"iterator state must be a dict, got {type(state).__name__}")
     missing = {"version", "step", "plan"} - state.keys()
@@ -27,11 +94,8 @@ def checked_step(state: Any, plan: Plan) -> int:
         raise ValueError(f"iterator state has plan {saved!r}; it must be a dict")
     require_same(saved, expected, "plan")
     step = state["step"]
-    total = plan.num_steps
     if not is_int(step, minimum=0):
         raise ValueError(f"iterator state has step {step!r}; it must be an int >= 0")
-    if total is not None and step > total:
-        raise ValueError(f"iterator state has step {step}, beyond the plan's {total} steps")
     return int(step)
 
 
