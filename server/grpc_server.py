@@ -26,15 +26,13 @@ from loadax.server.metrics import WorkerMetrics
 from loadax.server.worker import Worker
 from loadax.validation import require_int
 from loadax.wire.failures import ERROR_METADATA, RecordFailed, error_reply, shorten
-from loadax.wire.limits import GRPC_MIN_PING_INTERVAL_MS, MAX_BATCH_BYTES
+from loadax.wire.limits import GRPC_MIN_PING_INTERVAL_MS, MAX_BATCH_BYTES, MAX_REQUEST_BYTES
 from loadax.wire.messages import LOAD_BATCH, RequestMessage
 from loadax.wire.payloads import PAYLOAD_SERVICE, EncodedBatch, payload_reply
 from loadax.wire.v1 import worker_pb2 as wire
 from loadax.wire.v1 import worker_pb2_grpc
 
 SERVICE = wire.DESCRIPTOR.services_by_name["Worker"].full_name
-MAX_RECEIVE_BYTES = 4 << 20
-"""Requests are small: plan parameters, a step and row numbers."""
 MAX_DETAILS = 4000
 """Status details travel in a header: keep them well under the client's metadata limit."""
 _TRANSPORT = Transport(
@@ -92,7 +90,7 @@ class GrpcServer:
             maximum_concurrent_rpcs=max_concurrent_rpcs,
             options=[
                 ("grpc.max_send_message_length", MAX_BATCH_BYTES),
-                ("grpc.max_receive_message_length", MAX_RECEIVE_BYTES),
+                ("grpc.max_receive_message_length", MAX_REQUEST_BYTES),
                 # Two workers must not silently share a port.
                 ("grpc.so_reuseport", 0),
                 # Accept the clients' keepalive pings, between calls too (they find a frozen

@@ -27,14 +27,13 @@ from loadax.server.worker import Worker
 from loadax.validation import require_int
 from loadax.wire import zmq_frames
 from loadax.wire.credentials import BEARER
-from loadax.wire.limits import ZMQ_HEARTBEAT_MS, ZMQ_HEARTBEAT_TIMEOUT_MS
+from loadax.wire.limits import MAX_REQUEST_BYTES, ZMQ_HEARTBEAT_MS, ZMQ_HEARTBEAT_TIMEOUT_MS
 from loadax.wire.messages import RequestMessage, ResponseMessage
 from loadax.wire.payloads import EncodedBatch
 from loadax.wire.v1 import worker_pb2 as wire
 
 log = logging.getLogger(__name__)
 
-MAX_REQUEST_BYTES = 16 * 2**20
 _BURST = 256  # messages taken from one socket per poll, so neither direction starves the other
 _MIN_FLUSH_S = 0.5  # how long replies sent last may take to leave at stop, grace or not
 # How long the connections stay open at stop once the requests in flight are answered: a client
@@ -109,6 +108,7 @@ class ZmqServer:
         router.setsockopt(zmq.LINGER, 0)
         # Fail sends to peers that are gone instead of dropping them silently, and never block.
         router.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        # A larger frame disconnects its peer before it is read.
         router.setsockopt(zmq.MAXMSGSIZE, self._max_request_bytes)
         # Bounds what queues per peer: a well-behaved client has at most the in-flight limit.
         router.setsockopt(zmq.RCVHWM, 2 * self._max_in_flight + 64)

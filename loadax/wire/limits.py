@@ -1,13 +1,20 @@
-"""Limits both ends of the wire rely on, defined once so that the worker and its clients agree.
-
-A transport's request limit concerns the worker alone and stays with its server.
-"""
+"""Limits both ends of the wire rely on, defined once so that the worker and its clients agree."""
 
 from __future__ import annotations
 
 MAX_BATCH_BYTES = 1 << 30
 """The largest batch reply (or the rows of a batch one request asks for): 1 GiB. A gRPC worker
 refuses to send more, and a gRPC client to receive more."""
+MAX_REQUEST_ROWS = 1 << 20
+"""The rows that one batch request may always name (a host's share of a batch names its rows);
+a request for more may exceed `MAX_REQUEST_BYTES`."""
+MAX_REQUEST_BYTES = 4 * MAX_REQUEST_ROWS + (64 << 10)
+"""The largest request a worker reads, on either transport (over ZeroMQ, the largest frame): the
+row positions of `MAX_REQUEST_ROWS` rows, each a varint of at most 4 bytes (positions below
+2**28, in a batch of up to 268 million rows), and 64 KiB for the rest (pipeline name, fingerprint,
+plan, step). ZeroMQ disconnects a peer whose frame is larger before reading it; gRPC refuses the
+call with RESOURCE_EXHAUSTED (tests/test_memory_bounds.py checks that the largest request fits).
+"""
 DEFAULT_TIMEOUT_S = 30.0
 """How long a client waits for a worker to answer a handshake or an info request by default."""
 
