@@ -255,8 +255,10 @@ class ZmqServer:
             )
             return
         try:
+            # The token first: a request without the right one is refused unparsed.
+            token = zmq_frames.request_token(frames)
+            self._admission.authenticate([] if token is None else [BEARER + token])
             request = zmq_frames.parse_request(frames)
-            self._admission.authenticate([] if request.token is None else [BEARER + request.token])
             if self._stopping.is_set():
                 raise WorkerError("UNAVAILABLE", "the worker is shutting down")
             self._admission.admit(identity)

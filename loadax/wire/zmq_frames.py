@@ -92,22 +92,7 @@ def request_frames(
 
 def parse_request(frames: Sequence[Buffer]) -> Request:
     """The request in `frames` (without the ROUTER's identity frame)."""
-    if len(frames) not in (3, 4):
-        raise WorkerError(
-            "INVALID_ARGUMENT",
-            "a request has 3 frames (request id, method, body) and a 4th if it carries a "
-            f"token, got {len(frames)}",
-        )
-    token = None
-    if len(frames) == 4:
-        token = bytes(frames[3][: len(BEARER) + MAX_TOKEN_CHARS + 1])
-        if not token.startswith(BEARER) or token == BEARER:
-            raise WorkerError(
-                "INVALID_ARGUMENT",
-                "a request has 3 frames (request id, method, body) and a 4th if it carries a "
-                f"token, {BEARER.decode()}<token>; this 4th frame is not one",
-            )
-        token = token.removeprefix(BEARER)
+    token = request_token(frames)
     request_id = parse_request_id(frames[0])
     method = bytes(frames[1])
     kind = _METHOD_FRAMES.get(method)
@@ -117,6 +102,27 @@ def parse_request(frames: Sequence[Buffer]) -> Request:
             f"unknown method {method[:40]!r}: expected one of {sorted(_METHOD_FRAMES)}",
         )
     return Request(request_id, _parse(kind, frames[2], f"a {method.decode()} request"), token)
+
+
+def request_token(frames: Sequence[Buffer]) -> bytes | None:
+    """The token that the request in `frames` carries (None: none), read before anything else
+    of it, so that a worker can refuse a request without the right one unparsed."""
+    if len(frames) not in (3, 4):
+        raise WorkerError(
+            "INVALID_ARGUMENT",
+            "a request has 3 frames (request id, method, body) and a 4th if it carries a "
+            f"token, got {len(frames)}",
+        )
+    if len(frames) == 3:
+        return None
+    token = bytes(frames[3][: len(BEARER) + MAX_TOKEN_CHARS + 1])
+    if not token.startswith(BEARER) or token == BEARER:
+        raise WorkerError(
+            "INVALID_ARGUMENT",
+            "a request has 3 frames (request id, method, body) and a 4th if it carries a "
+            f"token, {BEARER.decode()}<token>; this 4th frame is not one",
+        )
+    return token.removeprefix(BEARER)
 
 
 def reply_frames(request_id: int, response: ResponseMessage) -> list[Buffer]:
