@@ -8,6 +8,7 @@ how a reply or a refusal travels.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hmac
 import logging
 import threading
@@ -60,7 +61,7 @@ class Admission:
 
     @property
     def in_flight(self) -> int:
-        """The requests admitted and not yet released, of every client."""
+        """The requests admitted whose count has not ended, of every client."""
         return self._total
 
     def announce(self, response: wire.HandshakeResponse) -> wire.HandshakeResponse:
@@ -80,9 +81,11 @@ class Admission:
         if len(credentials) != 1 or not hmac.compare_digest(credentials[0], self._credential):
             raise WorkerError("UNAUTHENTICATED", "the token is wrong")
 
-    def admit(self, client: Hashable) -> None:
+    def admit(self, client: Hashable) -> Callable[[], None]:
         """Count one more request of `client` in flight, or refuse it with RESOURCE_EXHAUSTED
-        when it has as many as it may; an admitted request is `release`d once answered."""
+        when it has as many as it may; what ends the count (its first call only), which the
+        transport calls once the request's reply has left (or was dropped), not when it is
+        made: a reply waiting for a client that does not read still counts."""
         with self._lock:
             count = self._in_flight.get(client, 0)
             if count >= self._limit:
@@ -94,9 +97,9 @@ class Admission:
                 )
             self._in_flight[client] = count + 1
             self._total += 1
+        return _once(functools.partial(self._release, client))
 
-    def release(self, client: Hashable) -> None:
-        """The request of `client` that `admit` counted has been answered."""
+    def _release(self, client: Hashable) -> None:
         with self._lock:
             count = self._in_flight.pop(client) - 1
             if count:
@@ -136,3 +139,18 @@ class Admission:
             error.code,
             first_line,
         )
+
+
+def _once(release: Callable[[], None]) -> Callable[[], None]:
+    """`release`, run by its first call only: a transport may end a request's count on more
+    than one path (its reply sent, or dropped)."""
+    pending = [release]
+    lock = threading.Lock()
+
+    def once() -> None:
+        with lock:
+            todo = pending.pop() if pending else None
+        if todo is not None:
+            todo()
+
+    return once

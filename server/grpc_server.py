@@ -2,9 +2,10 @@
 
 Every refused or failed request becomes a gRPC status naming what is wrong (a failed record also
 its `ErrorReply`, in the trailing metadata `loadax-error-bin`); the server keeps serving. Memory
-stays bounded: few batches load at once, and each client has few calls in flight. Optionally TLS
-(mutual, with a client CA) secures the connection and a shared token must come with every
-Worker call; health checks and reflection stay open to probes.
+stays bounded: few batches load at once, each client has few calls in flight, and a call counts
+until its reply has left (gRPC holds a reply its client does not read). Optionally TLS (mutual,
+with a client CA) secures the connection and a shared token must come with every Worker call;
+health checks and reflection stay open to probes.
 """
 
 from __future__ import annotations
@@ -33,6 +34,9 @@ from loadax.wire.v1 import worker_pb2 as wire
 from loadax.wire.v1 import worker_pb2_grpc
 
 SERVICE = wire.DESCRIPTOR.services_by_name["Worker"].full_name
+# Calls a connection may have open beyond its LoadBatch calls in flight (handshakes, info, health
+# checks); a client's further calls wait in the client for one to end, not at the worker.
+_SPARE_STREAMS = 16
 MAX_DETAILS = 4000
 """Status details travel in a header: keep them well under the client's metadata limit."""
 _TRANSPORT = Transport(
@@ -49,7 +53,10 @@ class GrpcServer:
 
     `threads` batches load at once; a client (a connection, by `context.peer()`) may have
     `max_in_flight_per_client` LoadBatch calls in flight, and the server holds at most
-    `max_concurrent_rpcs` calls; beyond either, calls get RESOURCE_EXHAUSTED.
+    `max_concurrent_rpcs` calls; beyond either, calls get RESOURCE_EXHAUSTED. A LoadBatch call
+    counts, and its batch keeps its share of the worker's memory budget, until the call has
+    ended: its reply sent, or the call cancelled (the client gone too). A connection may have
+    16 calls open beyond its limit; its further calls wait in the client.
 
     With `tls` the server speaks only TLS; with `token`, Worker calls without the metadata
     `authorization: Bearer <token>` get UNAUTHENTICATED. Every Worker call is counted in
@@ -91,6 +98,9 @@ class GrpcServer:
             options=[
                 ("grpc.max_send_message_length", MAX_BATCH_BYTES),
                 ("grpc.max_receive_message_length", MAX_REQUEST_BYTES),
+                # What one connection can have the worker hold: its calls beyond this many wait
+                # in the client (HTTP/2 SETTINGS_MAX_CONCURRENT_STREAMS).
+                ("grpc.max_concurrent_streams", max_in_flight_per_client + _SPARE_STREAMS),
                 # Two workers must not silently share a port.
                 ("grpc.so_reuseport", 0),
                 # Accept the clients' keepalive pings, between calls too (they find a frozen
@@ -203,34 +213,30 @@ class WorkerServicer:
 
     def LoadBatch(self, request: wire.BatchRequest, context: Any) -> wire.BatchResponse:
         """The schema's method: the header with the payload inside (one more copy)."""
-        batch = self.load_payload(request, context)
-        try:
+        with _Held(context) as held:
+            batch = self.load_payload(request, context, held)
             response = batch.header
             response.payload = batch.payload
             return response
-        finally:
-            batch.release()
 
     def load_raw(self, request: wire.BatchRequest, context: Any) -> bytes:
         """The raw method's reply: the header, then the payload (`payload_reply`)."""
-        batch = self.load_payload(request, context)
-        try:
+        with _Held(context) as held:
+            batch = self.load_payload(request, context, held)
             return payload_reply(batch.header, batch.frames)
-        finally:
-            batch.release()
 
-    def load_payload(self, request: wire.BatchRequest, context: Any) -> EncodedBatch:
-        """A batch request, within this client's in-flight limit and the loading threads."""
+    def load_payload(self, request: wire.BatchRequest, context: Any, held: _Held) -> EncodedBatch:
+        """A batch request, within this client's in-flight limit and the loading threads; its
+        place in the in-flight count and the batch's share of the memory budget are `held`."""
         peer = context.peer()
         try:
-            self._admission.admit(peer)
+            held.add(self._admission.admit(peer))
         except WorkerError as error:
             self._admission.refuse(LOAD_BATCH, peer, error)
             _abort(context, error)
-        try:
-            return self._reply(request, context, lambda: self._load(request, context))
-        finally:
-            self._admission.release(peer)
+        batch = self._reply(request, context, lambda: self._load(request, context))
+        held.add(batch.release)
+        return batch
 
     def _reply(self, request: RequestMessage, context: Any, call: Callable[[], R]) -> R:
         """`call()`, the reply to `request`; an error becomes the call's status instead."""
@@ -245,12 +251,48 @@ class WorkerServicer:
                 raise WorkerError("CANCELLED", f"step {request.step} was cancelled by the client")
             response = self._worker.load_batch(request)
         if response.size > MAX_BATCH_BYTES - 1024:
+            response.release()
             raise WorkerError(
                 "RESOURCE_EXHAUSTED",
                 f"the batch of step {request.step} encodes to {response.size} bytes, "
                 f"more than the {MAX_BATCH_BYTES} a reply may hold; ask for fewer rows",
             )
         return response
+
+
+class _Held:
+    """What a call holds for its client (its place in the in-flight count, its batch's share of
+    the memory budget), let go once the call has ended and its handler has returned, whichever
+    is last. gRPC keeps a reply after its handler returns, until the client has taken it; the
+    call ends when its status has been sent after the reply, or when it was cancelled (the
+    client cancelled it, went away, or its connection broke)."""
+
+    def __init__(self, context: Any) -> None:
+        self._lock = threading.Lock()
+        self._releases: list[Callable[[], None]] = []
+        self._waiting = 2  # for the handler and for the call
+        if not context.add_callback(self._done):  # run by gRPC once the call has ended
+            self._waiting = 1  # it has ended already
+
+    def add(self, release: Callable[[], None]) -> None:
+        """Hold what `release` lets go of too."""
+        with self._lock:
+            self._releases.append(release)
+
+    def __enter__(self) -> _Held:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._done()
+
+    def _done(self) -> None:
+        with self._lock:
+            self._waiting -= 1
+            if self._waiting:
+                return
+            releases, self._releases = self._releases, []
+        for release in releases:
+            release()
 
 
 def _abort(context: Any, error: WorkerError) -> NoReturn:

@@ -4,15 +4,28 @@ Framing is `loadax.wire.zmq_frames`. One I/O thread owns every socket it polls; 
 handles requests and hands the replies back to it over an inproc PUSH/PULL pair. Optionally
 CURVE encrypts and authenticates connections (with a ZAP allow-list of client keys), and a
 shared token must come with every request.
+
+Memory: a request counts against its client's in-flight limit, and a batch keeps its share of
+the memory budget, until libzmq is done with the reply (written to the socket, or dropped: its
+client gone, which ROUTER_MANDATORY and heartbeats tell), as pyzmq's trackers say. A frame
+larger than `MAX_REQUEST_BYTES` disconnects its peer before it is read, and a peer's complete
+requests wait to be read `max_in_flight_per_client` at most. What stays unbounded: libzmq caps
+frames, not messages, and holds a multipart message until its last frame has come, before the
+server sees it or its token. A peer that can connect can make the worker hold one message of
+many frames, each under the cap, per connection (256 frames of 4 MiB: about 1 GiB), until it is
+complete and refused; the allocator may keep that memory afterwards. Only CURVE with an
+allow-list keeps unknown peers from connecting at all.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import logging
 import math
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 import zmq
@@ -41,6 +54,8 @@ _MIN_FLUSH_S = 0.5  # how long replies sent last may take to leave at stop, grac
 # it is given time to read them; new requests are still refused meanwhile.
 _FAREWELL_S = 0.25
 _REPLIES = "inproc://loadax-zmq-replies"
+_REAP_S = 0.002  # how often the I/O thread looks for replies libzmq is done with, while any are out
+_SETTLE_S = 0.02  # how long a request over its client's limit waits for the client's oldest reply
 _TRANSPORT = Transport(
     "zmq", send_token="send a 4th request frame, 'Bearer <token>'", counted="requests"
 )
@@ -49,9 +64,9 @@ _TRANSPORT = Transport(
 class ZmqServer:
     """Serves `worker` on a ROUTER socket bound to `endpoint` ("tcp://host:port", port 0: any).
 
-    At most `max_in_flight_per_client` requests of one peer are handled at a time; more are
-    refused with RESOURCE_EXHAUSTED. A peer that sends a frame larger than `max_request_bytes`
-    is disconnected by ZeroMQ.
+    At most `max_in_flight_per_client` requests of one peer are in flight, each until its reply
+    has left; more are refused with RESOURCE_EXHAUSTED. A peer that sends a frame larger than
+    `max_request_bytes` is disconnected by ZeroMQ.
 
     With `curve` the socket is a CURVE server: only clients that know its public key (and, with
     an allow-list, whose key is on it) connect. With `token`, requests without it get
@@ -97,6 +112,7 @@ class ZmqServer:
         # Handler threads share one PUSH socket; the lock is what makes that safe.
         self._push_lock = threading.Lock()
         self._push: zmq.Socket[bytes] | None = None
+        self._sending = _Sending()
 
     def start(self) -> str:
         """Bind and start serving; returns the bound endpoint, e.g. "tcp://127.0.0.1:40123"."""
@@ -108,10 +124,12 @@ class ZmqServer:
         router.setsockopt(zmq.LINGER, 0)
         # Fail sends to peers that are gone instead of dropping them silently, and never block.
         router.setsockopt(zmq.ROUTER_MANDATORY, 1)
-        # A larger frame disconnects its peer before it is read.
+        # A larger frame disconnects its peer before it is read (see the module docstring).
         router.setsockopt(zmq.MAXMSGSIZE, self._max_request_bytes)
-        # Bounds what queues per peer: a well-behaved client has at most the in-flight limit.
-        router.setsockopt(zmq.RCVHWM, 2 * self._max_in_flight + 64)
+        # Requests of a peer waiting to be read: a well-behaved client has at most its in-flight
+        # limit out, and the I/O thread takes them as they come.
+        router.setsockopt(zmq.RCVHWM, self._max_in_flight)
+        # Replies waiting for a peer: its admitted ones (at most its limit) and refusals.
         router.setsockopt(zmq.SNDHWM, 2 * self._max_in_flight + 64)
         # Frees what a client that vanished without closing its connection holds.
         router.setsockopt(zmq.HEARTBEAT_IVL, ZMQ_HEARTBEAT_MS)
@@ -183,6 +201,7 @@ class ZmqServer:
             self._pool.shutdown(wait=self._admission.in_flight == 0, cancel_futures=True)
             self._stop_authenticator()
             self._context.term()
+            self._sending.release_all()  # libzmq has let go of every reply now
             self._thread = self._context = None
 
     def _wake(self) -> None:
@@ -212,10 +231,13 @@ class ZmqServer:
                     self._receive_requests(router)
                     break
                 wake_at = closing if closing is not None else deadline
+                if self._sending.pending:
+                    wake_at = min(wake_at or math.inf, now + _REAP_S)
                 timeout_ms = None
                 if wake_at is not None:
                     timeout_ms = max(math.ceil(1000 * (wake_at - now)), 0)
                 ready = dict(poller.poll(timeout_ms))
+                self._sending.reap()
                 if replies in ready:
                     self._forward_replies(replies, router)
                 if router in ready:
@@ -226,6 +248,8 @@ class ZmqServer:
             remaining = 0.0 if deadline is None else deadline - time.monotonic()
             router.close(linger=int(1000 * max(remaining, _MIN_FLUSH_S)))
             replies.close(linger=0)
+            # No client is served any more: what their replies hold is no longer theirs.
+            self._sending.release_all()
 
     def _receive_requests(self, router: zmq.Socket[bytes]) -> None:
         for _ in range(_BURST):
@@ -261,35 +285,55 @@ class ZmqServer:
             request = zmq_frames.parse_request(frames)
             if self._stopping.is_set():
                 raise WorkerError("UNAVAILABLE", "the worker is shutting down")
-            self._admission.admit(identity)
+            release = self._admit_within_limit(identity)
         except WorkerError as error:
             # The method frame as sent: the metrics count unknown ones as such.
             method = bytes(frames[1][:64]).decode("ascii", "replace") if len(frames) > 1 else ""
             self._admission.refuse(method, _client(identity), error)
             self._send(router, [identity, *zmq_frames.error_frames(request_id, error)])
             return
-        self._pool.submit(self._handle, identity, request)
+        self._pool.submit(self._handle, identity, request, release)
 
-    def _handle(self, identity: bytes, request: zmq_frames.Request) -> None:
-        """Runs on a handler thread: the worker's answer goes back to the I/O thread."""
+    def _admit_within_limit(self, identity: bytes) -> Callable[[], None]:
+        """`Admission.admit`; a client at its limit is refused only once its oldest reply has
+        had a moment to be counted out (`_Sending.settle`)."""
+        try:
+            return self._admission.admit(identity)
+        except WorkerError:
+            self._sending.settle(identity, _SETTLE_S)
+        return self._admission.admit(identity)
+
+    def _handle(
+        self, identity: bytes, request: zmq_frames.Request, admitted: Callable[[], None]
+    ) -> None:
+        """Runs on a handler thread: the worker's answer goes back to the I/O thread. The
+        request stays in flight (`admitted`), and a batch keeps its share of the memory budget,
+        until libzmq is done with the reply: sent, or dropped."""
         request_id = request.request_id
         answer = self._admission.answer(
             request.message, _client(identity), lambda: self._call(request.message)
         )
+        releases = [admitted]
         if isinstance(answer, WorkerError):
             reply = zmq_frames.error_frames(request_id, answer)
         else:
             reply = zmq_frames.reply_frames(request_id, answer)
             if isinstance(answer, EncodedBatch):
-                answer.release()  # to do (memory bounds): once sent, not once handed over
+                releases.append(answer.release)
+        release = functools.partial(_release_all, releases)
+        frames, tracker = _tracked(reply)
         with self._push_lock:
             if self._push is None:
+                release()
                 log.warning("dropped the reply to request %d: the server stopped", request_id)
                 return
+            # Counted before it is sent, so that the I/O thread, which forwards it, looks for
+            # it until libzmq is done with it.
+            self._sending.add(_Sent(identity, tracker, release))
             try:
-                # Not copied: the payload is handed to ZeroMQ, which sends it from this buffer.
-                self._push.send_multipart([identity, *reply], copy=False)
+                self._push.send_multipart([identity, *frames], copy=False)
             except zmq.ZMQError:
+                release()
                 log.exception("dropped the reply to request %d", request_id)
 
     def _call(self, message: RequestMessage) -> ResponseMessage:
@@ -307,7 +351,6 @@ class ZmqServer:
                 return
             if len(message) == 1:
                 continue  # stop()'s wake-up
-            self._admission.release(message[0].bytes)
             self._send(router, message)
 
     def _send(
@@ -324,6 +367,97 @@ class ZmqServer:
             if error.errno != zmq.EHOSTUNREACH:
                 raise
             log.debug("dropped a reply to %s: it disconnected", _peer(message))
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Sent:
+    """A reply handed to libzmq: to whom, what tells when libzmq is done with it, and what
+    releases what it holds for its client."""
+
+    identity: bytes
+    tracker: zmq.MessageTracker
+    release: Callable[[], None]
+
+
+class _Sending:
+    """The replies handed to libzmq that it has not finished with yet (sent, or dropped). The
+    I/O thread `reap`s them."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._replies: list[_Sent] = []
+        # Clients whose oldest reply was waited for in vain, not waited for again until one of
+        # their replies is done: a client that does not read costs the I/O thread one wait.
+        self._stalled: set[bytes] = set()
+
+    @property
+    def pending(self) -> int:
+        return len(self._replies)
+
+    def add(self, reply: _Sent) -> None:
+        with self._lock:
+            self._replies.append(reply)
+
+    def reap(self) -> None:
+        """Release what the replies libzmq has finished with hold."""
+        if not self._replies:
+            return
+        done: list[_Sent] = []
+        pending: list[_Sent] = []
+        with self._lock:
+            for reply in self._replies:
+                (done if reply.tracker.done else pending).append(reply)
+            self._replies = pending
+            self._stalled.difference_update(reply.identity for reply in done)
+        for reply in done:
+            reply.release()
+
+    def settle(self, identity: bytes, timeout: float) -> None:
+        """Give the oldest reply to `identity` still out up to `timeout` to be done, then
+        `reap`. libzmq lets go of a reply as soon as it is written, but pyzmq tells so from a
+        thread of its own: a client that has read its reply may ask again before it has."""
+        with self._lock:
+            oldest = next((reply for reply in self._replies if reply.identity == identity), None)
+            if identity in self._stalled:
+                oldest = None
+        if oldest is not None:
+            try:
+                oldest.tracker.wait(timeout)
+            except zmq.NotDone:
+                with self._lock:
+                    self._stalled.add(identity)
+        self.reap()
+
+    def release_all(self) -> None:
+        with self._lock:
+            replies, self._replies = self._replies, []
+            self._stalled.clear()
+        for reply in replies:
+            reply.release()
+
+
+def _tracked(
+    parts: Sequence[bytes | memoryview],
+) -> tuple[list[zmq.Frame | bytes | memoryview], zmq.MessageTracker]:
+    """`parts` as frames to send, and what tells when libzmq is done with them (sent, or
+    dropped). Parts of `zmq.COPY_THRESHOLD` bytes or more (a batch's arrays) are sent from
+    their own buffers and tracked; smaller ones are copied, except the last, which is tracked
+    too: libzmq lets go of a message's frames in order, so once it has let go of the last, it
+    holds none of the others."""
+    last = len(parts) - 1
+    frames: list[zmq.Frame | bytes | memoryview] = [
+        zmq.Frame(part, copy=False, track=True)
+        if index == last or len(part) >= zmq.COPY_THRESHOLD
+        else part
+        for index, part in enumerate(parts)
+    ]
+    tracker = zmq.MessageTracker(*(frame for frame in frames if isinstance(frame, zmq.Frame)))
+    return frames, tracker
+
+
+def _release_all(releases: Sequence[Callable[[], None]]) -> None:
+    for release in releases:
+        release()
 
 
 class _AllowList:
