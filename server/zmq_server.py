@@ -54,7 +54,7 @@ _MIN_FLUSH_S = 0.5  # how long replies sent last may take to leave at stop, grac
 # it is given time to read them; new requests are still refused meanwhile.
 _FAREWELL_S = 0.25
 _REPLIES = "inproc://loadax-zmq-replies"
-_REAP_S = 0.002  # how often the I/O thread looks for replies libzmq is done with, while any are out
+_REAP_MS = 1  # how often the I/O thread looks for replies libzmq is done with, while any are out
 _SETTLE_S = 0.02  # how long a request over its client's limit waits for the client's oldest reply
 _TRANSPORT = Transport(
     "zmq", send_token="send a 4th request frame, 'Bearer <token>'", counted="requests"
@@ -231,11 +231,11 @@ class ZmqServer:
                     self._receive_requests(router)
                     break
                 wake_at = closing if closing is not None else deadline
-                if self._sending.pending:
-                    wake_at = min(wake_at or math.inf, now + _REAP_S)
                 timeout_ms = None
                 if wake_at is not None:
                     timeout_ms = max(math.ceil(1000 * (wake_at - now)), 0)
+                if self._sending.pending:
+                    timeout_ms = min(timeout_ms, _REAP_MS) if timeout_ms is not None else _REAP_MS
                 ready = dict(poller.poll(timeout_ms))
                 self._sending.reap()
                 if replies in ready:
