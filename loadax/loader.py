@@ -209,8 +209,8 @@ class LoaderBuilder:
         return f"{self._repr_head()}{self._options.calls()}"
 
     def _repr_head(self) -> str:
-        """How the builder was made, before its option calls."""
-        return f"{type(self).__name__}()"
+        """How the builder was made, before its option calls (here: its arguments elided)."""
+        return f"{type(self).__name__}(...)"
 
     def _with(self, **changes: Any) -> Self:
         copy = copy_module.copy(self)
@@ -450,7 +450,8 @@ class Loader(Generic[B]):
     def __repr__(self) -> str:
         if self._description is not None:
             return self._description
-        return f"<{type(self).__name__} of {self.plan.num_records} records{self._options.calls()}>"
+        settings = self._options.calls().lstrip(".")
+        return f"<{type(self).__name__} of {self.plan.num_records} records: {settings}>"
 
     def _delivered(self, host_batches: LoaderIterator[B]) -> LoaderIterator[B]:
         if self._device_prefetch is None:

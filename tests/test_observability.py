@@ -30,6 +30,7 @@ from loadax import (
     MappedDataset,
     MixedDataset,
     NumpyDataset,
+    Pipeline,
     RandomMappedDataset,
     RangeDataset,
     RecordError,
@@ -41,7 +42,9 @@ from loadax import (
     pad_batcher,
 )
 from loadax.client import LoaderStats as RemoteLoaderStats
+from loadax.client import RemoteDataLoader
 from loadax.iterators.stats import LoaderStats
+from loadax.server.worker import Worker
 
 
 def decode(record: Any) -> Any:
@@ -396,3 +399,14 @@ def test_the_examples_of_the_stats_and_names_modules_run(module_name: str) -> No
     results = doctest.testmod(importlib.import_module(module_name), optionflags=doctest.ELLIPSIS)
     assert results.attempted > 0
     assert results.failed == 0
+
+
+def test_a_remote_builder_and_loader_show_their_settings() -> None:
+    worker = Worker({"numbers": Pipeline(RangeDataset(0, 6), Batcher())}, threads=1)
+    try:
+        builder = RemoteDataLoader([worker], pipeline="numbers").batch_size(2).shuffle(seed=5)
+        assert repr(builder) == "RemoteDataLoader(...).batch_size(2).shuffle(seed=5)"
+        with builder.build() as loader:
+            assert repr(loader) == "<RemoteLoader of 6 records: batch_size(2).shuffle(seed=5)>"
+    finally:
+        worker.close()
