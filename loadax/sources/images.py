@@ -7,12 +7,13 @@ import hashlib
 import io
 import os
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
 from loadax.dataset.ops import DatasetBase
 from loadax.plan.permutation import IndexArray
+from loadax.sources.filesystems import Location, Store, path_in_store, store_of
 from loadax.validation import require_bool
 
 MODES = ("RGB", "RGBA", "L")
@@ -43,6 +44,12 @@ class ImageFolderDataset(DatasetBase[dict[str, Any]]):
     with `pad_batcher` or `Batcher(list)`, or decode them in a `.map`. Pillow is needed only to
     decode: `pip install 'loadax[images]'`.
 
+    `root` may be a prefix in an object store, by URL (`s3://bucket/train`, `gs://...`), or a
+    path in `filesystem` (a `pyarrow.fs.FileSystem` or an fsspec filesystem); see
+    `ParquetDataset` for how stores are reached. Its "directories" are the prefixes the store
+    lists; the listing is made once, and each image is one whole-object read, each thread
+    through its own copy of the filesystem.
+
     >>> import pathlib
     >>> import tempfile
     >>> from PIL import Image
@@ -69,6 +76,7 @@ class ImageFolderDataset(DatasetBase[dict[str, Any]]):
         decode: bool = True,
         mode: str = "RGB",
         extensions: Sequence[str] = EXTENSIONS,
+        filesystem: Any = None,
     ) -> None:
         if not isinstance(root, str | os.PathLike):
             raise ValueError(f"ImageFolderDataset: root must be a path, got {root!r}")
@@ -79,8 +87,9 @@ class ImageFolderDataset(DatasetBase[dict[str, Any]]):
         self._extensions = _extensions(extensions)
         if self._decode:
             _pillow()  # missing Pillow is said now, not at the first read in a worker
-        self._files = _LOCAL
-        self._root = os.fspath(root)
+        found = store_of([root], filesystem, "ImageFolderDataset", expand=False)
+        self._files: _Files = _LOCAL if found is None else _StoreFiles(found[0])
+        self._root = os.fspath(root) if found is None else found[1][0].shown
         self._classes, keys, counts = _listing(self._files, self._root, self._extensions)
         self._keys = tuple(keys)
         self._labels = np.repeat(np.arange(len(counts), dtype=np.int64), counts)
@@ -95,7 +104,7 @@ class ImageFolderDataset(DatasetBase[dict[str, Any]]):
 
     @property
     def root(self) -> str:
-        """The directory the classes are listed from, as given."""
+        """The directory the classes are listed from, as given (a prefix's URL in a store)."""
         return self._root
 
     def read(self, indices: IndexArray, epoch: int) -> list[dict[str, Any]]:
@@ -121,7 +130,9 @@ class ImageFolderDataset(DatasetBase[dict[str, Any]]):
         # Pickled by root (for worker processes): the copy lists the tree again, and must find
         # what this one found, or its labels and records would silently differ.
         root = self._files.absolute(self._root)
-        arguments = (root, self._decode, self._mode, self._extensions)
+        arguments: tuple[Any, ...] = (root, self._decode, self._mode, self._extensions)
+        if isinstance(self._files, _StoreFiles):  # and the store, by its options
+            arguments += (self._files.store.user_filesystem,)
         return (_relisted, (arguments, _digest(self._classes, self._keys)))
 
 
@@ -135,6 +146,20 @@ def _relisted(arguments: tuple[Any, ...], digest: str) -> ImageFolderDataset:
             "dataset's files must not change while it is read"
         )
     return dataset
+
+
+class _Files(Protocol):
+    """What a dataset lists and reads its tree through: local paths, or a store's objects."""
+
+    def absolute(self, path: str) -> str: ...
+
+    def is_directory(self, path: str) -> bool | None: ...
+
+    def directories(self, path: str) -> list[str]: ...
+
+    def files(self, path: str) -> list[str]: ...
+
+    def read(self, path: str) -> bytes: ...
 
 
 class _LocalFiles:
@@ -174,12 +199,49 @@ class _LocalFiles:
 _LOCAL = _LocalFiles()
 
 
+class _StoreFiles:
+    """A store's objects, listed and read as `_LocalFiles` reads a tree: paths are the URLs
+    (or paths in the store) of a root and what lies under it, "directories" the prefixes the
+    store lists. Each reading thread reads through its own copy of the filesystem."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self._filesystems = store.filesystems()
+
+    def absolute(self, path: str) -> str:
+        return path  # a store's paths have no working directory to be relative to
+
+    def is_directory(self, path: str) -> bool | None:
+        kind = self.store.kind_of(self._location(path), "ImageFolderDataset")
+        return None if kind is None else kind == "directory"
+
+    def directories(self, path: str) -> list[str]:
+        entries = self.store.listing(self._location(path), False, "ImageFolderDataset")
+        return [name for name, directory in entries if directory]
+
+    def files(self, path: str) -> list[str]:
+        # As locally: names starting with "." are skipped, and everything under such a prefix.
+        entries = self.store.listing(self._location(path), True, "ImageFolderDataset")
+        return [
+            name
+            for name, directory in entries
+            if not directory and not any(part.startswith(".") for part in name.split("/"))
+        ]
+
+    def read(self, path: str) -> bytes:
+        return self.store.read(self._filesystems.get(), self._location(path), "ImageFolderDataset")
+
+    def _location(self, path: str) -> Location:
+        inner = path_in_store(path)
+        return Location(inner, self.store.shown(inner))
+
+
 def _joined(root: str, key: str) -> str:
     return root.rstrip("/") + "/" + key
 
 
 def _listing(
-    files: _LocalFiles, root: str, extensions: tuple[str, ...]
+    files: _Files, root: str, extensions: tuple[str, ...]
 ) -> tuple[tuple[str, ...], list[str], list[int]]:
     """The sorted class names under `root`, every class's file keys ("class/path", in record
     order), and the number of files of each class."""

@@ -1,10 +1,12 @@
-"""Parquet files as a dataset: record i is row i across the files, read by row group."""
+"""Parquet files as a dataset: record i is row i across the files, read by row group, from local
+disk or an object store (`s3://`, `gs://`, or a given filesystem)."""
 
 from __future__ import annotations
 
 import os
 from collections import OrderedDict
 from collections.abc import Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +17,7 @@ import pyarrow.parquet as pq  # type: ignore[import-untyped]
 from loadax.dataset.ops import DatasetBase
 from loadax.plan.permutation import IndexArray
 from loadax.sources.columns import check_columns, choose_columns
+from loadax.sources.filesystems import Location, Store, store_of
 from loadax.sources.handles import HandlePool
 
 _CACHED_GROUPS = 2  # decoded row groups kept per reading thread
@@ -33,6 +36,20 @@ class ParquetDataset(DatasetBase[dict[str, Any]]):
     decodes each row group it touches once, with only the selected columns, and never a whole
     file; each reading thread keeps its last 2 decoded row groups, so sequential reads decode each
     group once, and up to 8 files open. The files must not change while they are read.
+
+    Objects in a store are read the same way: `paths` may be URLs (`s3://bucket/key.parquet`,
+    `gs://bucket/key.parquet`) or globs of them (`s3://bucket/train/*.parquet`: `*`, `?` and
+    `[...]` within a name, `**` across prefixes; matches in sorted order), made into a pyarrow
+    filesystem by `pyarrow.fs.FileSystem.from_uri` (credentials from the environment; the URL's
+    query, e.g. `?endpoint_override=host:port&scheme=http`, sets its options). With `filesystem`
+    (a `pyarrow.fs.FileSystem`, such as `S3FileSystem(...)`, or an fsspec filesystem) the paths
+    and globs are paths in it. Nothing reads a whole object: a file's footer is read once per
+    reading thread, and a batch fetches only the selected columns of the row groups it touches,
+    by ranged requests (pyarrow's pre-buffering joins a row group's column chunks into requests
+    of at most 32 MiB). Each reading thread has its own copy of the filesystem and its own open
+    files. A missing object or bucket is a FileNotFoundError, refused credentials a
+    PermissionError, each naming the URL and what to check. Pickled (for worker processes), the
+    dataset carries the URLs and the filesystem's options, and opens its files again.
 
     >>> import pathlib
     >>> import tempfile
@@ -54,8 +71,18 @@ class ParquetDataset(DatasetBase[dict[str, Any]]):
         self,
         paths: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
         columns: Sequence[str] | None = None,
+        filesystem: Any = None,
     ) -> None:
-        self._paths = _paths(paths)
+        chosen = _paths(paths)
+        found = store_of(chosen, filesystem, "ParquetDataset")
+        self._store: Store | None = None if found is None else found[0]
+        # The files in row order: local Paths, or the objects of the store (and their URLs).
+        self._objects: tuple[Location, ...] = () if found is None else tuple(found[1])
+        self._paths: tuple[Path | str, ...] = (
+            tuple(Path(path) for path in chosen)
+            if found is None
+            else tuple(location.shown for location in self._objects)
+        )
         check_columns(columns, "ParquetDataset")
         if columns is not None and not columns:
             raise ValueError("ParquetDataset: columns must name at least one column")
@@ -63,8 +90,9 @@ class ParquetDataset(DatasetBase[dict[str, Any]]):
         counts: list[int] = []
         files: list[int] = []
         first_types: dict[str, Any] = {}
+        opening = None if self._store is None else self._store.filesystem
         for position, path in enumerate(self._paths):
-            handle = _open(path)
+            handle = self._open(position, opening)
             try:
                 schema = handle.schema_arrow
                 if position == 0:
@@ -88,14 +116,14 @@ class ParquetDataset(DatasetBase[dict[str, Any]]):
         self._files = np.array(files, dtype=np.int64)
         first_of_file = np.searchsorted(self._files, self._files, side="left")
         self._locals = np.arange(len(files), dtype=np.int64) - first_of_file
-        self._states = HandlePool(_ThreadState, _ThreadState.close)
+        self._states = HandlePool(partial(_ThreadState, self._store), _ThreadState.close)
 
     def __len__(self) -> int:
         return int(self._ends[-1]) if len(self._ends) else 0
 
     @property
-    def paths(self) -> tuple[Path, ...]:
-        """The files, in the order their rows are numbered."""
+    def paths(self) -> tuple[Path | str, ...]:
+        """The files, in the order their rows are numbered: Paths, or the objects' URLs (str)."""
         return self._paths
 
     @property
@@ -131,9 +159,14 @@ class ParquetDataset(DatasetBase[dict[str, Any]]):
         return f"ParquetDataset({shown!r}, columns={list(self._columns)!r})"
 
     def __reduce__(self) -> tuple[Any, ...]:
-        # Pickled by path (for worker processes): unpickling reads the footers again.
-        paths = [path.absolute() for path in self._paths]
-        return (type(self), (paths, self._columns or None))  # None: a file without columns
+        # Pickled by path or URL (for worker processes): unpickling reads the footers again.
+        columns = self._columns or None  # None: a file without columns
+        if self._store is None:
+            paths = [Path(path).absolute() for path in self._paths]
+            return (type(self), (paths, columns))
+        # Globs expanded (a listing now may differ), and the filesystem by its options.
+        objects = [location.path for location in self._objects]
+        return (type(self), (objects, columns, self._store.user_filesystem))
 
     def _row_group(self, group: int) -> Any:
         """Row group `group` (global numbering) with the selected columns, decoded or cached."""
@@ -161,7 +194,7 @@ class ParquetDataset(DatasetBase[dict[str, Any]]):
         handle = state.files.get(file)
         path = self._paths[file]
         if handle is None:
-            handle = _open(path)
+            handle = self._open(file, state.filesystem)
             state.files[file] = handle
             if len(state.files) > _OPEN_FILES:
                 state.files.popitem(last=False)[1].close()
@@ -169,16 +202,39 @@ class ParquetDataset(DatasetBase[dict[str, Any]]):
             state.files.move_to_end(file)
         try:
             return handle.read_row_group(group, columns=list(self._columns))
-        except (pa.ArrowException, OSError) as error:
+        except OSError as error:
+            if self._store is not None:  # the store's refusal, named with what to do
+                raise self._store.explain(error, self._objects[file], "ParquetDataset") from None
+            raise ValueError(
+                f"ParquetDataset: cannot read row group {group} of {str(path)!r}: {error}"
+            ) from None
+        except pa.ArrowException as error:
             raise ValueError(
                 f"ParquetDataset: cannot read row group {group} of {str(path)!r}: {error}"
             ) from None
 
+    def _open(self, file: int, filesystem: Any) -> Any:
+        """File `file` as a `pyarrow.parquet.ParquetFile`, from `filesystem` for a store's."""
+        if self._store is None:
+            return _open(Path(self._paths[file]))
+        location = self._objects[file]
+        try:
+            # pre_buffer: a row group's selected column chunks in few ranged requests.
+            return pq.ParquetFile(location.path, filesystem=filesystem, pre_buffer=True)
+        except OSError as error:
+            raise self._store.explain(error, location, "ParquetDataset") from None
+        except pa.ArrowException as error:
+            raise ValueError(
+                f"ParquetDataset: {location.shown!r} is not a readable Parquet file: {error}"
+            ) from None
+
 
 class _ThreadState:
-    """One reading thread's open files and decoded row groups, least recently used first."""
+    """One reading thread's filesystem (a store's), open files and decoded row groups, least
+    recently used first."""
 
-    def __init__(self) -> None:
+    def __init__(self, store: Store | None) -> None:
+        self.filesystem = None if store is None else store.copy()
         self.files: OrderedDict[int, Any] = OrderedDict()
         self.groups: OrderedDict[int, Any] = OrderedDict()
 
@@ -190,7 +246,7 @@ class _ThreadState:
 
 def _paths(
     paths: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
-) -> tuple[Path, ...]:
+) -> tuple[str | os.PathLike[str], ...]:
     if isinstance(paths, str | os.PathLike):
         chosen = [paths]
     elif isinstance(paths, Sequence):
@@ -205,7 +261,7 @@ def _paths(
     for path in chosen:
         if not isinstance(path, str | os.PathLike):
             raise ValueError(f"ParquetDataset: paths must be str or os.PathLike, got {path!r}")
-        result.append(Path(path))
+        result.append(path)
     return tuple(result)
 
 
@@ -226,7 +282,7 @@ def _open(path: Path) -> Any:
         ) from None
 
 
-def _check_schema(path: Path, schema: Any, types: dict[str, Any], first: Path) -> None:
+def _check_schema(path: Path | str, schema: Any, types: dict[str, Any], first: Path | str) -> None:
     for name, expected in types.items():
         if name not in schema.names:
             raise ValueError(
