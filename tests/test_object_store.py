@@ -17,6 +17,7 @@ import time
 import urllib.request
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -402,25 +403,32 @@ def test_credentials_refused_after_the_listing_fail_the_read_naming_the_url(
         dataset[0]
 
 
-def test_an_unreachable_endpoint_is_named(local: Path) -> None:
+@pytest.mark.parametrize("scheme", ["s3", "gs"])
+def test_an_unreachable_endpoint_is_named(scheme: str) -> None:
     with socket.socket() as closed:
         closed.bind(("127.0.0.1", 0))
-        port = closed.getsockname()[1]  # nothing listens once it is closed
-    filesystem = pafs.S3FileSystem(
-        access_key="k",
-        secret_key="s",
-        endpoint_override=f"127.0.0.1:{port}",
-        scheme="http",
-        region="us-east-1",
-        connect_timeout=1,
-        request_timeout=1,
-        retry_strategy=pafs.AwsStandardS3RetryStrategy(max_attempts=1),
-    )
+        endpoint = f"127.0.0.1:{closed.getsockname()[1]}"  # nothing listens once closed
+    if scheme == "s3":
+        filesystem = pafs.S3FileSystem(
+            access_key="k",
+            secret_key="s",
+            endpoint_override=endpoint,
+            scheme="http",
+            region="us-east-1",
+            retry_strategy=pafs.AwsStandardS3RetryStrategy(max_attempts=1),
+        )
+    else:
+        filesystem = pafs.GcsFileSystem(
+            anonymous=True,
+            endpoint_override=endpoint,
+            scheme="http",
+            retry_time_limit=timedelta(seconds=0.2),
+        )
     with pytest.raises(
         ConnectionError,
-        match=r"cannot reach the store of 's3://bucket/x\.parquet': check the endpoint",
+        match=rf"cannot reach the store of '{scheme}://bucket/x\.parquet': check the endpoint",
     ):
-        ParquetDataset(f"{BUCKET}/x.parquet", filesystem=filesystem)
+        ParquetDataset("bucket/x.parquet", filesystem=filesystem)
 
 
 def test_bad_locations_and_filesystems_are_refused() -> None:

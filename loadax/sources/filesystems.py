@@ -32,7 +32,8 @@ _DENIED = re.compile(
 )
 _NO_BUCKET = re.compile(r"NO_SUCH_BUCKET|NoSuchBucket|Bucket '[^']*' not found")
 _UNREACHABLE = re.compile(
-    r"NETWORK_CONNECTION|Could not resolve host|Couldn't connect|Connection refused|curlCode"
+    r"NETWORK_CONNECTION|Could not resolve host|Couldn't connect|Could not connect"
+    r"|Connection refused|curlCode|UNAVAILABLE"
 )
 _CREDENTIALS = {
     "s3": (
