@@ -40,6 +40,13 @@ from loadax.sources.parquet import ParquetDataset
 
 RECORDS = 40
 BUCKET = "bucket"
+# moto's server, ended when its stdin closes: when the test process ends, however it ends.
+SERVER = """
+import os, sys, threading
+threading.Thread(target=lambda: (sys.stdin.read(), os._exit(0)), daemon=True).start()
+from moto.server import main
+main(sys.argv[1:])
+"""
 READ_ALL = {  # an IAM policy that lets its user do anything with S3
     "Version": "2012-10-17",
     "Statement": [{"Effect": "Allow", "Action": "s3:*", "Resource": "*"}],
@@ -54,6 +61,13 @@ class Moto:
         self.log = (directory / "moto.log").open("w")
         self.process, self.port = _started(self.log)
         self.endpoint = f"127.0.0.1:{self.port}"
+        try:
+            self._set_up()
+        except BaseException:
+            self.close()
+            raise
+
+    def _set_up(self) -> None:
         iam = boto3.client(
             "iam",
             endpoint_url=f"http://{self.endpoint}",
@@ -100,18 +114,22 @@ class Moto:
     def close(self) -> None:
         self.process.terminate()
         self.process.wait(timeout=10)
+        if self.process.stdin is not None:
+            self.process.stdin.close()
         self.log.close()
 
 
 def _started(log: Any) -> tuple[subprocess.Popen[bytes], int]:
-    """`python -m moto.server` on a free loopback port, answering; the port taken meanwhile by
-    another process is retried on another."""
+    """moto's server on a free loopback port, answering; a port taken meanwhile by another
+    process is retried on another."""
     for _ in range(3):
         with socket.socket() as probe:
             probe.bind(("127.0.0.1", 0))
             port = int(probe.getsockname()[1])
-        command = [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)]
-        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+        command = [sys.executable, "-c", SERVER, "-H", "127.0.0.1", "-p", str(port)]
+        process = subprocess.Popen(
+            command, stdin=subprocess.PIPE, stdout=log, stderr=subprocess.STDOUT
+        )
         deadline = time.monotonic() + 30
         while process.poll() is None and time.monotonic() < deadline:
             with contextlib.suppress(OSError):
