@@ -42,7 +42,12 @@ class ShardingStrategy:
 
     @property
     def sharding(self) -> jax.sharding.Sharding:
-        """The sharding of the batch dimension of every leaf of a global batch."""
+        """The sharding of the batch dimension of every leaf of a global batch.
+
+        It is over the mesh as given, axis types and all: with explicit axes (the default of
+        `jax.make_mesh`) a batch's type says it is split, `float32[16@data]`, as
+        `jax.device_put(batch, NamedSharding(mesh, P("data")))` would make it.
+        """
         if self.mesh is None:
             return jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
         spec = PartitionSpec(self.data_axis)  # type: ignore[no-untyped-call]  # jax ships no stub
@@ -75,9 +80,14 @@ class ShardingStrategy:
         return self._rows_by_length[batch_length]
 
     def distribute_global_batch(self, local_batch: Any) -> Any:
-        """A pytree of global jax.Arrays from this process's rows; no data crosses hosts."""
+        """A pytree of global jax.Arrays from this process's rows; no data crosses hosts.
+
+        Without a mesh the batch goes to this process's first device uncommitted, so that a
+        jitted step may move it to its other arguments' devices (those of the mesh that
+        `jax.set_mesh` sets, for one) instead of refusing them as incompatible devices.
+        """
         if self.mesh is None:
-            return jax.device_put(local_batch, self.sharding)
+            return jax.device_put(local_batch)
         return jax.tree.map(self._global_array, local_batch)
 
     def _global_array(self, local: Any) -> jax.Array:
