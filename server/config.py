@@ -39,10 +39,12 @@ _SERVER_KEYS = (
     "token_file",
     "tls",
     "curve",
+    "log_format",
 )
 _PIPELINE_KEYS = ("factory", "args")
 _FACTORY = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
 _HOST = re.compile(r"^(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.-]+)$")
+LOG_FORMATS = ("text", "json")
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -78,6 +80,7 @@ class WorkerConfig:
     tls: TlsConfig | None = None
     curve: CurveConfig | None = None
     token: str | None = dataclasses.field(default=None, repr=False)
+    log_format: str = "text"  # of the logs on stderr: "text" or "json" (one object a line)
 
     def error(self, message: str) -> ConfigError:
         return ConfigError(f"{self.source}: {message}")
@@ -268,6 +271,7 @@ def _parse(
         tls=tls,
         curve=curve,
         token=token,
+        log_format=_log_format(source, server),
     )
 
 
@@ -290,6 +294,15 @@ def _pipeline(source: str, name: str, table: Any) -> PipelineConfig:
     if not isinstance(args, dict):
         raise ConfigError(f"{source}: {key}.args must be a table, got {show(args)}")
     return PipelineConfig(name=name, factory=factory, args=args)
+
+
+def _log_format(source: str, server: Mapping[str, Any]) -> str:
+    value = server.get("log_format", "text")
+    if value not in LOG_FORMATS:
+        raise ConfigError(
+            f'{source}: [server].log_format must be "text" or "json", got {show(value)}'
+        )
+    return str(value)
 
 
 def _positive_int(source: str, server: Mapping[str, Any], key: str, default: int) -> int:

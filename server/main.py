@@ -1,12 +1,13 @@
 """`loadax-worker`: serve the pipelines of a TOML config over gRPC and/or ZeroMQ until signalled.
 
 Stdout carries one JSON line when ready (`{"event": "ready", ...}`) and one when stopped; logs go
-to stderr.
+to stderr, as text or (`[server] log_format = "json"`, `--log-format json`) as JSON lines.
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime
 import faulthandler
 import json
 import logging
@@ -18,7 +19,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 from loadax.server.check import check_report, security_lines
-from loadax.server.config import WorkerConfig, load_config
+from loadax.server.config import LOG_FORMATS, WorkerConfig, load_config
 from loadax.server.config_checks import ConfigError
 from loadax.server.grpc_server import GrpcServer
 from loadax.server.metrics import WorkerMetrics
@@ -47,11 +48,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if args.json and not args.check:
         parser.error("--json goes with --check")
-    logging.basicConfig(
-        level=args.log_level,
-        stream=sys.stderr,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    logs = logging.StreamHandler(sys.stderr)
+    logging.basicConfig(level=args.log_level, handlers=[logs])
+    _format_logs(logs, args.log_format or "text")
     try:
         config = load_config(
             args.config,
@@ -60,10 +59,13 @@ def main(argv: Sequence[str] | None = None) -> None:
             metrics=args.metrics,
             processes=args.processes,
         )
+        _format_logs(logs, args.log_format or config.log_format)
         worker = Worker.from_config(config)
     except ConfigError as error:
         if args.json:
             print(json.dumps({"valid": False, "config": args.config, "error": str(error)}))
+        elif isinstance(logs.formatter, JsonLines) and not args.check:
+            log.error("%s", error)  # a collector reading JSON lines gets why the worker exits
         else:
             print(f"loadax-worker: {error}", file=sys.stderr)
         raise SystemExit(EXIT_CONFIG) from None
@@ -141,6 +143,13 @@ def _parser() -> argparse.ArgumentParser:
         default=30.0,
         metavar="SECONDS",
         help="on SIGTERM/SIGINT, how long requests in flight may take to finish (default 30)",
+    )
+    parser.add_argument(
+        "--log-format",
+        choices=LOG_FORMATS,
+        help='how logs are written to stderr, replacing [server].log_format: "text" (the '
+        'default) or "json", one object a line: {"time": ..., "level": ..., "logger": ..., '
+        '"message": ...}, and "traceback" when an exception is logged',
     )
     parser.add_argument(
         "--log-level",
@@ -265,6 +274,34 @@ def _shut_down(
         metrics.stop_exporter()
     finally:
         done()
+
+
+def _format_logs(handler: logging.Handler, log_format: str) -> None:
+    if log_format == "json":
+        handler.setFormatter(JsonLines())
+        logging.captureWarnings(True)  # the factories' warnings too, as log records
+    else:
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+
+
+class JsonLines(logging.Formatter):
+    """A log record as one line of JSON, for log collectors: its time (UTC, ISO 8601), level,
+    logger and message, and the traceback of an exception logged with it."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        line = {
+            "time": datetime.datetime.fromtimestamp(record.created, datetime.UTC).isoformat(
+                timespec="milliseconds"
+            ),
+            "level": record.levelname,
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
+        if record.exc_info:
+            line["traceback"] = self.formatException(record.exc_info)
+        if record.stack_info:
+            line["stack"] = self.formatStack(record.stack_info)
+        return json.dumps(line)
 
 
 class _Signals:
