@@ -40,6 +40,7 @@ _SERVER_KEYS = (
     "tls",
     "curve",
     "log_format",
+    "python_path",
 )
 _PIPELINE_KEYS = ("factory", "args")
 _FACTORY = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
@@ -81,6 +82,7 @@ class WorkerConfig:
     curve: CurveConfig | None = None
     token: str | None = dataclasses.field(default=None, repr=False)
     log_format: str = "text"  # of the logs on stderr: "text" or "json" (one object a line)
+    python_path: tuple[str, ...] = ()  # absolute folders put first on sys.path for the factories
 
     def error(self, message: str) -> ConfigError:
         return ConfigError(f"{self.source}: {message}")
@@ -118,13 +120,15 @@ def load_factory(config: WorkerConfig, pipeline: PipelineConfig) -> Callable[...
     """Import the callable that `pipeline.factory` ("module:function") names."""
     key = f"{pipeline.key}.factory"
     module_name, _, attributes = pipeline.factory.partition(":")
+    _put_first_on_sys_path(config.python_path)
     try:
         with _own_argv():
             target: Any = importlib.import_module(module_name)
     except ModuleNotFoundError as error:
         if error.name is not None and f"{module_name}.".startswith(f"{error.name}."):
             raise config.error(
-                f"{key}: module {module_name!r} is not importable: {error}"
+                f"{key}: module {module_name!r} is not importable: {error}; "
+                f"{_where_modules_come_from(config.python_path)}"
             ) from error
         raise config.error(f"{key}: importing module {module_name!r} failed: {error!r}") from error
     except (Exception, SystemExit, KeyboardInterrupt) as error:
@@ -144,6 +148,25 @@ def load_factory(config: WorkerConfig, pipeline: PipelineConfig) -> Callable[...
         )
     factory: Callable[..., Any] = target
     return factory
+
+
+def _put_first_on_sys_path(folders: tuple[str, ...]) -> None:
+    """`[server] python_path` ahead of the rest of sys.path. Child processes get the parent's
+    sys.path with the rest of multiprocessing's preparation data, before they unpickle the
+    pipeline they rebuild, so they import the factories from the same folders."""
+    missing = [folder for folder in folders if folder not in sys.path]
+    if missing:
+        sys.path[:0] = missing
+        importlib.invalidate_caches()
+
+
+def _where_modules_come_from(python_path: tuple[str, ...]) -> str:
+    if python_path:
+        return f"it is neither installed nor in [server] python_path ({', '.join(python_path)})"
+    return (
+        "install it, or list the folder that holds it in [server] python_path (relative to "
+        'the config\'s folder, e.g. python_path = ["src"])'
+    )
 
 
 @contextlib.contextmanager
@@ -272,6 +295,7 @@ def _parse(
         curve=curve,
         token=token,
         log_format=_log_format(source, server),
+        python_path=_python_path(source, base, server.get("python_path", [])),
     )
 
 
@@ -303,6 +327,26 @@ def _log_format(source: str, server: Mapping[str, Any]) -> str:
             f'{source}: [server].log_format must be "text" or "json", got {show(value)}'
         )
     return str(value)
+
+
+def _python_path(source: str, base: Path, value: Any) -> tuple[str, ...]:
+    """The folders of `[server].python_path`, absolute; relative ones are from the config's."""
+    where = f"{source}: [server].python_path"
+    if not isinstance(value, list) or not all(isinstance(entry, str) and entry for entry in value):
+        raise ConfigError(
+            f'{where} must be a list of folders (e.g. ["src", "../lib"]), got {show(value)}'
+        )
+    folders = []
+    for entry in value:
+        folder = (base / entry).resolve()
+        if not folder.is_dir():
+            reason = "does not exist" if not folder.exists() else "is not a folder"
+            raise ConfigError(
+                f"{where}: {entry!r} {reason} ({folder}; relative paths start at the "
+                "config's folder)"
+            )
+        folders.append(str(folder))
+    return tuple(folders)
 
 
 def _positive_int(source: str, server: Mapping[str, Any], key: str, default: int) -> int:
