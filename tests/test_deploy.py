@@ -1,5 +1,7 @@
 """deploy/: the Kubernetes manifests validate offline, every YAML file lints, and the ports, paths,
-flags and names in the image, compose file and manifests agree with the worker's CLI and config."""
+flags and names in the image, compose file and manifests agree with the worker's CLI and config.
+With kubectl (or kustomize) installed, the kustomizations are built too: the ConfigMap generated
+from worker.toml, the optional autoscaling component."""
 
 from __future__ import annotations
 
@@ -11,9 +13,11 @@ import json
 import os
 import re
 import shlex
+import shutil
+import subprocess
 import tomllib
 import urllib.request
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -31,6 +35,7 @@ from loadax.server.main import _parser
 ROOT = Path(__file__).resolve().parents[1]
 DEPLOY = ROOT / "deploy"
 KUBERNETES = DEPLOY / "kubernetes"
+AUTOSCALING = KUBERNETES / "autoscaling"
 WORKER_TOML = DEPLOY / "worker.toml"
 # gRPC probes are GA since 1.27; 1.37 is the newest kubernetes-validate bundles.
 KUBERNETES_VERSIONS = ("1.27", "1.37")
@@ -105,22 +110,27 @@ class Stage:
         raise AssertionError(f"deploy/Dockerfile: stage {self.name} copies nothing to {path}")
 
 
-def stages() -> dict[str, Stage]:
-    """deploy/Dockerfile's stages by name, in order; the last is what `docker build` builds."""
-    text = re.sub(r"\\\n", " ", (DEPLOY / "Dockerfile").read_text())
-    built: dict[str, list[tuple[str, str]]] = {}
-    current: list[tuple[str, str]] = []
+def stages(dockerfile: str = "Dockerfile") -> dict[str, Stage]:
+    """A Dockerfile's stages by name, in order; the last is what `docker build` builds. The
+    instructions before the first FROM (its ARGs) are the stage named ""."""
+    text = re.sub(r"\\\n", " ", (DEPLOY / dockerfile).read_text())
+    built: dict[str, list[tuple[str, str]]] = {"": []}
+    current = built[""]
     for line in text.splitlines():
         if not line.strip() or line.lstrip().startswith("#"):
             continue
         instruction, _, arguments = line.strip().partition(" ")
         if instruction.upper() == "FROM":
             named = re.fullmatch(r"(\S+)(?:\s+AS\s+(\S+))?", arguments.strip(), re.IGNORECASE)
-            assert named, f"deploy/Dockerfile: cannot read FROM {arguments}"
+            assert named, f"deploy/{dockerfile}: cannot read FROM {arguments}"
             current = built[named[2] or str(len(built))] = list(built.get(named[1], []))
         else:
             current.append((instruction.upper(), arguments.strip()))
-    return {name: Stage(name, tuple(instructions)) for name, instructions in built.items()}
+    return {
+        name: Stage(name, tuple(instructions))
+        for name, instructions in built.items()
+        if name or instructions
+    }
 
 
 def worker_image() -> Stage:
@@ -142,15 +152,39 @@ def exec_form(name: str, arguments: str) -> list[str]:
     return command
 
 
-def manifests() -> dict[str, dict[str, Any]]:
-    """The resources kustomization.yaml lists, by kind (one of each)."""
-    kustomization = yaml.safe_load((KUBERNETES / "kustomization.yaml").read_text())
+def kustomization(folder: Path = DEPLOY) -> dict[str, Any]:
+    document: dict[str, Any] = yaml.safe_load((folder / "kustomization.yaml").read_text())
+    return document
+
+
+def listed(folder: Path) -> dict[str, dict[str, Any]]:
+    """The resources that `folder`'s kustomization lists, by kind (one of each)."""
     resources: dict[str, dict[str, Any]] = {}
-    for name in kustomization["resources"]:
-        for resource in yaml.safe_load_all((KUBERNETES / name).read_text()):
+    for name in kustomization(folder).get("resources", []):
+        for resource in yaml.safe_load_all((folder / name).read_text()):
             assert resource["kind"] not in resources, f"two {resource['kind']}s in the manifests"
             resources[resource["kind"]] = resource
     return resources
+
+
+def manifests() -> dict[str, dict[str, Any]]:
+    """What deploy/kustomization.yaml applies, by kind (one of each): the resources it lists and
+    the ConfigMap it generates (named as the generator is, without kustomize's hash)."""
+    resources = listed(DEPLOY)
+    (generator,) = kustomization()["configMapGenerator"]
+    assert "ConfigMap" not in resources, "the ConfigMap is generated from worker.toml, not listed"
+    resources["ConfigMap"] = {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": generator["name"], "labels": generator["options"]["labels"]},
+        "data": {PurePosixPath(f).name: (DEPLOY / f).read_text() for f in generator["files"]},
+    }
+    return resources
+
+
+def autoscaler() -> dict[str, Any]:
+    """The HorizontalPodAutoscaler of the optional autoscaling component."""
+    return listed(AUTOSCALING)["HorizontalPodAutoscaler"]
 
 
 def compose() -> dict[str, Any]:
@@ -231,7 +265,9 @@ def yaml_files() -> Iterator[Path]:
     return (path for path in sorted(DEPLOY.rglob("*")) if path.suffix in (".yaml", ".yml"))
 
 
-@pytest.mark.parametrize("path", list(yaml_files()), ids=lambda path: path.name)
+@pytest.mark.parametrize(
+    "path", list(yaml_files()), ids=lambda path: path.relative_to(DEPLOY).as_posix()
+)
 def test_yaml_passes_yamllint(path: Path) -> None:
     lint_config = YamlLintConfig(file=str(DEPLOY / ".yamllint.yaml"))
     problems = list(linter.run(path.read_text(), lint_config, str(path)))
@@ -240,22 +276,41 @@ def test_yaml_passes_yamllint(path: Path) -> None:
     )
 
 
-@pytest.mark.parametrize("version", KUBERNETES_VERSIONS)
-def test_every_manifest_is_valid_for_kubernetes(version: str) -> None:
-    for kind, resource in manifests().items():
+def validate(resources: Iterable[dict[str, Any]], version: str) -> None:
+    for resource in resources:
         try:
             kubernetes_validate.validate(resource, version, strict=True)
         except kubernetes_validate.ValidationError as error:
             path = ".".join(str(part) for part in error.path)
             raise AssertionError(
-                f"{kind} is invalid for Kubernetes {version}: {path}: {error.message}"
+                f"{resource['kind']} is invalid for Kubernetes {version}: {path}: {error.message}"
             ) from None
 
 
-def test_kustomization_lists_every_manifest() -> None:
-    listed = yaml.safe_load((KUBERNETES / "kustomization.yaml").read_text())["resources"]
-    present = {path.name for path in KUBERNETES.glob("*.yaml")} - {"kustomization.yaml"}
-    assert sorted(listed) == sorted(present)
+@pytest.mark.parametrize("version", KUBERNETES_VERSIONS)
+def test_every_manifest_is_valid_for_kubernetes(version: str) -> None:
+    validate([*manifests().values(), autoscaler()], version)
+
+
+def test_kustomizations_list_every_manifest() -> None:
+    default = kustomization()["resources"]
+    assert sorted(default) == sorted(f"kubernetes/{p.name}" for p in KUBERNETES.glob("*.yaml"))
+    component = kustomization(AUTOSCALING)
+    assert component["kind"] == "Component"
+    assert component["resources"] == [
+        p.name for p in AUTOSCALING.glob("*.yaml") if p.stem != "kustomization"
+    ]
+
+
+def test_the_default_kustomization_leaves_autoscaling_out() -> None:
+    assert "components" not in kustomization()
+    assert "HorizontalPodAutoscaler" not in manifests()
+    mentioned = (DEPLOY / "kustomization.yaml").read_text()
+    assert "#   - kubernetes/autoscaling\n" in mentioned, "show how to add the component"
+    for documented in (AUTOSCALING / "README.md", AUTOSCALING / "kustomization.yaml"):
+        text = documented.read_text()
+        assert "metrics adapter" in text, documented
+        assert "prometheus-adapter" in text, documented
 
 
 def test_both_worker_configs_load_and_build_their_pipelines(
@@ -267,7 +322,12 @@ def test_both_worker_configs_load_and_build_their_pipelines(
         assert set(build_pipelines(loaded)) == {"images", "regression"}
 
 
-def test_config_map_holds_the_image_config() -> None:
+def test_the_config_map_is_generated_from_the_image_config() -> None:
+    (generator,) = kustomization()["configMapGenerator"]
+    assert [DEPLOY / path for path in generator["files"]] == [WORKER_TOML]
+    assert generator.get("behavior", "create") == "create"
+    assert not kustomization().get("generatorOptions", {}).get("disableNameSuffixHash", False)
+    assert not generator.get("options", {}).get("disableNameSuffixHash", False)
     assert config_map_toml() == WORKER_TOML.read_text()
 
 
@@ -391,8 +451,7 @@ def test_service_is_headless_and_lists_only_ready_workers() -> None:
 
 
 def test_autoscaler_scales_the_deployment_on_requests_in_flight(config: WorkerConfig) -> None:
-    resources = manifests()
-    hpa, deployment = resources["HorizontalPodAutoscaler"]["spec"], resources["Deployment"]
+    hpa, deployment = autoscaler()["spec"], manifests()["Deployment"]
     assert hpa["scaleTargetRef"] == {
         "apiVersion": deployment["apiVersion"],
         "kind": "Deployment",
@@ -442,3 +501,111 @@ def test_a_worker_on_the_image_config_passes_the_healthcheck_and_exports_the_hpa
             exported = response.read().decode()
         assert f"# TYPE {HPA_METRIC} gauge" in exported
         assert worker.terminate() == 0
+
+
+# --- kustomize builds (with kubectl or kustomize installed) ------------------------------------
+
+
+def built(folder: Path) -> dict[str, dict[str, Any]]:
+    """What `kustomize build folder` makes, by kind (one of each)."""
+    if shutil.which("kustomize"):
+        command = ["kustomize", "build"]
+    elif shutil.which("kubectl"):
+        command = ["kubectl", "kustomize"]
+    else:
+        pytest.skip("neither kustomize nor kubectl is installed")
+    result = subprocess.run(
+        [*command, str(folder)], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert result.returncode == 0, f"{' '.join(command)} {folder}: {result.stderr}"
+    resources = {}
+    for resource in yaml.safe_load_all(result.stdout):
+        assert resource["kind"] not in resources, f"two {resource['kind']}s in the build"
+        resources[resource["kind"]] = resource
+    return resources
+
+
+def config_volume(resources: Mapping[str, dict[str, Any]]) -> dict[str, str]:
+    (volume,) = (
+        volume
+        for volume in resources["Deployment"]["spec"]["template"]["spec"]["volumes"]
+        if "configMap" in volume
+    )
+    reference: dict[str, str] = volume["configMap"]
+    return reference
+
+
+def deploy_copy(tmp_path: Path) -> Path:
+    """deploy/'s kustomization, manifests and config, copied where a test may change them."""
+    copy = tmp_path / "deploy"
+    copy.mkdir()
+    shutil.copy(DEPLOY / "kustomization.yaml", copy)
+    shutil.copy(WORKER_TOML, copy)
+    shutil.copytree(KUBERNETES, copy / "kubernetes")
+    return copy
+
+
+def test_kustomize_builds_the_manifests_with_a_config_map_of_worker_toml() -> None:
+    resources = built(DEPLOY)
+    assert sorted(resources) == ["ConfigMap", "Deployment", "PodDisruptionBudget", "Service"]
+    name = resources["ConfigMap"]["metadata"]["name"]
+    assert re.fullmatch(r"loadax-worker-config-[a-z0-9]{10}", name), name
+    assert resources["ConfigMap"]["data"] == {"worker.toml": WORKER_TOML.read_text()}
+    assert config_volume(resources)["name"] == name
+    # Apart from the hash in the ConfigMap's name, the build is what the other tests check.
+    generator_name = manifests()["ConfigMap"]["metadata"]["name"]
+    resources["ConfigMap"]["metadata"]["name"] = config_volume(resources)["name"] = generator_name
+    assert resources == manifests()
+    for version in KUBERNETES_VERSIONS:
+        validate(resources.values(), version)
+
+
+def test_a_changed_config_renames_the_config_map_and_so_rolls_the_workers(
+    tmp_path: Path,
+) -> None:
+    copy = deploy_copy(tmp_path)
+    before = built(copy)
+    assert "\nthreads = 4\n" in WORKER_TOML.read_text()
+    (copy / "worker.toml").write_text(WORKER_TOML.read_text().replace("threads = 4", "threads = 6"))
+    after = built(copy)
+    old, new = (resources["ConfigMap"]["metadata"]["name"] for resources in (before, after))
+    assert old != new
+    assert config_volume(after)["name"] == new
+    # A new pod template: the Deployment rolls its pods, one surge at a time.
+    template = before["Deployment"]["spec"]["template"]
+    assert template != after["Deployment"]["spec"]["template"]
+    assert after["Deployment"]["spec"]["strategy"]["rollingUpdate"]["maxUnavailable"] == 0
+
+
+def test_the_autoscaling_component_adds_the_autoscaler_and_leaves_it_the_replicas(
+    tmp_path: Path,
+) -> None:
+    overlay = tmp_path / "overlay"
+    overlay.mkdir()
+    (overlay / "kustomization.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "kustomize.config.k8s.io/v1beta1",
+                "kind": "Kustomization",
+                "resources": [os.path.relpath(DEPLOY, overlay)],
+                "components": [os.path.relpath(AUTOSCALING, overlay)],
+            }
+        )
+    )
+    # The other way: the lines deploy/kustomization.yaml has commented out, uncommented.
+    in_place = deploy_copy(tmp_path)
+    text = (in_place / "kustomization.yaml").read_text()
+    (in_place / "kustomization.yaml").write_text(
+        text.replace(
+            "# components:\n#   - kubernetes/autoscaling", "components:\n  - kubernetes/autoscaling"
+        )
+    )
+    default = built(DEPLOY)
+    del default["Deployment"]["spec"]["replicas"]
+    for scaled in (built(overlay), built(in_place)):
+        for version in KUBERNETES_VERSIONS:
+            validate(scaled.values(), version)
+        assert "replicas" not in scaled["Deployment"]["spec"]
+        assert scaled.pop("HorizontalPodAutoscaler") == autoscaler()
+        assert scaled == default
+
