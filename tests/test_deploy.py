@@ -15,6 +15,7 @@ import re
 import shlex
 import shutil
 import subprocess
+import sys
 import tomllib
 import urllib.request
 from collections.abc import Iterable, Iterator, Mapping
@@ -37,6 +38,7 @@ DEPLOY = ROOT / "deploy"
 KUBERNETES = DEPLOY / "kubernetes"
 AUTOSCALING = KUBERNETES / "autoscaling"
 WORKER_TOML = DEPLOY / "worker.toml"
+FACTORIES_EXAMPLE = DEPLOY / "factories-example"
 # gRPC probes are GA since 1.27; 1.37 is the newest kubernetes-validate bundles.
 KUBERNETES_VERSIONS = ("1.27", "1.37")
 HPA_METRIC = "loadax_worker_in_flight"
@@ -609,3 +611,59 @@ def test_the_autoscaling_component_adds_the_autoscaler_and_leaves_it_the_replica
         assert scaled.pop("HorizontalPodAutoscaler") == autoscaler()
         assert scaled == default
 
+
+# --- your own factories -------------------------------------------------------------------
+
+
+def test_the_factories_image_installs_a_project_on_the_worker_image() -> None:
+    text = (DEPLOY / "Dockerfile.factories").read_text()
+    version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+    arguments, image = stages("Dockerfile.factories").values()
+    assert arguments.last("ARG") == f"LOADAX_IMAGE=loadax-worker:{version}"
+    assert re.search(r"^FROM \$\{LOADAX_IMAGE\}$", text, re.MULTILINE)
+    # The worker image's entrypoint, healthcheck and ports stay; so does its user.
+    instructions = {instruction for instruction, _ in image.instructions}
+    assert not instructions & {"ENTRYPOINT", "CMD", "HEALTHCHECK", "EXPOSE"}, instructions
+    assert image.user() == worker_image().user()
+    assert ("COPY", ". /opt/factories/") in image.instructions
+    assert ("RUN", "pip install /opt/factories") in image.instructions
+    assert f"-t loadax-worker:{version} ." in text
+    assert "deploy/Dockerfile.factories" in text
+    assert str(FACTORIES_EXAMPLE.relative_to(ROOT)) in text
+
+
+def test_the_factories_example_installs_the_package_its_config_names() -> None:
+    project = tomllib.loads((FACTORIES_EXAMPLE / "pyproject.toml").read_text())
+    (where,) = project["tool"]["setuptools"]["packages"]["find"]["where"]
+    example = tomllib.loads((FACTORIES_EXAMPLE / "worker.toml").read_text())
+    assert example["server"]["python_path"] == [where]
+    for pipeline in example["pipelines"].values():
+        package = pipeline["factory"].split(".")[0].split(":")[0]
+        assert (FACTORIES_EXAMPLE / where / package / "__init__.py").is_file(), package
+
+
+def test_the_factories_example_is_served_from_python_path_without_pythonpath(
+    tmp_path: Path,
+) -> None:
+    env = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
+    env["PYTHONDONTWRITEBYTECODE"] = "1"  # nothing written into deploy/
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "loadax.server.main",
+            "--config",
+            str(FACTORIES_EXAMPLE / "worker.toml"),
+            "--check",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith(
+        'squares: mypipe.pipelines:squares(**{"records": 1024}) -> 1024 records'
+    ), result.stdout
