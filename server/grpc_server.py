@@ -17,6 +17,7 @@ from concurrent import futures
 from typing import Any, NoReturn, TypeVar
 
 import grpc
+from google.protobuf.message import DecodeError, Message
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
@@ -31,12 +32,8 @@ from loadax.wire.limits import GRPC_MIN_PING_INTERVAL_MS, MAX_BATCH_BYTES, MAX_R
 from loadax.wire.messages import LOAD_BATCH, RequestMessage
 from loadax.wire.payloads import PAYLOAD_SERVICE, EncodedBatch, payload_reply
 from loadax.wire.v1 import worker_pb2 as wire
-from loadax.wire.v1 import worker_pb2_grpc
 
 SERVICE = wire.DESCRIPTOR.services_by_name["Worker"].full_name
-# Calls a connection may have open beyond its LoadBatch calls in flight (handshakes, info, health
-# checks); a client's further calls wait in the client for one to end, not at the worker.
-_SPARE_STREAMS = 16
 MAX_DETAILS = 4000
 """Status details travel in a header: keep them well under the client's metadata limit."""
 _TRANSPORT = Transport(
@@ -46,6 +43,7 @@ _TRANSPORT = Transport(
 )
 
 R = TypeVar("R")
+Q = TypeVar("Q", bound=Message)
 
 
 class GrpcServer:
@@ -56,7 +54,8 @@ class GrpcServer:
     `max_concurrent_rpcs` calls; beyond either, calls get RESOURCE_EXHAUSTED. A LoadBatch call
     counts, and its batch keeps its share of the worker's memory budget, until the call has
     ended: its reply sent, or the call cancelled (the client gone too). A connection may have
-    16 calls open beyond its limit; its further calls wait in the client.
+    `max_concurrent_rpcs` calls open at once; more are refused (HTTP/2 REFUSED_STREAM, which a
+    gRPC client reports as UNAVAILABLE).
 
     With `tls` the server speaks only TLS; with `token`, Worker calls without the metadata
     `authorization: Bearer <token>` get UNAUTHENTICATED. Every Worker call is counted in
@@ -98,9 +97,10 @@ class GrpcServer:
             options=[
                 ("grpc.max_send_message_length", MAX_BATCH_BYTES),
                 ("grpc.max_receive_message_length", MAX_REQUEST_BYTES),
-                # What one connection can have the worker hold: its calls beyond this many wait
-                # in the client (HTTP/2 SETTINGS_MAX_CONCURRENT_STREAMS).
-                ("grpc.max_concurrent_streams", max_in_flight_per_client + _SPARE_STREAMS),
+                # What one connection can have the worker hold: every call it opens has state
+                # in the worker until its status is sent, which waits for a client that does
+                # not read. Its calls beyond this many at once are refused (REFUSED_STREAM).
+                ("grpc.max_concurrent_streams", max_concurrent_rpcs),
                 # Two workers must not silently share a port.
                 ("grpc.so_reuseport", 0),
                 # Accept the clients' keepalive pings, between calls too (they find a frozen
@@ -111,12 +111,17 @@ class GrpcServer:
             ],
         )
         servicer = WorkerServicer(worker, threads, admission)
-        worker_pb2_grpc.add_WorkerServicer_to_server(servicer, self._server)
-        payloads = grpc.unary_unary_rpc_method_handler(
-            servicer.load_raw, request_deserializer=wire.BatchRequest.FromString
-        )
+        methods = {
+            "Handshake": _method(servicer.Handshake, wire.HandshakeRequest, wire.HandshakeResponse),
+            "Info": _method(servicer.Info, wire.InfoRequest, wire.InfoResponse),
+            "LoadBatch": _method(servicer.LoadBatch, wire.BatchRequest, wire.BatchResponse),
+        }
+        payloads = {"LoadBatch": _method(servicer.load_raw, wire.BatchRequest)}
         self._server.add_generic_rpc_handlers(
-            (grpc.method_handlers_generic_handler(PAYLOAD_SERVICE, {"LoadBatch": payloads}),)
+            (
+                grpc.method_handlers_generic_handler(SERVICE, methods),
+                grpc.method_handlers_generic_handler(PAYLOAD_SERVICE, payloads),
+            )
         )
         self._health = health.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self._health, self._server)
@@ -258,6 +263,27 @@ class WorkerServicer:
                 f"more than the {MAX_BATCH_BYTES} a reply may hold; ask for fewer rows",
             )
         return response
+
+
+def _method(
+    handler: Callable[[Q, Any], Any], request: type[Q], response: type[Message] | None = None
+) -> grpc.RpcMethodHandler:
+    """A unary method whose handler parses the request's bytes itself: when gRPC's own parsing
+    fails, its server answers but never finishes the call (it aborts it a second time), and keeps
+    the call, its stream and about 15 KiB, for as long as it runs (grpcio 1.85). A body that does
+    not parse gets the status gRPC answers, INTERNAL, and the call ends."""
+
+    def parsed(body: bytes, context: Any) -> Any:
+        message = request()
+        try:
+            message.ParseFromString(body)
+        except DecodeError:
+            context.abort(grpc.StatusCode.INTERNAL, "Exception deserializing request!")
+        return handler(message, context)
+
+    return grpc.unary_unary_rpc_method_handler(
+        parsed, response_serializer=None if response is None else response.SerializeToString
+    )
 
 
 class _Held:
