@@ -2,9 +2,9 @@
 memory"): real `loadax-worker` processes, real clients in processes of their own, and the
 worker's resident memory read from /proc.
 
-Every test measures the worker's base RSS once it has served a well-behaved client the same
-batches at the same concurrency (its allocator then holds what serving needs), and allows the
-memory budget plus `SLACK_MIB` on top of it.
+A test of a client's effect measures the worker's base RSS once it has served a well-behaved
+client the same batches at the same concurrency (its allocator then holds what serving needs),
+and allows the memory budget plus `SLACK_MIB` on top of it.
 """
 
 from __future__ import annotations
@@ -49,6 +49,7 @@ args = {{ records = {RECORDS}, floats = 262144 }}
 TOKEN = "memory-bounds-token-0123456789"
 SETTINGS = f'memory_budget_mb = {BUDGET_MIB}\ntoken_file = "token"\nmetrics = "127.0.0.1:0"'
 CREDENTIALS = (("authorization", f"Bearer {TOKEN}"),)
+SCHEMA_LOAD_BATCH = f"/{wire.DESCRIPTOR.services_by_name['Worker'].full_name}/LoadBatch"
 ONE_ROW = loadax.Plan(RECORDS, batch_size=1)
 WARM_UP_BATCHES = 128
 IN_FLIGHT = 16  # the worker's max_in_flight_per_client (its config's default)
@@ -313,6 +314,34 @@ def test_a_request_for_more_rows_than_the_budget_holds_is_refused_before_it_is_b
         # Building it would read 200,000 records of 1 MiB.
         assert time.monotonic() - started < TIMEOUT_S
         assert_bounded(worker, base, 0.0)
+
+
+def unparsable_calls(worker: WorkerProcess, count: int) -> set[grpc.StatusCode]:
+    """The codes of `count` batch calls over one connection whose bodies do not parse, half to
+    each batch method, `IN_FLIGHT` at a time."""
+    codes = set()
+    with grpc.insecure_channel(worker.grpc_address) as channel:
+        methods = [channel.unary_unary(LOAD_BATCH_PAYLOAD), channel.unary_unary(SCHEMA_LOAD_BATCH)]
+        for start in range(0, count, IN_FLIGHT):
+            calls = [
+                methods[index % 2].future(b"\x00", metadata=CREDENTIALS, timeout=TIMEOUT_S)
+                for index in range(start, min(start + IN_FLIGHT, count))
+            ]
+            codes |= {call.exception().code() for call in calls}
+    return codes
+
+
+def test_grpc_requests_that_do_not_parse_leave_nothing_behind(tmp_path: Path) -> None:
+    with bounded_worker(tmp_path) as worker:
+        assert unparsable_calls(worker, 200) == {grpc.StatusCode.INTERNAL}
+        base = rss_mib(worker.process.pid)
+        assert unparsable_calls(worker, 2_000) == {grpc.StatusCode.INTERNAL}
+        # When gRPC parses a request itself and fails, it keeps the call's stream and about
+        # 15 KiB for good: 30 MiB here, and the connection refused once it has
+        # max_concurrent_rpcs of them.
+        grew = rss_mib(worker.process.pid) - base
+        assert grew < 16, f"2,000 calls that did not parse left {grew:.0f} MiB behind"
+        grpc_batches(worker, ONE_ROW, [StepWork(0)])
 
 
 def largest_request(name: str) -> wire.BatchRequest:
