@@ -27,13 +27,22 @@ from loadax.server.config_security import TlsConfig
 from loadax.server.metrics import WorkerMetrics
 from loadax.server.worker import Worker
 from loadax.validation import require_int
-from loadax.wire.failures import ERROR_METADATA, RecordFailed, error_reply, shorten
+from loadax.wire.failures import (
+    ERROR_METADATA,
+    PoisonFailed,
+    RecordFailed,
+    error_reply,
+    shorten,
+)
 from loadax.wire.limits import GRPC_MIN_PING_INTERVAL_MS, MAX_BATCH_BYTES, MAX_REQUEST_BYTES
 from loadax.wire.messages import LOAD_BATCH, RequestMessage
 from loadax.wire.payloads import PAYLOAD_SERVICE, EncodedBatch, payload_reply
 from loadax.wire.v1 import worker_pb2 as wire
 
 SERVICE = wire.DESCRIPTOR.services_by_name["Worker"].full_name
+HEALTH_CHECK_S = 0.5
+"""How often the health service's status follows whether the worker can load."""
+_NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 MAX_DETAILS = 4000
 """Status details travel in a header: keep them well under the client's metadata limit."""
 _TRANSPORT = Transport(
@@ -129,7 +138,12 @@ class GrpcServer:
         reflection.enable_server_reflection(
             (SERVICE, health_service, reflection.SERVICE_NAME), self._server
         )
+        self._worker = worker
         self._started = False
+        self._stopping = threading.Event()
+        self._health_watch = threading.Thread(
+            target=self._watch_health, name="loadax-grpc-health", daemon=True
+        )
 
     def start(self) -> str:
         """Listen and serve; returns the bound "host:port" (with the port that was picked)."""
@@ -156,11 +170,27 @@ class GrpcServer:
         self._started = True
         for service in ("", SERVICE):
             self._health.set(service, health_pb2.HealthCheckResponse.SERVING)
+        self._health_watch.start()
         return f"{host}:{port}"
+
+    def _watch_health(self) -> None:
+        """Report NOT_SERVING while the worker cannot load (`Worker.serving`), SERVING again
+        when it can; the stop's NOT_SERVING is final."""
+        serving = True
+        while not self._stopping.wait(HEALTH_CHECK_S):
+            now = self._worker.serving
+            if now != serving:
+                serving = now
+                status = health_pb2.HealthCheckResponse.SERVING if now else _NOT_SERVING
+                for service in ("", SERVICE):
+                    self._health.set(service, status)
 
     def stop(self, grace: float) -> None:
         """Report NOT_SERVING, refuse new calls, let calls in flight finish (up to `grace`
         seconds; later ones are cancelled), then return once no handler runs any more."""
+        self._stopping.set()
+        if self._health_watch.is_alive():
+            self._health_watch.join()
         self._health.enter_graceful_shutdown()
         self._server.stop(grace).wait()
         self._executor.shutdown(wait=True)
@@ -325,7 +355,7 @@ def _abort(context: Any, error: WorkerError) -> NoReturn:
     """End the call with `error` as its status; a failed record's parts go in the trailing
     metadata, so that the client raises the RecordError a local loader would."""
     status = grpc.StatusCode.__members__.get(error.code, grpc.StatusCode.UNKNOWN)
-    if isinstance(error, RecordFailed):
+    if isinstance(error, RecordFailed | PoisonFailed):
         context.set_trailing_metadata(((ERROR_METADATA, error_reply(error).SerializeToString()),))
     context.abort(status, shorten(error.message, MAX_DETAILS))
     raise AssertionError("context.abort returned")  # pragma: no cover

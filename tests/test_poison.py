@@ -189,7 +189,7 @@ def test_processes_and_the_deadline_are_checked_in_the_config(tmp_path: Path) ->
     )
     for setting, message in (
         ("processes = -1", "[server].processes must be an int >= 0, got -1"),
-        ('processes = "2"', "[server].processes must be an int >= 0, got \"2\""),
+        ('processes = "2"', '[server].processes must be an int >= 0, got "2"'),
         ("request_deadline_s = 0", "[server].request_deadline_s must be a number of seconds > 0"),
     ):
         path.write_text(base.format(setting))

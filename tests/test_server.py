@@ -572,6 +572,8 @@ def test_a_client_over_its_in_flight_limit_is_refused(tmp_path: Path) -> None:
 class _BrokenWorker:
     """Answers handshakes, fails every batch with an unexpected error."""
 
+    serving = True
+
     def handshake(self, request: wire.HandshakeRequest) -> wire.HandshakeResponse:
         return wire.HandshakeResponse(pipeline=request.pipeline, num_records=1)
 
