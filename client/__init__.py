@@ -10,6 +10,6 @@ if __name__ != "loadax.client":
 
 from loadax.client.remote import RemoteDataLoader, RemoteLoader
 from loadax.client.security import ClientSecurity
-from loadax.client.stats import LoaderStats, WorkerStats
+from loadax.iterators.stats import LoaderStats, WorkerStats
 
 __all__ = ["ClientSecurity", "LoaderStats", "RemoteDataLoader", "RemoteLoader", "WorkerStats"]

@@ -41,10 +41,10 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from typing import Any, Literal
 
-from loadax.client.stats import StatsRecorder
 from loadax.client.targets import Target
 from loadax.client.verdicts import Verdict, verdict
 from loadax.errors import WorkerError
+from loadax.iterators.stats import StatsRecorder
 from loadax.validation import require_int, require_positive
 from loadax.wire.failures import PoisonFailed
 from loadax.wire.v1 import worker_pb2 as wire

@@ -9,7 +9,7 @@ from collections.abc import Callable, Iterator
 
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from loadax.client.stats import LoaderStats
+from loadax.iterators.stats import LoaderStats
 
 
 class LoaderCollector:

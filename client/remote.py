@@ -36,10 +36,10 @@ from loadax.client.identity import (
 )
 from loadax.client.security import ClientSecurity
 from loadax.client.startup import Gathering, Resolver, resolve_host
-from loadax.client.stats import LoaderStats, StatsRecorder
 from loadax.client.targets import TargetSpec, check_spec, connect
 from loadax.errors import WorkerError
-from loadax.execution.executor import Executor, Pending
+from loadax.execution.executor import Executor, FuturePending, Pending
+from loadax.iterators.stats import LoaderStats, StatsRecorder
 from loadax.loader import DEFAULT_PREFETCH, Loader, LoaderBuilder, LoaderOptions
 from loadax.plan.planner import Plan
 from loadax.plan.work import Work
@@ -245,6 +245,7 @@ class RemoteLoader(Loader[Any]):
             executor,
             prefetch=options.prefetch or DEFAULT_PREFETCH,
             stream_window=choice.identity.stream_window or None,
+            stats=stats,
         )
         self._finalizer = weakref.finalize(self, _close, gathering, dispatcher)
         if self._names:
@@ -418,7 +419,7 @@ class RemoteExecutor(Executor[Any]):
             schedule, self._send_scheduled = not self._send_scheduled, True
         if schedule:
             self._dispatcher.soon(self._send_waiting)
-        return self._stats.timed(batch, window=work.streams)
+        return FuturePending(batch)
 
     def release(self, wait: bool) -> None:
         """The connections belong to the loader, not to one iterator."""

@@ -26,7 +26,7 @@ from loadax.execution.threads import ThreadExecutor
 from loadax.iterators.base import LoaderIterator
 from loadax.iterators.batches import BatchIterator
 from loadax.iterators.passes import Passes
-from loadax.iterators.stats import LoaderStatsLike, StatsRecorder
+from loadax.iterators.stats import LoaderStats, StatsRecorder
 from loadax.iterators.streams import StreamIterator
 from loadax.plan.planner import Plan
 from loadax.validation import require_bool, require_int
@@ -421,7 +421,7 @@ class Loader(Generic[B]):
         )
         return self._delivered(host_batches)
 
-    def stats(self) -> LoaderStatsLike:
+    def stats(self) -> LoaderStats:
         """Batches, bytes and rates since the first request, over all the loader's iterators,
         and the share of that time the training loop spent waiting in `next()` for data.
 

@@ -28,10 +28,10 @@ from loadax import DataLoader, RecordError, WorkerError
 from loadax.client import RemoteDataLoader
 from loadax.client.dispatch import Dispatcher, FleetOptions
 from loadax.client.identity import handshake_request
-from loadax.client.stats import StatsRecorder
 from loadax.client.targets import InProcessTarget
 from loadax.client.verdicts import Verdict, verdict
 from loadax.errors import RemoteCause
+from loadax.iterators.stats import StatsRecorder
 from loadax.plan.planner import Plan
 from loadax.plan.work import StepWork
 from loadax.server.worker import Worker

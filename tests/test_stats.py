@@ -6,15 +6,13 @@ import threading
 from concurrent.futures import Future
 from typing import Any
 
-import numpy as np
 import pipelines
-import pytest
 from prometheus_client import CollectorRegistry
 
 from loadax.client import LoaderStats, RemoteDataLoader, WorkerStats
 from loadax.client.prometheus import LoaderCollector
-from loadax.client.stats import LATENCY_WINDOW, StatsRecorder
 from loadax.errors import WorkerError
+from loadax.iterators.stats import LATENCY_WINDOW, StatsRecorder
 from loadax.server.worker import Worker
 from loadax.wire.v1 import worker_pb2 as wire
 
@@ -27,54 +25,6 @@ class Clock:
 
     def __call__(self) -> float:
         return self.now
-
-
-class BlockingFuture(Future[Any]):
-    """A future whose `result()` takes `seconds` of `clock` time, as if the batch were late."""
-
-    def __init__(self, clock: Clock, seconds: float) -> None:
-        super().__init__()
-        self._clock, self._seconds = clock, seconds
-
-    def result(self, timeout: float | None = None) -> Any:
-        self._clock.now += self._seconds
-        return super().result(timeout)
-
-
-def test_the_wait_fraction_is_the_time_next_blocked_over_the_time_since_the_first_request() -> None:
-    clock = Clock()
-    recorder = StatsRecorder(clock)
-    assert recorder.snapshot([]).wait_fraction == 0.0
-    first, second = BlockingFuture(clock, 2.0), BlockingFuture(clock, 1.0)
-    pending = [recorder.timed(first), recorder.timed(second)]  # the first request at t = 0
-    first.set_result({"x": np.zeros(10, np.float32), "y": np.int64(3)})
-    second.set_exception(WorkerError("OUT_OF_RANGE", "step 9 is beyond the plan"))
-    clock.now = 5.0
-    assert pending[0].result()["y"] == 3
-    with pytest.raises(WorkerError):
-        pending[1].result()  # a failed batch: waited for, not delivered
-    clock.now = 10.0
-    assert recorder.snapshot([]) == LoaderStats(
-        batches=1,
-        bytes=48,
-        seconds=10.0,
-        waited_seconds=3.0,
-        batches_per_second=0.1,
-        bytes_per_second=4.8,
-        wait_fraction=0.3,
-        workers={},
-    )
-
-
-def test_a_stream_window_counts_its_wait_and_bytes_but_is_no_batch() -> None:
-    clock = Clock()
-    recorder = StatsRecorder(clock)
-    window = BlockingFuture(clock, 1.0)
-    pending = recorder.timed(window, window=True)
-    window.set_result(np.zeros(4, np.int64))
-    pending.result()
-    stats = recorder.snapshot([])
-    assert (stats.batches, stats.bytes, stats.waited_seconds) == (0, 32, 1.0)
 
 
 def answer_after(recorder: StatsRecorder, clock: Clock, worker: str, seconds: float) -> None:

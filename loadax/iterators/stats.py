@@ -16,7 +16,7 @@ import weakref
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
-from typing import Any, Protocol
+from typing import Any
 
 import jax
 import numpy as np
@@ -81,34 +81,6 @@ class LoaderStats:
     wait_fraction: float
     workers: Mapping[str, WorkerStats]
     left_out: Mapping[str, str] = dataclasses.field(default_factory=dict)
-
-
-class LoaderStatsLike(Protocol):
-    """The fields of every loader's stats, as `Loader.stats()` is typed.
-
-    A local loader's are a `LoaderStats`. A remote loader's are a class of `loadax.client` with
-    the same fields, until that module takes `LoaderStats` from here; then `Loader.stats()`
-    returns `LoaderStats` for every loader.
-    """
-
-    @property
-    def batches(self) -> int: ...
-    @property
-    def bytes(self) -> int: ...
-    @property
-    def seconds(self) -> float: ...
-    @property
-    def waited_seconds(self) -> float: ...
-    @property
-    def batches_per_second(self) -> float: ...
-    @property
-    def bytes_per_second(self) -> float: ...
-    @property
-    def wait_fraction(self) -> float: ...
-    @property
-    def workers(self) -> Mapping[str, object]: ...
-    @property
-    def left_out(self) -> Mapping[str, str]: ...
 
 
 class _WorkerRecord:
