@@ -16,11 +16,13 @@ from loadax.dataset.ops import (
 from loadax.dataset.protocol import Dataset
 from loadax.dataset.stream import Stream
 from loadax.dataset.zipped import ZippedDataset
-from loadax.errors import RecordError, WorkerError
+from loadax.errors import PoisonedRecords, RecordError, WorkerError
 from loadax.execution.pipeline import Pipeline
 from loadax.execution.processes import WorkerProcessError
 from loadax.iterators.base import LoaderIterator
 from loadax.iterators.batches import BatchIterator
+from loadax.iterators.passes import RepeatedEpochWarning
+from loadax.iterators.stats import LoaderStats
 from loadax.loader import DataLoader, Loader
 from loadax.plan.planner import Plan
 from loadax.sources.images import ImageFolderDataset
@@ -41,16 +43,19 @@ __all__ = [
     "InMemoryDataset",
     "Loader",
     "LoaderIterator",
+    "LoaderStats",
     "MappedDataset",
     "MixedDataset",
     "NumpyDataset",
     "PaddedStack",
     "Pipeline",
     "Plan",
+    "PoisonedRecords",
     "RandomMappedDataset",
     "RangeDataset",
     "RecordError",
     "RepeatedDataset",
+    "RepeatedEpochWarning",
     "SQLiteDataset",
     "ShuffledDataset",
     "SlicedDataset",

@@ -32,6 +32,7 @@ from loadax.plan.permutation import IndexArray
 from loadax.plan.planner import Plan
 from loadax.server.worker import Worker
 from loadax.wire.codec import decode
+from loadax.wire.payloads import EncodedBatch
 from loadax.wire.plans import plan_to_wire
 from loadax.wire.v1 import worker_pb2 as wire
 from loadax.wire.v1 import worker_pb2_grpc
@@ -103,8 +104,15 @@ def gated_request(worker: Worker, step: int, rows: list[int] | None = None) -> w
     )
 
 
-def batch_of(response: wire.BatchResponse) -> Any:
+def batch_of(response: EncodedBatch) -> Any:
     return decode(response.payload)
+
+
+def served(worker: Worker, request: wire.BatchRequest) -> EncodedBatch:
+    """`worker`'s answer to `request`, sent as a transport would: its budget share released."""
+    batch = worker.load_batch(request)
+    batch.release()
+    return batch
 
 
 class _Waits(logging.Handler):
@@ -158,7 +166,7 @@ def test_a_batch_larger_than_the_budget_is_refused_before_it_is_built() -> None:
         assert "memory budget of 20000 bytes" in message
         assert records.reads == reads
         # Fewer rows fit.
-        half = worker.load_batch(gated_request(worker, 1, rows=[0, 1]))
+        half = served(worker, gated_request(worker, 1, rows=[0, 1]))
         np.testing.assert_array_equal(batch_of(half)[:, 0], [4, 5])
     finally:
         worker.close()
@@ -186,16 +194,16 @@ def test_a_huge_request_is_refused_without_reading_a_record() -> None:
 def test_a_request_waits_for_room_and_times_out_with_resource_exhausted() -> None:
     records = GatedRecords()
     probe = gated_worker(records, budget=1 << 20)
-    size = len(probe.load_batch(gated_request(probe, 0)).payload)
+    size = len(served(probe, gated_request(probe, 0)).payload)
     probe.close()
     # Room for one batch, not two.
     worker = gated_worker(records, budget=size * 3 // 2, wait_s=0.5)
     try:
-        worker.load_batch(gated_request(worker, 0))  # learns the size
+        served(worker, gated_request(worker, 0))  # learns the size
         records.gate.clear()
         records.started.clear()
         with ThreadPoolExecutor(1) as pool:
-            held = pool.submit(worker.load_batch, gated_request(worker, 1))
+            held = pool.submit(served, worker, gated_request(worker, 1))
             assert records.started.wait(WAIT_S)
             with pytest.raises(WorkerError) as waited:
                 worker.load_batch(gated_request(worker, 2))
@@ -206,7 +214,7 @@ def test_a_request_waits_for_room_and_times_out_with_resource_exhausted() -> Non
         assert f"memory budget of {size * 3 // 2} bytes ({size} in use" in waited.value.message
         # The bytes were released: the next request is served at once.
         np.testing.assert_array_equal(
-            batch_of(worker.load_batch(gated_request(worker, 3)))[:, 0], [12, 13, 14, 15]
+            batch_of(served(worker, gated_request(worker, 3)))[:, 0], [12, 13, 14, 15]
         )
     finally:
         records.gate.set()
@@ -217,13 +225,13 @@ def test_a_waiting_request_is_admitted_when_room_frees() -> None:
     records = GatedRecords()
     worker = gated_worker(records, budget=40_000)  # one 4-row batch (about 32 KB) at a time
     try:
-        worker.load_batch(gated_request(worker, 0))
+        served(worker, gated_request(worker, 0))
         records.gate.clear()
         records.started.clear()
         with watching_waits() as waits, ThreadPoolExecutor(2) as pool:
-            held = pool.submit(worker.load_batch, gated_request(worker, 1))
+            held = pool.submit(served, worker, gated_request(worker, 1))
             assert records.started.wait(WAIT_S)
-            waiting = pool.submit(worker.load_batch, gated_request(worker, 2))
+            waiting = pool.submit(served, worker, gated_request(worker, 2))
             assert waits.seen.wait(WAIT_S), "the second request should wait for room"
             assert not waiting.done()
             records.gate.set()
@@ -240,9 +248,9 @@ def test_a_kind_never_seen_runs_alone() -> None:
     try:
         records.gate.clear()
         with watching_waits() as waits, ThreadPoolExecutor(2) as pool:
-            first = pool.submit(worker.load_batch, gated_request(worker, 0))
+            first = pool.submit(served, worker, gated_request(worker, 0))
             assert records.started.wait(WAIT_S)
-            second = pool.submit(worker.load_batch, gated_request(worker, 1))
+            second = pool.submit(served, worker, gated_request(worker, 1))
             assert waits.seen.wait(WAIT_S), "a request behind one of unknown size should wait"
             records.gate.set()
             assert batch_of(first.result(WAIT_S)).shape == (4, 1000)

@@ -107,6 +107,9 @@ class ZippedDataset(DatasetBase[T]):
         keys = self._keys
         return [dict(zip(keys, row, strict=True)) for row in rows]  # type: ignore[misc]
 
+    def _parents(self) -> tuple[Dataset[Any], ...]:
+        return tuple(self._parts)
+
     def __repr__(self) -> str:
         if self._keys is None:
             return f"ZippedDataset([{', '.join(_PARTS.repr(part) for part in self._parts)}])"
