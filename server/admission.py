@@ -16,6 +16,7 @@ from collections.abc import Callable, Hashable, Sequence
 from typing import TypeVar
 
 from loadax.errors import WorkerError
+from loadax.server.memory import at_most_once
 from loadax.server.metrics import WorkerMetrics
 from loadax.server.throttled_log import ThrottledLog
 from loadax.wire.credentials import bearer
@@ -97,7 +98,7 @@ class Admission:
                 )
             self._in_flight[client] = count + 1
             self._total += 1
-        return _once(functools.partial(self._release, client))
+        return at_most_once(functools.partial(self._release, client))
 
     def _release(self, client: Hashable) -> None:
         with self._lock:
@@ -139,18 +140,3 @@ class Admission:
             error.code,
             first_line,
         )
-
-
-def _once(release: Callable[[], None]) -> Callable[[], None]:
-    """`release`, run by its first call only: a transport may end a request's count on more
-    than one path (its reply sent, or dropped)."""
-    pending = [release]
-    lock = threading.Lock()
-
-    def once() -> None:
-        with lock:
-            todo = pending.pop() if pending else None
-        if todo is not None:
-            todo()
-
-    return once

@@ -79,7 +79,7 @@ class MemoryBudget:
                     "or on another worker",
                 )
             self._used += need
-            return _once(functools.partial(self._release, need))
+            return at_most_once(functools.partial(self._release, need))
 
     @property
     def reserved(self) -> int:
@@ -141,9 +141,9 @@ class MemoryBudget:
             self._condition.notify_all()
 
 
-def _once(release: Callable[[], None]) -> Callable[[], None]:
-    """`release`, run by the first call only (a reply may be sent and dropped, or released twice
-    by a transport's paths)."""
+def at_most_once(release: Callable[[], None]) -> Callable[[], None]:
+    """`release`, run by the first call only: a transport may end a reservation on more than
+    one path (its reply sent, or dropped)."""
     pending = [release]
     lock = threading.Lock()
 

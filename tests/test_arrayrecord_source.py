@@ -120,6 +120,8 @@ def test_bad_arguments_raise_value_error_naming_them(files: list[Path]) -> None:
         ArrayRecordDataset([])
     with pytest.raises(ValueError, match="decode must be callable"):
         ArrayRecordDataset(files, decode="utf-8")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"'s3://bucket/a\.array_record' is a URL, but Array"):
+        ArrayRecordDataset([files[0], "s3://bucket/a.array_record"])
 
 
 def in_memory_rows(records: int) -> InMemoryDataset[dict[str, Any]]:

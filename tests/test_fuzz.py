@@ -296,6 +296,7 @@ def test_batch_requests_are_answered_or_refused_with_a_known_code(
             return
         tried["answered"] += 1
         assert isinstance(outcome, EncodedBatch)
+        outcome.release()  # as a transport does once the batch is sent
         assert outcome.step == request.step
         if which == "budgeted":
             assert outcome.size <= BUDGET

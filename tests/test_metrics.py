@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -43,6 +44,7 @@ PLAN = Plan(30, batch_size=4)
 # No proxy from the environment between the tests and the loopback exporter.
 _HTTP = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
+RESERVED = ("loadax_worker_memory_reserved_bytes", frozenset())
 
 
 def scrape(address: str) -> Samples:
@@ -54,6 +56,15 @@ def scrape(address: str) -> Samples:
         for family in text_string_to_metric_families(text)
         for sample in family.samples
     }
+
+
+def settled(address: str) -> Samples:
+    """`scrape(address)` once every sent batch's budget share is back: a ZeroMQ reply's share
+    is released when libzmq has sent it, a moment after the client has it."""
+    deadline = time.monotonic() + TIMEOUT
+    while (samples := scrape(address))[RESERVED] and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return samples
 
 
 def sample(samples: Samples, name: str, **labels: str) -> float:
@@ -269,7 +280,7 @@ def test_a_worker_counts_its_requests_at_slash_metrics_until_it_stops(tmp_path: 
         with grpc.insecure_channel(worker.grpc_address) as channel:
             info = worker_pb2_grpc.WorkerStub(channel).Info(wire.InfoRequest(), timeout=TIMEOUT)
         zmq_bytes = zmq_requests(worker.zmq, info.pipelines[0].fingerprint)
-        samples = scrape(worker.metrics)
+        samples = settled(worker.metrics)
         assert worker.terminate() == 0
         with pytest.raises(urllib.error.URLError):
             scrape(worker.metrics)

@@ -345,6 +345,8 @@ def test_help_documents_every_flag() -> None:
         "--metrics",
         "--grace",
         "--log-level",
+        "--log-format",
+        "--processes",
     )
     for flag in (*flags, "--help"):
         assert flag in result.stdout

@@ -16,6 +16,7 @@ from typing_extensions import TypeVar
 from loadax.dataset.names import callable_name
 from loadax.dataset.ops import DatasetBase
 from loadax.plan.permutation import IndexArray
+from loadax.sources.filesystems import is_url
 from loadax.sources.handles import HandlePool
 
 T = TypeVar("T", default=bytes)
@@ -59,6 +60,13 @@ class ArrayRecordDataset(DatasetBase[T]):
             raise ValueError("ArrayRecordDataset: paths must not be empty")
         if decode is not None and not callable(decode):
             raise ValueError(f"ArrayRecordDataset: decode must be callable, got {decode!r}")
+        urls = [path for path in listed if is_url(path)]
+        if urls:
+            raise ValueError(
+                f"ArrayRecordDataset: {urls[0]!r} is a URL, but ArrayRecord's reader reads local "
+                "files only: copy the files to local disk first, or store the records as Parquet or "
+                "NumPy files, which read from object stores"
+            )
         self._paths = tuple(Path(path) for path in listed)
         self._decode = decode
         self._readers = HandlePool(partial(_open_all, self._paths), _close_all)
