@@ -64,8 +64,8 @@ class ArrayRecordDataset(DatasetBase[T]):
         if urls:
             raise ValueError(
                 f"ArrayRecordDataset: {urls[0]!r} is a URL, but ArrayRecord's reader reads local "
-                "files only: copy the files to local disk first, or store the records as Parquet or "
-                "NumPy files, which read from object stores"
+                "files only: copy the files to local disk first, or store the records as "
+                "Parquet or NumPy files, which read from object stores"
             )
         self._paths = tuple(Path(path) for path in listed)
         self._decode = decode
