@@ -39,9 +39,9 @@ def first_record(records: list[npt.NDArray[np.uint8]]) -> npt.NDArray[np.uint8]:
     return records[0]
 
 
-def t1(batches: int) -> loadax.Pipeline[Any, Any]:
-    """T1: `batches` records that are all the same pre-built 8 MiB buffer."""
-    payload = t1_payload()
+def t1(batches: int, batch_bytes: int) -> loadax.Pipeline[Any, Any]:
+    """T1: `batches` records that are all the same pre-built buffer of `batch_bytes`."""
+    payload = t1_payload(batch_bytes)
     return loadax.Pipeline(
         loadax.InMemoryDataset([payload] * batches), loadax.Batcher(first_record)
     )

@@ -50,6 +50,13 @@ def _peer(name: str, script: str, package: str, service: str | None = None) -> S
 
 
 _TF_DATA = _peer("tf.data", "peer_tfdata.py", TENSORFLOW)
+_T1_SYSTEMS = (
+    _loadax("loadax gRPC", LOADAX_WORKERS),
+    _loadax("loadax ZeroMQ", LOADAX_WORKERS),
+    System("raw TCP", "transport_runner.py", "reference"),
+    System("ZeroMQ PUSH/PULL", "transport_runner.py", "reference"),
+    System("gRPC raw bytes", "transport_runner.py", "reference"),
+)
 _LOCAL_SYSTEMS = (
     _loadax("loadax 0w"),
     _loadax("loadax 2w"),
@@ -76,13 +83,8 @@ CATALOG: dict[str, tuple[System, ...]] = {
         _peer("tf.data service 1w", "peer_tfdata.py", TENSORFLOW, TF_SERVICE_1),
         _peer("tf.data service 2w", "peer_tfdata.py", TENSORFLOW, TF_SERVICE_2),
     ),
-    "T1": (
-        _loadax("loadax gRPC", LOADAX_WORKERS),
-        _loadax("loadax ZeroMQ", LOADAX_WORKERS),
-        System("raw TCP", "transport_runner.py", "reference"),
-        System("ZeroMQ PUSH/PULL", "transport_runner.py", "reference"),
-        System("gRPC raw bytes", "transport_runner.py", "reference"),
-    ),
+    "T1": _T1_SYSTEMS,
+    "T1-64M": _T1_SYSTEMS,
     "codec": (
         System("loadax.wire.codec encode_frames", "codec_runner.py", "loadax"),
         System("loadax.wire.codec encode", "codec_runner.py", "loadax"),
@@ -104,6 +106,7 @@ UNITS = {
     "W3": "elem/s",
     "R1": "img/s",
     "T1": "GB/s",
+    "T1-64M": "GB/s",
     "codec": "GB/s",
     "P1": "indices/s",
     "R2": "records/s",
@@ -116,6 +119,7 @@ TITLES = {
     "W3": "W3 CPU-heavy: {records:,} float32 512x512, abs(fft2) cut to 256x256, batch {batch_size}",
     "R1": "R1 remote: W2 ({records:,} images, batch {batch_size}) from loadax-workers on loopback",
     "T1": "T1 transport: {records} pre-built 8 MiB batches, worker to client",
+    "T1-64M": "T1 transport: {records} pre-built 64 MiB batches, worker to client",
     "codec": "codec: a W2 batch ({batch_size} x 224x224x3 float32 + labels), {records} times",
     "P1": "P1 planner: shuffled Plan over {records:,} records",
     "R2": "R2 fleet: {records:,} records of 1 KiB, each a sleep of 5 or 20 ms, batch {batch_size}, "

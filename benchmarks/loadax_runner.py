@@ -12,14 +12,12 @@ from typing import Any
 
 from bench_pipelines import pipeline
 from harness import Setup, System, Trial, main
+from workloads import REMOTE_PIPELINES
 
 import loadax
 from loadax.client import RemoteDataLoader, RemoteLoader
 from loadax.client.dispatch import FleetOptions
 from loadax.loader import DEFAULT_PREFETCH
-
-REMOTE_PIPELINES = {"R1": "w2", "T1": "t1"}
-"""The pipeline each remote workload asks the workers for (see `services.WORKER_PIPELINES`)."""
 
 
 def local(workers: int) -> System:

@@ -1,5 +1,6 @@
 """The benchmark suite: loadax against its peers on every workload (W1-W3 local loading, R1
-remote, T1 transport, codec, P1 planner, R2 fleet), each a ratio measured in the same rounds.
+remote, T1 and T1-64M transport, codec, P1 planner, R2 fleet), each a ratio measured in the same
+rounds.
 
 Usage: `python benchmarks/run.py [--quick] [--workloads W1,R1] [--systems "loadax 2w,tf.data"]
 [--rounds N] [--out benchmarks/RESULTS.md]`. Peers run in virtualenvs under .bench/ made with pip

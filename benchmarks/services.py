@@ -22,7 +22,7 @@ from typing import Any
 
 import fleet
 from catalog import LOADAX_WORKERS, TF_SERVICE_1, TF_SERVICE_2
-from workloads import Workload
+from workloads import REMOTE_PIPELINES, T1_BATCH_BYTES, Workload
 
 BENCHMARKS = Path(__file__).resolve().parent
 READY_TIMEOUT_S = 120.0
@@ -115,13 +115,16 @@ class Services:
         raise ValueError(f"unknown service {name!r}")
 
     def _loadax_config(self) -> Path:
-        """One config serving W2 (R1's data) and T1's batches, on free loopback ports."""
-        r1, t1 = self._workloads.get("R1"), self._workloads.get("T1")
+        """One config serving W2 (R1's data) and the batches of each T1 workload, on free
+        loopback ports."""
+        r1 = self._workloads.get("R1")
         pipelines = []
         if r1 is not None:
             pipelines.append(_pipeline("w2", f"path = {json.dumps(str(r1.data_file()))}"))
-        if t1 is not None:
-            pipelines.append(_pipeline("t1", f"batches = {t1.records}"))
+        for name, size in T1_BATCH_BYTES.items():
+            if name in self._workloads:
+                args = f"batches = {self._workloads[name].records}, batch_bytes = {size}"
+                pipelines.append(_pipeline(REMOTE_PIPELINES[name], args, "t1"))
         config = self._directory / "worker.toml"
         config.write_text(
             "[server]\n"

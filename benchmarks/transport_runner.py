@@ -1,6 +1,7 @@
-"""T1's yardsticks, the receiving side: 8 MiB batches from `transport_server.py` in another
-process over raw loopback TCP (`recv_into` a preallocated buffer), ZeroMQ PULL (`copy=False`) and
-gRPC server streaming of raw bytes. loadax over each transport is `loadax_runner.py`'s.
+"""T1's yardsticks, the receiving side: the workload's batches from `transport_server.py` in
+another process over raw loopback TCP (`recv_into` a preallocated buffer), ZeroMQ PULL
+(`copy=False`) and gRPC server streaming of raw bytes (each message a fresh `bytes`). loadax over
+each transport is `loadax_runner.py`'s.
 """
 
 from __future__ import annotations
@@ -18,19 +19,20 @@ import numpy as np
 import numpy.typing as npt
 import zmq
 from harness import Setup, System, Trial, main
-from transport_server import GRPC_METHOD, GRPC_OPTIONS
-from workloads import T1_BATCH_BYTES
+from transport_server import GRPC_METHOD, grpc_options
+from workloads import T1_BATCH_BYTES, Workload
 
 SERVER = Path(__file__).resolve().with_name("transport_server.py")
 CONNECT_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 5.0
 
 
-def start_server(kind: str, *args: str) -> tuple[subprocess.Popen[bytes], dict[str, Any]]:
-    """The sending process, and its ready event."""
-    process = subprocess.Popen(
-        [sys.executable, str(SERVER), kind, *args], stdin=subprocess.PIPE, stdout=subprocess.PIPE
-    )
+def start_server(
+    kind: str, spec: Workload, *args: str
+) -> tuple[subprocess.Popen[bytes], dict[str, Any]]:
+    """The process sending `spec`'s batches, and its ready event."""
+    command = [sys.executable, str(SERVER), kind, "--bytes", str(T1_BATCH_BYTES[spec.name])]
+    process = subprocess.Popen([*command, *args], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
     if process.stdout is None or process.stdin is None:
         raise RuntimeError("the server was started without pipes")
     line = process.stdout.readline()
@@ -62,18 +64,19 @@ def tcp(setup: Setup) -> Trial:
     batches = setup.workload.records
     listener = socket.create_server(("127.0.0.1", 0))
     port = listener.getsockname()[1]
-    process, _ = start_server("tcp", "--batches", str(batches), "--port", str(port))
+    process, _ = start_server("tcp", setup.workload, "--batches", str(batches), "--port", str(port))
     listener.settimeout(CONNECT_TIMEOUT_S)
     connection, _ = listener.accept()
     listener.close()
-    buffer: npt.NDArray[np.uint8] = np.empty(T1_BATCH_BYTES, dtype=np.uint8)
+    size = T1_BATCH_BYTES[setup.workload.name]
+    buffer: npt.NDArray[np.uint8] = np.empty(size, dtype=np.uint8)
     view = buffer.data
 
     def received() -> Iterator[npt.NDArray[np.uint8]]:
         go(process)
         for _ in range(batches):
             filled = 0
-            while filled < T1_BATCH_BYTES:
+            while filled < size:
                 count = connection.recv_into(view[filled:])
                 if not count:
                     raise ConnectionError(f"the sender closed after {filled} bytes of a batch")
@@ -92,7 +95,7 @@ def zeromq(setup: Setup) -> Trial:
     context = zmq.Context()
     pull = context.socket(zmq.PULL)
     port = pull.bind_to_random_port("tcp://127.0.0.1")
-    process, _ = start_server("zmq", "--batches", str(batches), "--port", str(port))
+    process, _ = start_server("zmq", setup.workload, "--batches", str(batches), "--port", str(port))
 
     def received() -> Iterator[npt.NDArray[np.uint8]]:
         go(process)
@@ -110,8 +113,9 @@ def zeromq(setup: Setup) -> Trial:
 
 def grpc_raw(setup: Setup) -> Trial:
     batches = setup.workload.records
-    process, ready = start_server("grpc")
-    channel = grpc.insecure_channel(f"127.0.0.1:{ready['port']}", options=GRPC_OPTIONS)
+    process, ready = start_server("grpc", setup.workload)
+    options = grpc_options(T1_BATCH_BYTES[setup.workload.name])
+    channel = grpc.insecure_channel(f"127.0.0.1:{ready['port']}", options=options)
     grpc.channel_ready_future(channel).result(timeout=CONNECT_TIMEOUT_S)
     stream = channel.unary_stream(GRPC_METHOD)
 

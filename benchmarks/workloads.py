@@ -23,7 +23,10 @@ CLASSES = 1000
 W2_RECORD = np.dtype([("image", np.uint8, (IMAGE_SIDE, IMAGE_SIDE, 3)), ("label", np.int64)])
 """A W2 record: image and label side by side, so that one row of one file is one record."""
 W3_SIDE, W3_KEEP = 512, 256
-T1_BATCH_BYTES = 8 << 20
+T1_BATCH_BYTES = {"T1": 8 << 20, "T1-64M": 64 << 20}
+"""T1's workloads, by the size of their pre-built batches."""
+REMOTE_PIPELINES = {"R1": "w2", "T1": "t1", "T1-64M": "t1_64m"}
+"""The pipeline a `loadax-worker` serves each remote workload as (`services`' worker config)."""
 SCALES = ("full", "quick", "smoke")
 """smoke: tiny, for the suite's own test."""
 
@@ -49,7 +52,7 @@ class Workload:
         return self.data
 
 
-# (records, batch size) per workload and scale; T1's records are 8 MiB batches, the codec's
+# (records, batch size) per workload and scale; T1's records are its batches, the codec's
 # are batches encoded or decoded, P1's are the records of the plan, R2's are 1 KiB each.
 _SIZES: dict[str, dict[str, tuple[int, int]]] = {
     "full": {
@@ -58,6 +61,7 @@ _SIZES: dict[str, dict[str, tuple[int, int]]] = {
         "W3": (1024, 32),
         "R1": (4096, 64),
         "T1": (384, 1),
+        "T1-64M": (48, 1),
         "codec": (40, 64),
         "P1": (10**10, 1 << 20),
         "R2": (4096, 32),
@@ -68,6 +72,7 @@ _SIZES: dict[str, dict[str, tuple[int, int]]] = {
         "W3": (128, 32),
         "R1": (512, 64),
         "T1": (64, 1),
+        "T1-64M": (12, 1),
         "codec": (8, 64),
         "P1": (10**10, 1 << 20),
         "R2": (512, 32),
@@ -78,6 +83,7 @@ _SIZES: dict[str, dict[str, tuple[int, int]]] = {
         "W3": (64, 32),
         "R1": (128, 64),
         "T1": (8, 1),
+        "T1-64M": (2, 1),
         "codec": (2, 64),
         "P1": (10**10, 1 << 20),
         "R2": (128, 32),
@@ -217,6 +223,6 @@ def stack_records(records: list[Any]) -> Any:
     return np.asarray(records, dtype=np.int64)
 
 
-def t1_payload() -> npt.NDArray[np.uint8]:
-    """One pre-built T1 batch: 8 MiB of bytes."""
-    return np.random.default_rng(SEED).integers(0, 256, T1_BATCH_BYTES, dtype=np.uint8)
+def t1_payload(size: int) -> npt.NDArray[np.uint8]:
+    """One pre-built T1 batch: `size` random bytes."""
+    return np.random.default_rng(SEED).integers(0, 256, size, dtype=np.uint8)
