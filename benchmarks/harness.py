@@ -57,10 +57,14 @@ MAX_RSS_BYTES = 8 << 30
 MEMORY_POLL_S = 0.05
 
 
-def peak_rss_bytes() -> int:
+def peak_rss_bytes(usage: resource.struct_rusage) -> int:
     # ru_maxrss is in KiB on Linux and in bytes on macOS.
     scale = 1 if sys.platform == "darwin" else 1024
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * scale
+    return usage.ru_maxrss * scale
+
+
+def cpu_seconds(usage: resource.struct_rusage) -> float:
+    return usage.ru_utime + usage.ru_stime
 
 
 def guard_memory(limit: int) -> None:
@@ -103,8 +107,9 @@ def leaves(batch: Any) -> list[np.ndarray[Any, Any]]:
 
 
 def measure(trial: Trial, max_seconds: float) -> dict[str, Any]:
-    """Time `trial` from creating its iterator to its last batch (or past `max_seconds`)."""
-    base = peak_rss_bytes()
+    """Time `trial` from creating its iterator to its last batch (or past `max_seconds`), with
+    this (the receiving) process's CPU time and minor page faults over that time."""
+    before = resource.getrusage(resource.RUSAGE_SELF)
     elements = size = batches = largest = 0
     first_batch_s: float | None = None
     capped = False
@@ -123,9 +128,10 @@ def measure(trial: Trial, max_seconds: float) -> dict[str, Any]:
             capped = True
             break
     seconds = time.perf_counter() - start
+    after = resource.getrusage(resource.RUSAGE_SELF)
     if not batches:
         raise RuntimeError("the system yielded no batch")
-    peak = peak_rss_bytes()
+    base, peak = peak_rss_bytes(before), peak_rss_bytes(after)
     return {
         "elements": elements,
         "bytes": size,
@@ -134,6 +140,8 @@ def measure(trial: Trial, max_seconds: float) -> dict[str, Any]:
         "elements_per_s": elements / seconds,
         "bytes_per_s": size / seconds,
         "first_batch_s": first_batch_s,
+        "cpu_s": cpu_seconds(after) - cpu_seconds(before),
+        "minor_faults": after.ru_minflt - before.ru_minflt,
         "capped": capped,
         "peak_rss_bytes": peak,
         "base_rss_bytes": base,

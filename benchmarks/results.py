@@ -9,6 +9,9 @@ from typing import Any
 
 from catalog import UNITS
 
+Metric = Callable[[Mapping[str, Any]], float]
+"""A number read from one run's record (lower is better for the costs below)."""
+
 
 class Results:
     """The runs of one suite run, by workload and system."""
@@ -27,9 +30,11 @@ class Results:
     def rates(self, workload: str, system: str) -> list[float]:
         return [rate(workload, run) for run in self.runs(workload, system)]
 
-    def median(self, workload: str, system: str) -> float | None:
-        rates = self.rates(workload, system)
-        return statistics.median(rates) if rates else None
+    def median(self, workload: str, system: str, metric: Metric | None = None) -> float | None:
+        """The median over rounds of the rate, or of `metric` (None if no run succeeded)."""
+        runs = self.runs(workload, system)
+        values = self.rates(workload, system) if metric is None else [metric(r) for r in runs]
+        return statistics.median(values) if values else None
 
     def best(self, workload: str, keep: Callable[[dict[str, Any]], bool]) -> tuple[str, float]:
         """The system with the highest median among those `keep` accepts ("", 0.0 if none ran)."""
@@ -49,6 +54,16 @@ def rate(workload: str, run: Mapping[str, Any]) -> float:
     if UNITS[workload] == "GB/s":
         return float(run["bytes_per_s"]) / 1e9
     return float(run["elements_per_s"])
+
+
+def cpu_per_gb(run: Mapping[str, Any]) -> float:
+    """The running (receiving) process's user + system CPU seconds per GB of batches."""
+    return float(run["cpu_s"]) / float(run["bytes"]) * 1e9
+
+
+def faults_per_gb(run: Mapping[str, Any]) -> float:
+    """The running process's minor page faults per GB of batches."""
+    return float(run["minor_faults"]) / float(run["bytes"]) * 1e9
 
 
 def is_loadax(system: Mapping[str, Any]) -> bool:

@@ -58,8 +58,9 @@ def test_suite_alternates_loadax_systems_and_writes_positive_records_and_a_table
     ]
     for run in runs:
         assert run["status"] == "ok", run
-        for key in ("elements", "bytes", "seconds", "elements_per_s", "bytes_per_s"):
+        for key in ("elements", "bytes", "seconds", "elements_per_s", "bytes_per_s", "cpu_s"):
             assert run[key] > 0, (key, run)
+        assert run["minor_faults"] >= 0
         assert run["peak_rss_bytes"] >= run["base_rss_bytes"] > 0
         assert run["first_batch_s"] <= run["seconds"]
     remote = [run for run in runs if run["system"] in REMOTE]
@@ -82,12 +83,14 @@ def test_suite_alternates_loadax_systems_and_writes_positive_records_and_a_table
     table = out.read_text()
     assert "## Targets" in table
     assert "| W1: loadax ≥ 3x the best peer | not measured | — |" in table
-    assert "| R1: remote ≥ 0.6x local mode | " in table
-    assert "| R1: remote ≥ 0.6x local mode | not measured" not in table
+    assert "| R1: ZeroMQ ≥ 0.8x local mode | " in table
+    assert "| R1: ZeroMQ ≥ 0.8x local mode | not measured" not in table
+    assert "| R1: gRPC ≥ 0.6x local mode | not measured | — |" in table
     for names in SYSTEMS.values():
         for name in names:
             assert f"| **{name}** | " in table
     assert "## W3" not in table
+    assert "| system | GB/s (median) | min - max | CPU s/GB | faults/GB | " in table  # T1
     fault_target = "| R2: no gap > 2 s between batches after a fault of 1 of 2 workers | "
     assert f"{fault_target}gRPC SIGSTOP " in table
     assert "| R2: scaling efficiency ≥ 90% at 8 workers (20 ms) | not measured | — |" in table
