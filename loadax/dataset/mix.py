@@ -19,7 +19,7 @@ from typing_extensions import TypeVar
 
 from loadax.dataset.names import dataset_repr
 from loadax.dataset.ops import ConcatenatedDataset, DatasetBase
-from loadax.dataset.protocol import Dataset, dataset_lengths
+from loadax.dataset.protocol import Dataset, as_datasets, dataset_lengths
 from loadax.plan.permutation import IndexArray, KeyPurpose, derive_key, permute
 from loadax.validation import is_number, require_int
 
@@ -92,7 +92,7 @@ class MixedDataset(DatasetBase[T]):
         seed: int | None = None,
         window: int | None = None,
     ) -> None:
-        self._datasets = tuple(datasets)
+        self._datasets = as_datasets(datasets)
         lengths = dataset_lengths(self._datasets)
         weights = tuple(weights)
         if len(weights) != len(self._datasets):

@@ -17,7 +17,15 @@ from typing_extensions import TypeVar
 
 from loadax.dataset.names import callable_name, dataset_repr
 from loadax.dataset.packing import PackedRow
-from loadax.dataset.protocol import Dataset, ReadsRows, dataset_length, dataset_lengths, reads_rows
+from loadax.dataset.protocol import (
+    Dataset,
+    ReadsRows,
+    as_dataset,
+    as_datasets,
+    dataset_length,
+    dataset_lengths,
+    reads_rows,
+)
 from loadax.dataset.stream import Stream
 from loadax.plan.permutation import IndexArray, KeyPurpose, derive_key, permute, record_rng
 from loadax.validation import require_int
@@ -232,7 +240,8 @@ class MappedDataset(DatasetBase[U]):
     def __init__(self, dataset: Dataset[T], fn: Callable[[T], U]) -> None:
         if not callable(fn):
             raise ValueError(f"fn must be callable, got {fn!r}")
-        self._dataset, self._fn, self._length = dataset, fn, dataset_length(dataset)
+        self._dataset, self._fn = as_dataset(dataset), fn
+        self._length = dataset_length(self._dataset)
 
     def __len__(self) -> int:
         return self._length
@@ -267,7 +276,8 @@ class RandomMappedDataset(DatasetBase[U]):
     ) -> None:
         if not callable(fn):
             raise ValueError(f"fn must be callable, got {fn!r}")
-        self._dataset, self._fn, self._length = dataset, fn, dataset_length(dataset)
+        self._dataset, self._fn = as_dataset(dataset), fn
+        self._length = dataset_length(self._dataset)
         self._seed = _seed(seed)
 
     def __len__(self) -> int:
@@ -301,7 +311,8 @@ class ShuffledDataset(DatasetBase[T]):
     keyed_by_epoch = True
 
     def __init__(self, dataset: Dataset[T], seed: int | None = None) -> None:
-        self._dataset, self._length, self._seed = dataset, dataset_length(dataset), _seed(seed)
+        self._dataset, self._seed = as_dataset(dataset), _seed(seed)
+        self._length = dataset_length(self._dataset)
 
     def __len__(self) -> int:
         return self._length
@@ -351,8 +362,8 @@ class SlicedDataset(DatasetBase[T]):
         )
         if bounds.step == 0:
             raise ValueError("step must not be zero")
-        self._dataset = dataset
-        self._range = range(dataset_length(dataset))[bounds]
+        self._dataset = as_dataset(dataset)
+        self._range = range(dataset_length(self._dataset))[bounds]
 
     def __len__(self) -> int:
         return len(self._range)
@@ -391,7 +402,7 @@ class ConcatenatedDataset(DatasetBase[T]):
     """
 
     def __init__(self, datasets: Iterable[Dataset[T]]) -> None:
-        self._datasets = tuple(datasets)
+        self._datasets = as_datasets(datasets)
         lengths = dataset_lengths(self._datasets)
         # _ends[d] is one past the last global index of dataset d.
         self._ends = np.cumsum(np.array(lengths, dtype=np.int64))
@@ -426,7 +437,8 @@ class RepeatedDataset(DatasetBase[T]):
     """
 
     def __init__(self, dataset: Dataset[T], count: int) -> None:
-        self._dataset, self._length = dataset, dataset_length(dataset)
+        self._dataset = as_dataset(dataset)
+        self._length = dataset_length(self._dataset)
         self._count = require_int("count", count, minimum=1)
 
     def __len__(self) -> int:

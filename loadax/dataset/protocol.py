@@ -1,13 +1,15 @@
 """The dataset contract: what a loader reads records from, and the optional batched-row read.
 
-Anything with `__len__` and `__getitem__(int)` is a dataset (a list, a numpy array, an HF
-dataset, a `tfds.data_source`); `__getitems__(indices)` is used for batched reads when present.
+Anything with `__len__` and `__getitem__(int)` is a dataset (a list, a numpy array, a
+`tfds.data_source`); `__getitems__(indices)` is used for batched reads when present. A Hugging Face
+`datasets.Dataset` is read through `HuggingFaceDataset`, so that its columns arrive as arrays.
 A dataset whose records are the rows of an array can also read a whole batch as one array.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import sys
+from collections.abc import Iterable, Sequence
 from typing import Any, Protocol, runtime_checkable
 
 import numpy.typing as npt
@@ -69,6 +71,39 @@ def require_dataset(
     if not (hasattr(dataset, "__len__") and hasattr(dataset, "__getitem__")):
         raise ValueError(f"{problem}, got {type(dataset).__name__}")
     return dataset  # type: ignore[no-any-return]
+
+
+def as_dataset(
+    dataset: Any, problem: str = "dataset must have __len__ and __getitem__"
+) -> Dataset[Any]:
+    """`dataset` as loadax reads it: checked like `require_dataset`, and a Hugging Face dataset
+    read through `HuggingFaceDataset` (numpy format: a list column is one array per record, of
+    its feature's dtype), which also refuses a `DatasetDict` or a streaming dataset, naming it.
+
+    >>> from loadax.dataset.protocol import as_dataset
+    >>> as_dataset([1, 2])
+    [1, 2]
+    """
+    hf = sys.modules.get("datasets")  # a Hugging Face dataset exists only once it is imported
+    if hf is not None and isinstance(
+        dataset, hf.Dataset | hf.DatasetDict | hf.IterableDataset | hf.IterableDatasetDict
+    ):
+        # Imported here: `datasets` is an optional extra, and sources build on this module.
+        from loadax.sources.huggingface import HuggingFaceDataset
+
+        return HuggingFaceDataset(dataset)
+    return require_dataset(dataset, problem)
+
+
+def as_datasets(datasets: Iterable[Any]) -> tuple[Dataset[Any], ...]:
+    """`as_dataset` of each of `datasets`; an error names the position."""
+    adopted = []
+    for position, dataset in enumerate(datasets):
+        try:
+            adopted.append(as_dataset(dataset))
+        except ValueError as error:
+            raise ValueError(f"datasets[{position}]: {error}") from None
+    return tuple(adopted)
 
 
 def dataset_length(dataset: Dataset[Any]) -> int:

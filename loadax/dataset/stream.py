@@ -20,7 +20,7 @@ from typing_extensions import TypeVar
 
 from loadax.dataset.names import callable_name, dataset_repr, from_loadax
 from loadax.dataset.packing import FirstFitPacker, PackedRow
-from loadax.dataset.protocol import Dataset, require_dataset
+from loadax.dataset.protocol import Dataset, as_dataset
 from loadax.errors import RecordError
 from loadax.validation import require_int
 
@@ -55,7 +55,7 @@ class Stream(Generic[T]):
         window: int = DEFAULT_WINDOW,
         ops: Sequence[Callable[[list[Any], Origins], tuple[list[Any], Origins]]] = (),
     ) -> None:
-        self.dataset = require_dataset(dataset, "a stream reads a random-access dataset")
+        self.dataset = as_dataset(dataset, "a stream reads a random-access dataset")
         self.window = require_int("window", window, minimum=1)
         self.ops = tuple(ops)
 

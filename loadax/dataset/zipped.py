@@ -9,7 +9,7 @@ from typing import Any, overload
 from typing_extensions import TypeVar
 
 from loadax.dataset.ops import DatasetBase, read_records
-from loadax.dataset.protocol import Dataset, dataset_length
+from loadax.dataset.protocol import Dataset, as_dataset, dataset_length
 from loadax.plan.permutation import IndexArray
 
 T = TypeVar("T", default=Any)
@@ -70,12 +70,14 @@ class ZippedDataset(DatasetBase[T]):
         if not parts:
             raise ValueError("ZippedDataset: datasets must not be empty")
         self._parts = parts
-        lengths = []
+        adopted, lengths = [], []
         for name, part in zip(self._names(), parts, strict=True):
             try:
-                lengths.append(dataset_length(part))
+                adopted.append(as_dataset(part))
+                lengths.append(dataset_length(adopted[-1]))
             except ValueError as error:
                 raise ValueError(f"ZippedDataset: dataset {name}: {error}") from None
+        self._parts = tuple(adopted)
         if len(set(lengths)) > 1:
             shown = ", ".join(
                 f"{name}: {length}" for name, length in zip(self._names(), lengths, strict=True)

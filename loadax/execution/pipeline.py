@@ -15,7 +15,7 @@ from typing_extensions import TypeVar
 
 from loadax.collate.batcher import Batcher, stack
 from loadax.dataset.ops import read_records
-from loadax.dataset.protocol import Dataset, ReadsRows, dataset_length, reads_rows
+from loadax.dataset.protocol import Dataset, ReadsRows, as_dataset, dataset_length, reads_rows
 from loadax.dataset.stream import Stream
 from loadax.errors import RecordError
 from loadax.plan.permutation import IndexArray
@@ -51,6 +51,8 @@ class Pipeline(Generic[T, B]):
                 f"a stream (filter, pack) is batched by stacking its rows: use Batcher(), got "
                 f"{self.batcher!r}; apply per-record work with .map() instead"
             )
+        if not isinstance(self.dataset, Stream):
+            object.__setattr__(self, "dataset", as_dataset(self.dataset))
         dataset_length(self.records)
         rows = self.stream is None and self.batcher.stacks and reads_rows(self.records)
         object.__setattr__(self, "_reads_rows", rows)

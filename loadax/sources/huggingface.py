@@ -21,15 +21,18 @@ class HuggingFaceDataset(DatasetBase[dict[str, Any]]):
     """The rows of a `datasets.Dataset` (one split, not a `DatasetDict`), as column -> value dicts.
 
     `columns` picks the columns of each record (default: all), so the others are never decoded.
-    `format` is "python" (lists, ints, str) or "numpy" (numpy arrays and scalars); None keeps the
-    dataset's own format. Each batch is one batched `__getitems__` read of the Arrow table.
+    `format` is "numpy" (the default: numpy arrays and scalars of each feature's dtype, so that a
+    list column stacks into one array per batch), "python" (lists, ints, str: a list column
+    stacks into one array per position) or None (the dataset's own format, e.g. "torch"). Each
+    batch is one batched `__getitems__` read of the Arrow table. A `datasets.Dataset` given to a
+    loader or a dataset op as-is is read as `HuggingFaceDataset(dataset)`.
 
     >>> import datasets
     >>> from loadax.sources.huggingface import HuggingFaceDataset
     >>> table = datasets.Dataset.from_dict({"text": ["a", "b"], "label": [0, 1]})
     >>> HuggingFaceDataset(table, format="python")[1]
     {'text': 'b', 'label': 1}
-    >>> HuggingFaceDataset(table, columns=["label"], format="numpy")[1]["label"].dtype
+    >>> HuggingFaceDataset(table, columns=["label"])[1]["label"].dtype
     dtype('int64')
     """
 
@@ -37,7 +40,7 @@ class HuggingFaceDataset(DatasetBase[dict[str, Any]]):
         self,
         dataset: datasets.Dataset,
         columns: Sequence[str] | None = None,
-        format: str | None = None,
+        format: str | None = "numpy",
     ) -> None:
         _check_dataset(dataset)
         check_columns(columns, "HuggingFaceDataset")
@@ -73,7 +76,7 @@ class HuggingFaceDataset(DatasetBase[dict[str, Any]]):
         path: str | os.PathLike[str],
         split: str | None = None,
         columns: Sequence[str] | None = None,
-        format: str | None = None,
+        format: str | None = "numpy",
         keep_in_memory: bool = False,
     ) -> HuggingFaceDataset:
         """The dataset that `save_to_disk` wrote at `path` (memory-mapped unless `keep_in_memory`);
@@ -98,7 +101,7 @@ class HuggingFaceDataset(DatasetBase[dict[str, Any]]):
         config: str | None = None,
         revision: str | None = None,
         columns: Sequence[str] | None = None,
-        format: str | None = None,
+        format: str | None = "numpy",
         **options: Any,
     ) -> HuggingFaceDataset:
         """`split` of Hub dataset `name` via `datasets.load_dataset` (needs the network the first
