@@ -18,6 +18,7 @@ the parent hands out the encoding itself (for a loadax worker, which sends it on
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import dataclasses
 import functools
@@ -28,6 +29,7 @@ import signal
 import threading
 import time
 import traceback
+import weakref
 from collections import deque
 from concurrent.futures import CancelledError, Future, InvalidStateError
 from multiprocessing import context as mp_context
@@ -49,6 +51,8 @@ from loadax.wire.codec import CodecError, decode, encode_frames
 
 B = TypeVar("B", default=Any)
 
+EXIT_GRACE_S = 2.0
+"""How long a released worker process may take to finish its item and exit before it is killed."""
 _PRELOAD = ["__main__", "loadax"]  # the forkserver's default, and loadax with its JAX import
 
 
@@ -150,7 +154,9 @@ def _serve(connection: Connection, pipeline_data: bytes) -> None:
     segment: SharedMemory | None = None
     with contextlib.suppress(EOFError, BrokenPipeError):  # the parent has gone
         while True:
-            request: _Request = connection.recv()
+            request: _Request | None = connection.recv()
+            if request is None:  # released: exit normally, running the process's finalizers
+                return
             try:
                 frames = _encoded(pipeline.run(request.plan, request.work))
             except Exception as error:
@@ -167,6 +173,23 @@ def _serve(connection: Connection, pipeline_data: bytes) -> None:
                 view[offset : offset + len(frame)] = frame
                 offset += len(frame)
             connection.send(("done", size))
+
+
+_EXECUTORS: weakref.WeakSet[ProcessExecutor[Any]] = weakref.WeakSet()
+
+
+@atexit.register  # after multiprocessing's own exit handler, so it runs before it
+def _release_at_exit() -> None:
+    """Let the worker processes end normally (multiprocessing's exit would terminate them)."""
+    for executor in list(_EXECUTORS):
+        executor.release(wait=True)
+
+
+def _kill_running(workers: list[_Worker]) -> None:
+    """Kill those of `workers` whose process is still running (the parent owns the segments)."""
+    for worker in workers:
+        if worker.process.is_alive():
+            worker.process.kill()
 
 
 def _view(segment: SharedMemory) -> memoryview:
@@ -271,26 +294,39 @@ class ProcessExecutor(Executor[B]):
         self._queue: deque[_Task] = deque()
         self._watchdog: threading.Thread | None = None
         self._released = threading.Event()
+        self._ending: list[_Worker] = []  # released, maybe still finishing an item
+        _EXECUTORS.add(self)
 
     def submit(self, plan: Plan, work: Work) -> Pending[Any]:
         return self._enqueue(_Request(plan, work))
 
     def release(self, wait: bool) -> None:
-        """Stop the processes now (SIGKILL); queued batches are cancelled, loading ones dropped."""
+        """Stop the processes: each exits once it has finished the item it loads, so that what
+        user code made in it is cleaned up (a `datasets` import's semaphores, say), and is killed
+        if that takes longer than `EXIT_GRACE_S`. Queued batches are cancelled, loading ones
+        dropped; with `wait`, return once every process has ended."""
         with self._lock:
             workers = [worker for worker in self._workers if worker is not None]
             self._workers = [None] * self._slots
             queued, self._queue = self._queue, deque()
             watchdog, self._watchdog = self._watchdog, None
             self._released.set()
+            self._ending = [worker for worker in self._ending if worker.process.is_alive()]
+            self._ending += workers
+            ending = list(self._ending)
         if watchdog is not None:
             watchdog.join()
         for task in queued:
             task.future.cancel()
         for worker in workers:
-            worker.process.kill()  # it holds nothing to clean up: the parent owns the segments
+            with contextlib.suppress(OSError):  # it has ended already
+                worker.connection.send(None)
+        if workers:
+            overdue = threading.Timer(EXIT_GRACE_S, _kill_running, args=(workers,))
+            overdue.daemon = True
+            overdue.start()
         if wait:
-            for worker in workers:
+            for worker in ending:
                 if worker.collector is not None:
                     worker.collector.join()
 
