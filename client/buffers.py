@@ -1,0 +1,84 @@
+"""Receive buffers that are reused once nothing refers to them, so that a steady stream of
+batches neither allocates nor page-faults a fresh whole-batch buffer per batch.
+
+A fresh buffer of tens of MiB is memory the kernel maps on first touch, one fault per 4 KiB
+page, and that costs the receiving process more than the socket's own copy. A reused one is
+already mapped.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+from typing import Any, TypeAlias
+
+import numpy as np
+
+_Buffer: TypeAlias = np.ndarray[Any, np.dtype[np.uint8]]
+_PAGE = 4096
+_GROWTH = 8  # a buffer is allocated 1/8 larger than asked, so that slightly larger batches fit
+
+
+class BufferPool:
+    """Hands out writable buffers for receiving into, and takes each back once nothing refers
+    to it any more.
+
+    `take(size)` gives a writable `memoryview` of `size` bytes: a view of a uint8 numpy array
+    that the pool keeps. Whatever is made from it (slices, read-only views, numpy arrays
+    decoded from it, a `jax.Array` put from those, as jax keeps the host array it is given)
+    holds a reference to that array, directly or through the views between them; so the pool
+    knows an array is free when its reference count is the pool's own. It looks when a buffer
+    is next needed, not by callbacks: one `sys.getrefcount` per kept buffer, under a lock, so
+    `take` is safe from any thread. A buffer is never written again while a batch decoded from
+    it is alive, however long its user holds it.
+
+    Bounded: beyond the buffers in use, at most `spare` free ones are kept (the fittest); the
+    others are let go. A free buffer is reused for a size between half its length and its
+    length (so that a reused buffer holds at most twice the memory asked for); otherwise a new
+    one is allocated, 1/8 larger than asked, so that slightly larger batches fit it too (pages
+    never written cost no memory).
+    """
+
+    def __init__(self, spare: int = 1) -> None:
+        if not (isinstance(spare, int) and spare >= 0):
+            raise ValueError(f"spare must be an int >= 0, got {spare!r}")
+        self._spare = spare
+        self._lock = threading.Lock()
+        self._buffers: list[_Buffer] = []
+
+    def take(self, size: int) -> memoryview:
+        """A writable buffer of `size` bytes: a free one that fits, else a new one."""
+        if size < 0:
+            raise ValueError(f"a buffer has a size >= 0, got {size}")
+        with self._lock:
+            free: list[_Buffer] = []
+            in_use: list[_Buffer] = []
+            for index in range(len(self._buffers)):
+                free_now = _references(self._buffers, index) == _FREE
+                (free if free_now else in_use).append(self._buffers[index])
+            free.sort(key=lambda buffer: abs(len(buffer) - size))  # the fittest first
+            fits = [buffer for buffer in free if size <= len(buffer) <= 2 * size]
+            chosen = fits[0] if fits else np.empty(_rounded(size + size // _GROWTH), np.uint8)
+            spares = [buffer for buffer in free if buffer is not chosen][: self._spare]
+            self._buffers = [*in_use, *spares, chosen]
+            return chosen[:size].data
+
+    @property
+    def kept(self) -> int:
+        """How many buffers the pool keeps, in use or free."""
+        with self._lock:
+            return len(self._buffers)
+
+
+def _references(buffers: list[_Buffer], index: int) -> int:
+    """The reference count of `buffers[index]` as `take` sees it."""
+    return sys.getrefcount(buffers[index])
+
+
+# What a kept buffer that nothing else refers to counts: the pool's list's reference and the
+# call's own. Measured the same way, so that it holds whatever the interpreter counts.
+_FREE = _references([np.empty(0, dtype=np.uint8)], 0)
+
+
+def _rounded(size: int) -> int:
+    return -(-size // _PAGE) * _PAGE
