@@ -1,7 +1,8 @@
 """The client side of the ZeroMQ transport: `ZmqTarget`, a DEALER socket to one worker.
 
 Framing is `loadax.wire.zmq_frames`. One I/O thread owns the DEALER socket; callers hand it
-requests through a queue and wake it over an inproc PUSH/PULL pair.
+requests through a queue and wake it over an inproc PUSH/PULL pair. It receives a batch's
+payload frames into one buffer of a `BufferPool`, reused once the batch decoded from it is gone.
 """
 
 from __future__ import annotations
@@ -19,12 +20,18 @@ from typing import Any, Generic, TypeVar
 import zmq
 from zmq.utils.monitor import parse_monitor_message
 
+from loadax.client.buffers import BufferPool
 from loadax.client.replies import ReplyDecoder
 from loadax.client.security import ClientSecurity
 from loadax.errors import RecordError, WorkerError
 from loadax.wire import zmq_frames
 from loadax.wire.failures import BAD_REPLY
-from loadax.wire.limits import DEFAULT_TIMEOUT_S, ZMQ_HEARTBEAT_MS, ZMQ_HEARTBEAT_TIMEOUT_MS
+from loadax.wire.limits import (
+    DEFAULT_TIMEOUT_S,
+    MAX_BATCH_BYTES,
+    ZMQ_HEARTBEAT_MS,
+    ZMQ_HEARTBEAT_TIMEOUT_MS,
+)
 from loadax.wire.messages import RequestMessage, method_of
 from loadax.wire.v1 import worker_pb2 as wire
 
@@ -45,7 +52,7 @@ _EVENTS = (
 )
 
 T = TypeVar("T")
-Frames = Sequence[memoryview]
+Frames = Sequence[bytes | memoryview]
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -55,6 +62,8 @@ class _Pending(Generic[T]):
     complete: Callable[[Frames], T]
     # Whether the request waits for a connection rather than failing at once without one.
     patient: bool
+    # Whether the reply is a batch, whose payload is received into a pooled buffer.
+    batch: bool = False
 
 
 class ZmqTarget:
@@ -71,6 +80,10 @@ class ZmqTarget:
     goes with every request. A worker that refuses the security handshake (a CURVE key it does
     not allow, or CURVE on one side only) fails every request with UNAUTHENTICATED, for good:
     ZeroMQ does not retry such a connection.
+
+    A batch's payload is received into a buffer of `buffers` (by default a pool of its own),
+    and a reply whose payload is larger than `max_reply_bytes` (by default `MAX_BATCH_BYTES`) is
+    refused before anything is allocated for it.
     """
 
     def __init__(
@@ -79,9 +92,12 @@ class ZmqTarget:
         security: ClientSecurity | None = None,
         *,
         max_reply_bytes: int | None = None,
+        buffers: BufferPool | None = None,
     ) -> None:
         self.name = address
         self._replies = ReplyDecoder(address)
+        self._buffers = buffers or BufferPool()
+        self._max_payload = MAX_BATCH_BYTES if max_reply_bytes is None else max_reply_bytes
         endpoint = _endpoint(address)
         security = security or ClientSecurity()
         self._token = security.token
@@ -155,13 +171,17 @@ class ZmqTarget:
         return self._call(request, _response(wire.InfoResponse), timeout)
 
     def load_batch(self, request: wire.BatchRequest) -> Future[Any]:
-        """A future of the decoded batch; its arrays are read-only views of the received frames.
+        """A future of the decoded batch; its arrays are read-only views of the buffer its
+        payload was received into, which is not reused while any of them (or anything made
+        from them without a copy) is alive.
 
         Its exception is a `WorkerError`: the worker's, DATA_LOSS for a reply that fails its
         checks, or UNAVAILABLE without a connection to the worker (once there was one), with one
         lost, or once the target is closed; or a `RecordError` for a failed record.
         """
-        return self._submit(request, lambda frames: self._batch(request, frames), patient=False)
+        return self._submit(
+            request, lambda frames: self._batch(request, frames), patient=False, batch=True
+        )
 
     def close(self) -> None:
         """Fail pending requests with UNAVAILABLE and stop the I/O thread."""
@@ -204,7 +224,12 @@ class ZmqTarget:
             raise WorkerError("DEADLINE_EXCEEDED", message) from None
 
     def _submit(
-        self, request: RequestMessage, complete: Callable[[Frames], T], *, patient: bool
+        self,
+        request: RequestMessage,
+        complete: Callable[[Frames], T],
+        *,
+        patient: bool,
+        batch: bool = False,
     ) -> Future[T]:
         future: Future[T] = Future()
         request_id = next(self._ids)
@@ -216,7 +241,7 @@ class ZmqTarget:
             if self._refused is not None:
                 future.set_exception(self._refused)
                 return future
-            self._pending[request_id] = _Pending(future, complete, patient)
+            self._pending[request_id] = _Pending(future, complete, patient, batch)
             self._outbox.put((request_id, frames))
             self._wake_out.send(b"")
 
@@ -322,23 +347,26 @@ class ZmqTarget:
     def _receive_replies(self) -> None:
         for _ in range(_BURST):
             try:
-                message = self._dealer.recv_multipart(zmq.NOBLOCK, copy=False)
+                first = self._dealer.recv(zmq.NOBLOCK)
             except zmq.Again:
                 return
-            frames = [frame.buffer for frame in message]
+            # The rest of a message is there as soon as its first frame is (ZeroMQ delivers
+            # whole messages), and must be read before the next message, whatever happens.
             try:
-                request_id = zmq_frames.parse_request_id(frames[0])
+                request_id = zmq_frames.parse_request_id(first)
             except WorkerError as error:
+                self._discard_rest()
                 log.debug("dropped a reply from %s: %s", self.name, error)
                 continue
             self._sent.discard(request_id)
             with self._lock:
                 entry = self._pending.pop(request_id, None)
             if entry is None:
+                self._discard_rest()
                 log.debug("dropped a reply from %s to unknown request %d", self.name, request_id)
                 continue
             try:
-                result = entry.complete(frames)
+                result = entry.complete([first, *self._receive_rest(entry.batch)])
             except (WorkerError, RecordError) as error:
                 _fail(entry.future, error)
             except Exception as error:
@@ -346,6 +374,48 @@ class ZmqTarget:
             else:
                 if entry.future.set_running_or_notify_cancel():
                     entry.future.set_result(result)
+
+    def _receive_rest(self, batch: bool) -> list[bytes | memoryview]:
+        """The frames of a reply after its request id. Those of a successful `batch` reply after
+        its header (the payload) come as one frame: the buffer of the pool they were received
+        into, one after the other."""
+        frames: list[bytes | memoryview] = []
+        while self._dealer.getsockopt(zmq.RCVMORE):
+            if batch and len(frames) == 2 and frames[0] == zmq_frames.OK:
+                frames.append(self._receive_payload(frames[1]))
+                break
+            frames.append(self._dealer.recv())
+        return frames
+
+    def _receive_payload(self, head: bytes | memoryview) -> memoryview:
+        """The rest of a batch reply (its payload frames) received into one pooled buffer of the
+        size its header `head` declares. More bytes than that would be cut short by ZeroMQ (it
+        tells how long a frame was): a BAD_REPLY naming both sizes, never a truncated batch."""
+        try:
+            size = zmq_frames.batch_payload_size(head, self._max_payload)
+        except WorkerError:
+            self._discard_rest()
+            raise
+        buffer = self._buffers.take(size)
+        received = 0
+        while True:
+            length = self._dealer.recv_into(buffer[received:])
+            if length > size - received:
+                self._discard_rest()
+                raise WorkerError(
+                    BAD_REPLY,
+                    f"{self.name} sent a batch reply whose payload frames hold more than the "
+                    f"{size} bytes its header declares: a frame of {length} bytes came with "
+                    f"{size - received} left",
+                )
+            received += length
+            if not self._dealer.getsockopt(zmq.RCVMORE):
+                return buffer[:received]
+
+    def _discard_rest(self) -> None:
+        """Read the frames left of the message being received, keeping none."""
+        while self._dealer.getsockopt(zmq.RCVMORE):
+            self._dealer.recv_into(bytearray())
 
     def _on_monitor_events(self) -> None:
         refused: WorkerError | None = None

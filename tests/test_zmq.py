@@ -14,6 +14,7 @@ import zmq
 from helpers import assert_batches_equal
 
 import loadax.wire.codec
+from loadax.client.buffers import BufferPool
 from loadax.client.zmq_transport import ZmqTarget
 from loadax.dataset.ops import DatasetBase
 from loadax.errors import RecordError, WorkerError
@@ -229,6 +230,21 @@ def test_batch_reply_sends_each_array_from_its_own_memory_and_decodes_views() ->
     assert np.shares_memory(decoded, array)  # sent and received in place: no copy anywhere
 
 
+def test_a_batch_reply_cuts_large_arrays_into_views_of_at_most_payload_frame_bytes() -> None:
+    array = np.arange(5 * zmq_frames.PAYLOAD_FRAME_BYTES // 16, dtype=np.float64)  # 2.5 frames
+    tree = {"x": array, "y": np.arange(3)}
+    batch = EncodedBatch.answering(
+        batch_request("f", 0), "f", loadax.wire.codec.encode_frames(tree)
+    )
+    payload = zmq_frames.reply_frames(1, batch)[3:]
+    assert [len(frame) for frame in payload][1:4] == [zmq_frames.PAYLOAD_FRAME_BYTES] * 2 + [
+        zmq_frames.PAYLOAD_FRAME_BYTES // 2
+    ]
+    assert all(len(frame) <= zmq_frames.PAYLOAD_FRAME_BYTES for frame in payload)
+    assert all(np.shares_memory(np.frombuffer(frame, np.uint8), array) for frame in payload[1:4])
+    assert b"".join(payload) == loadax.wire.codec.encode(tree)
+
+
 def test_a_failed_record_travels_as_its_parts() -> None:
     failed = RecordFailed.of(RecordError(7, 2, ValueError("bad record")), "Traceback (...)")
     with pytest.raises(RecordFailed) as caught:
@@ -340,19 +356,22 @@ def test_many_concurrent_requests_resolve_to_their_steps(
     )
 
 
-def test_batches_are_read_only_views_of_the_received_frame(
-    server: str, connect: Callable[[str], ZmqTarget]
-) -> None:
-    target = connect(server)
-    fingerprint = handshake(target, "numbers").fingerprint
-    array = target.load_batch(batch_request(fingerprint, 1)).result(WAIT_S)["x"]
+def test_batches_are_read_only_views_of_a_pooled_receive_buffer(server: str) -> None:
+    buffers = BufferPool()
+    with ZmqTarget(server.replace("tcp://", "zmq://"), buffers=buffers) as target:
+        fingerprint = handshake(target, "numbers").fingerprint
+        array = target.load_batch(batch_request(fingerprint, 1)).result(WAIT_S)["x"]
     assert not array.flags.writeable
     base: Any = array
     while isinstance(base, np.ndarray):
         base = base.base
     assert isinstance(base, memoryview)
-    assert isinstance(base.obj, zmq.Frame)
-    assert np.shares_memory(array, np.frombuffer(base.obj.buffer, dtype=np.uint8))
+    assert base.readonly
+    # A view of the buffer the pool handed out, which keeps the pool's own array alive.
+    assert isinstance(base.obj, np.ndarray)
+    assert base.obj.base is not None
+    assert np.shares_memory(array, base.obj.base)
+    assert buffers.kept == 1
 
 
 @pytest.mark.parametrize(
