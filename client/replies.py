@@ -86,6 +86,11 @@ class ReplyDecoder:
         would raise for a failed record, the error itself otherwise."""
         return error.rebuild(self._worker) if isinstance(error, RecordFailed) else error
 
+    def refusal(self, request: wire.BatchRequest, difference: str) -> WorkerError:
+        """The DATA_LOSS error that refuses the reply to `request` for `difference` (e.g. a
+        transport's framing that does not hold)."""
+        return self._refusal(_asked(request), difference)
+
     def _refusal(self, what: str, difference: str) -> WorkerError:
         return WorkerError(BAD_REPLY, f"{self._worker} sent a bad reply to {what}: {difference}")
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import socket
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent import futures
 from typing import Any, NoReturn, TypeVar
 
@@ -36,7 +36,7 @@ from loadax.wire.failures import (
 )
 from loadax.wire.limits import GRPC_MIN_PING_INTERVAL_MS, MAX_BATCH_BYTES, MAX_REQUEST_BYTES
 from loadax.wire.messages import LOAD_BATCH, RequestMessage
-from loadax.wire.payloads import PAYLOAD_SERVICE, EncodedBatch, payload_reply
+from loadax.wire.payloads import PAYLOAD_SERVICE, EncodedBatch, payload_reply, stream_messages
 from loadax.wire.v1 import worker_pb2 as wire
 
 SERVICE = wire.DESCRIPTOR.services_by_name["Worker"].full_name
@@ -125,7 +125,12 @@ class GrpcServer:
             "Info": _method(servicer.Info, wire.InfoRequest, wire.InfoResponse),
             "LoadBatch": _method(servicer.LoadBatch, wire.BatchRequest, wire.BatchResponse),
         }
-        payloads = {"LoadBatch": _method(servicer.load_raw, wire.BatchRequest)}
+        payloads = {
+            "LoadBatch": _method(servicer.load_raw, wire.BatchRequest),
+            "StreamBatch": grpc.unary_stream_rpc_method_handler(
+                _parsing(servicer.stream_batch, wire.BatchRequest)
+            ),
+        }
         self._server.add_generic_rpc_handlers(
             (
                 grpc.method_handlers_generic_handler(SERVICE, methods),
@@ -255,10 +260,17 @@ class WorkerServicer:
             return response
 
     def load_raw(self, request: wire.BatchRequest, context: Any) -> bytes:
-        """The raw method's reply: the header, then the payload (`payload_reply`)."""
+        """The raw unary reply: the header, then the payload (`payload_reply`)."""
         with _Held(context) as held:
             batch = self.load_payload(request, context, held)
             return payload_reply(batch.header, batch.frames)
+
+    def stream_batch(self, request: wire.BatchRequest, context: Any) -> Iterator[bytes]:
+        """The raw stream's messages: the header, then the payload (`stream_messages`). gRPC
+        sends each before it asks for the next, and drops the rest when the call ends."""
+        with _Held(context) as held:
+            batch = self.load_payload(request, context, held)
+            yield from stream_messages(batch)
 
     def load_payload(self, request: wire.BatchRequest, context: Any, held: _Held) -> EncodedBatch:
         """A batch request, within this client's in-flight limit and the loading threads; its
@@ -298,12 +310,20 @@ class WorkerServicer:
 def _method(
     handler: Callable[[Q, Any], Any], request: type[Q], response: type[Message] | None = None
 ) -> grpc.RpcMethodHandler:
-    """A unary method whose handler parses the request's bytes itself: when gRPC's own parsing
-    fails, its server answers but never finishes the call (it aborts it a second time), and keeps
-    the call, its stream and about 15 KiB, for as long as it runs (grpcio 1.85). A body that does
-    not parse gets the status gRPC answers, INTERNAL, and the call ends."""
+    """A unary method whose handler parses its request itself (`_parsing`)."""
+    return grpc.unary_unary_rpc_method_handler(
+        _parsing(handler, request),
+        response_serializer=None if response is None else response.SerializeToString,
+    )
 
-    def parsed(body: bytes, context: Any) -> Any:
+
+def _parsing(handler: Callable[[Q, Any], R], request: type[Q]) -> Callable[[bytes, Any], R]:
+    """`handler`, given the request's bytes parsed: when gRPC's own parsing fails, its server
+    answers but never finishes the call (it aborts it a second time), and keeps the call, its
+    stream and about 15 KiB, for as long as it runs (grpcio 1.85). A body that does not parse
+    gets the status gRPC answers, INTERNAL, and the call ends."""
+
+    def parsed(body: bytes, context: Any) -> R:
         message = request()
         try:
             message.ParseFromString(body)
@@ -311,17 +331,16 @@ def _method(
             context.abort(grpc.StatusCode.INTERNAL, "Exception deserializing request!")
         return handler(message, context)
 
-    return grpc.unary_unary_rpc_method_handler(
-        parsed, response_serializer=None if response is None else response.SerializeToString
-    )
+    return parsed
 
 
 class _Held:
     """What a call holds for its client (its place in the in-flight count, its batch's share of
     the memory budget), let go once the call has ended and its handler has returned, whichever
-    is last. gRPC keeps a reply after its handler returns, until the client has taken it; the
-    call ends when its status has been sent after the reply, or when it was cancelled (the
-    client cancelled it, went away, or its connection broke)."""
+    is last. gRPC keeps a unary reply after its handler returns, until the client has taken it; a
+    streaming handler returns once gRPC has sent its last message, or dropped the rest. The call
+    ends when its status has been sent after the replies, or when it was cancelled (the client
+    cancelled it, went away, or its connection broke)."""
 
     def __init__(self, context: Any) -> None:
         self._lock = threading.Lock()

@@ -30,7 +30,7 @@ from loadax.errors import WorkerError
 from loadax.plan.work import StepWork
 from loadax.wire import zmq_frames
 from loadax.wire.limits import MAX_REQUEST_BYTES, MAX_REQUEST_ROWS
-from loadax.wire.payloads import LOAD_BATCH_PAYLOAD
+from loadax.wire.payloads import LOAD_BATCH_PAYLOAD, STREAM_BATCH
 from loadax.wire.plans import batch_request, plan_to_wire
 from loadax.wire.v1 import worker_pb2 as wire
 from loadax.wire.v1 import worker_pb2_grpc
@@ -57,20 +57,20 @@ WATCH_S = 3.0  # how long a client that does not read is watched; unbounded memo
 RELEASED_WITHIN_S = 10.0  # what a gone client held is released in well under 0.5 s
 TIMEOUT_S = 30.0
 
-# Fires `count` batch requests on one channel with the raw method, then waits, reading nothing
+# Fires `count` batch requests on one channel with the raw stream, then waits, reading nothing
 # once it is stopped.
 GRPC_FLOOD = f"""
 import sys, time, grpc, loadax
 from loadax.plan.work import StepWork
-from loadax.wire.payloads import LOAD_BATCH_PAYLOAD
+from loadax.wire.payloads import LOAD_BATCH_PAYLOAD, STREAM_BATCH
 from loadax.wire.plans import batch_request
 address, fingerprint, count, token = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
 plan = loadax.Plan({RECORDS}, batch_size=1)
-channel = grpc.insecure_channel(address, options=[("grpc.max_receive_message_length", 1 << 30)])
-call = channel.unary_unary(LOAD_BATCH_PAYLOAD, request_serializer=lambda r: r.SerializeToString())
+channel = grpc.insecure_channel(address)
+call = channel.unary_stream(STREAM_BATCH, request_serializer=lambda r: r.SerializeToString())
 metadata = (("authorization", "Bearer " + token),)
 calls = [
-    call.future(batch_request("blobs", fingerprint, plan, StepWork(step)), metadata=metadata)
+    call(batch_request("blobs", fingerprint, plan, StepWork(step)), metadata=metadata)
     for step in range(count)
 ]
 print("fired", flush=True)
@@ -187,23 +187,21 @@ def fingerprint(worker: WorkerProcess) -> str:
 def grpc_batches(worker: WorkerProcess, plan: loadax.Plan, works: list[StepWork]) -> None:
     """Load `works` over gRPC, `IN_FLIGHT` at a time, reading every reply."""
     name = fingerprint(worker)
-    with grpc.insecure_channel(
-        worker.grpc_address, options=[("grpc.max_receive_message_length", 1 << 30)]
-    ) as channel:
-        call = channel.unary_unary(
-            LOAD_BATCH_PAYLOAD, request_serializer=wire.BatchRequest.SerializeToString
+    with grpc.insecure_channel(worker.grpc_address) as channel:
+        call = channel.unary_stream(
+            STREAM_BATCH, request_serializer=wire.BatchRequest.SerializeToString
         )
         for start in range(0, len(works), IN_FLIGHT):
             calls = [
-                call.future(
+                call(
                     batch_request("blobs", name, plan, work),
                     metadata=CREDENTIALS,
                     timeout=TIMEOUT_S,
                 )
                 for work in works[start : start + IN_FLIGHT]
             ]
-            for done in calls:
-                done.result()
+            for messages in calls:
+                assert sum(map(len, messages)) > 1 << 20
 
 
 def zmq_batches(worker: WorkerProcess, works: list[StepWork]) -> list[zmq_frames.BatchReply]:
@@ -317,17 +315,21 @@ def test_a_request_for_more_rows_than_the_budget_holds_is_refused_before_it_is_b
 
 
 def unparsable_calls(worker: WorkerProcess, count: int) -> set[grpc.StatusCode]:
-    """The codes of `count` batch calls over one connection whose bodies do not parse, half to
-    each batch method, `IN_FLIGHT` at a time."""
+    """The codes of `count` batch calls over one connection whose bodies do not parse, a third
+    to each batch method, `IN_FLIGHT` at a time."""
     codes = set()
     with grpc.insecure_channel(worker.grpc_address) as channel:
-        methods = [channel.unary_unary(LOAD_BATCH_PAYLOAD), channel.unary_unary(SCHEMA_LOAD_BATCH)]
+        methods = [
+            channel.unary_stream(STREAM_BATCH),
+            channel.unary_unary(LOAD_BATCH_PAYLOAD).future,
+            channel.unary_unary(SCHEMA_LOAD_BATCH).future,
+        ]
         for start in range(0, count, IN_FLIGHT):
             calls = [
-                methods[index % 2].future(b"\x00", metadata=CREDENTIALS, timeout=TIMEOUT_S)
+                methods[index % 3](b"\x00", metadata=CREDENTIALS, timeout=TIMEOUT_S)
                 for index in range(start, min(start + IN_FLIGHT, count))
             ]
-            codes |= {call.exception().code() for call in calls}
+            codes |= {call.code() for call in calls}
     return codes
 
 

@@ -37,7 +37,14 @@ from loadax.server.worker import Worker
 from loadax.wire import zmq_frames
 from loadax.wire.checksum import payload_checksum
 from loadax.wire.codec import decode_frames, encode_frames
-from loadax.wire.payloads import EncodedBatch, parse_payload_reply, payload_reply
+from loadax.wire.payloads import (
+    EncodedBatch,
+    MalformedReply,
+    parse_payload_reply,
+    payload_reply,
+    read_stream,
+    stream_messages,
+)
 from loadax.wire.plans import batch_request, plan_to_wire, request_digest
 from loadax.wire.schema import batch_schema, schema_difference
 from loadax.wire.v1 import worker_pb2 as wire
@@ -75,12 +82,16 @@ class Tampering:
 
 
 class TamperingGrpc(GrpcTarget, Tampering):
-    def _batch(self, request: wire.BatchRequest, reply: bytes) -> Any:
-        header, payload = parse_payload_reply(reply)
-        rewritten = self.rewrite(request, (header, [bytes(payload)]))
+    def _batch(
+        self,
+        request: wire.BatchRequest,
+        header: wire.BatchResponse,
+        payload: Sequence[bytes | memoryview],
+    ) -> Any:
+        rewritten = self.rewrite(request, (header, [bytes(segment) for segment in payload]))
         if rewritten is not None:
-            reply = payload_reply(*rewritten)
-        return super()._batch(request, reply)
+            header, payload = rewritten
+        return super()._batch(request, header, payload)
 
 
 class TamperingZmq(ZmqTarget, Tampering):
@@ -401,31 +412,45 @@ def test_a_window_may_be_none_and_its_rows_vary() -> None:
     assert refused.value.code == "DATA_LOSS"
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=300, deadline=None)
 @given(data=st.data())
-def test_a_mutated_raw_reply_is_refused_as_data_loss_never_anything_else(
+def test_a_mutated_raw_grpc_reply_is_refused_as_data_loss_never_anything_else(
     data: st.DataObject,
 ) -> None:
     request = batch_request("numbers", "f" * 64, PLAN, StepWork(1))
     batch = pipelines.numbers(30).load(PLAN, 1)
     answer = EncodedBatch.answering(request, "f" * 64, encode_frames(batch))
-    reply = bytearray(payload_reply(answer.header, answer.frames))
+    if data.draw(st.booleans(), label="streamed"):
+        messages = [bytearray(message) for message in stream_messages(answer, chunk=64)]
+    else:
+        messages = [bytearray(payload_reply(answer.header, answer.frames))]
     for _ in range(data.draw(st.integers(1, 4))):
-        position = data.draw(st.integers(0, len(reply) - 1))
-        reply[position] ^= data.draw(st.integers(1, 255))
-    cut = data.draw(st.integers(0, len(reply)))
-    outcome = _decoded(request, bytes(reply[:cut]))
+        message = data.draw(st.sampled_from(messages))
+        if message:
+            message[data.draw(st.integers(0, len(message) - 1))] ^= data.draw(st.integers(1, 255))
+    cut = data.draw(st.integers(0, len(messages)))
+    kept = messages[:cut] + messages[cut + data.draw(st.integers(0, 1)) :]  # one dropped, maybe
+    if len(messages) == 1 and kept:  # one reply: cut it short instead
+        kept = [messages[0][: data.draw(st.integers(0, len(messages[0])))]]
+    outcome = _decoded(request, [bytes(message) for message in kept], len(messages) > 1)
     if isinstance(outcome, WorkerError):
         assert outcome.code == "DATA_LOSS"
     else:  # only changes the checks do not cover: header fields that say nothing, padding
         assert_batches_equal([outcome], [batch])
 
 
-def _decoded(request: wire.BatchRequest, reply: bytes) -> Any:
-    """The batch in a raw gRPC reply, or the error that refuses it."""
+def _decoded(request: wire.BatchRequest, messages: list[bytes], streamed: bool) -> Any:
+    """The batch that a raw gRPC reply of `messages` brings, or the error that refuses it."""
+    replies = ReplyDecoder("worker-a")
     try:
-        header, payload = parse_payload_reply(reply)
-        return ReplyDecoder("worker-a").decode(request, header, [payload])
+        if streamed:
+            header, payload = read_stream(messages, lambda size: memoryview(bytearray(size)))
+        else:
+            header, view = parse_payload_reply(messages[0] if messages else b"")
+            payload = [view]
+        return replies.decode(request, header, payload)
+    except MalformedReply as error:
+        return replies.refusal(request, str(error))
     except WorkerError as error:
         return error
 
