@@ -25,6 +25,7 @@ from loadax.iterators.passes import RepeatedEpochWarning
 from loadax.iterators.stats import LoaderStats
 from loadax.loader import DataLoader, Loader
 from loadax.plan.planner import Plan
+from loadax.sources.huggingface import HuggingFaceDataset
 from loadax.sources.images import ImageFolderDataset
 from loadax.sources.memory import InMemoryDataset, RangeDataset
 from loadax.sources.numpy import NumpyDataset
@@ -39,6 +40,7 @@ __all__ = [
     "DataLoader",
     "Dataset",
     "DatasetBase",
+    "HuggingFaceDataset",
     "ImageFolderDataset",
     "InMemoryDataset",
     "Loader",

@@ -1,4 +1,4 @@
-"""Tests for loadax/huggingface_source.py: Hugging Face datasets on disk, locally and remotely."""
+"""Tests for loadax/sources/huggingface.py: Hugging Face datasets on disk, locally and remotely."""
 
 from __future__ import annotations
 
@@ -231,3 +231,20 @@ def test_worker_processes_reading_it_end_without_leaking_semaphores(tmp_path: Pa
     assert result.returncode == 0, result.stderr
     assert result.stdout.splitlines() == ["[0, 1, 2, 3]"]
     assert "leaked" not in result.stderr, result.stderr
+
+
+def test_importing_loadax_does_not_import_datasets() -> None:
+    # The adopter is registered by `import loadax`; the optional extra is imported only when used.
+    code = "import sys, loadax; print('datasets' in sys.modules, loadax.HuggingFaceDataset)"
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    )
+    assert result.stdout.split()[0] == "False"
+
+
+def test_a_missing_datasets_package_is_named_with_the_extra_to_install(
+    saved: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(sys.modules, "datasets", None)  # what an import finds when it is not there
+    with pytest.raises(ImportError, match=r"pip install 'loadax\[huggingface\]'"):
+        HuggingFaceDataset.load_from_disk(saved)

@@ -8,8 +8,7 @@ A dataset whose records are the rows of an array can also read a whole batch as 
 
 from __future__ import annotations
 
-import sys
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Protocol, runtime_checkable
 
 import numpy.typing as npt
@@ -73,25 +72,34 @@ def require_dataset(
     return dataset  # type: ignore[no-any-return]
 
 
+ForeignAdopter = Callable[[object], "Dataset[Any] | None"]
+"""Given any object: the dataset loadax reads it as, or None when it is not its kind."""
+
+_FOREIGN_ADOPTERS: list[ForeignAdopter] = []
+
+
+def adopts_foreign_datasets(adopter: ForeignAdopter) -> ForeignAdopter:
+    """Register `adopter` (a decorator): a source for another library's datasets registers one, so
+    that `as_dataset` reads those datasets through it when they are given as-is."""
+    _FOREIGN_ADOPTERS.append(adopter)
+    return adopter
+
+
 def as_dataset(
     dataset: Any, problem: str = "dataset must have __len__ and __getitem__"
 ) -> Dataset[Any]:
-    """`dataset` as loadax reads it: checked like `require_dataset`, and a Hugging Face dataset
-    read through `HuggingFaceDataset` (numpy format: a list column is one array per record, of
-    its feature's dtype), which also refuses a `DatasetDict` or a streaming dataset, naming it.
+    """`dataset` as loadax reads it: another library's dataset through the source registered for
+    it (a Hugging Face `datasets.Dataset` as `HuggingFaceDataset(dataset)`, numpy format: a list
+    column is one array per record, of its feature's dtype); anything else checked like
+    `require_dataset`.
 
     >>> from loadax.dataset.protocol import as_dataset
     >>> as_dataset([1, 2])
     [1, 2]
     """
-    hf = sys.modules.get("datasets")  # a Hugging Face dataset exists only once it is imported
-    if hf is not None and isinstance(
-        dataset, hf.Dataset | hf.DatasetDict | hf.IterableDataset | hf.IterableDatasetDict
-    ):
-        # Imported here: `datasets` is an optional extra, and sources build on this module.
-        from loadax.sources.huggingface import HuggingFaceDataset
-
-        return HuggingFaceDataset(dataset)
+    for adopter in _FOREIGN_ADOPTERS:
+        if (adopted := adopter(dataset)) is not None:
+            return adopted
     return require_dataset(dataset, problem)
 
 

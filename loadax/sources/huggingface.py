@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, cast
-
-import datasets
+from typing import TYPE_CHECKING, Any, cast
 
 from loadax.dataset.ops import DatasetBase
+from loadax.dataset.protocol import adopts_foreign_datasets
 from loadax.plan.permutation import IndexArray
 from loadax.sources.columns import check_columns, choose_columns
+
+if TYPE_CHECKING:
+    import datasets
 
 _FORMATS = ("python", "numpy")
 _TABLE_FORMATS = ("arrow", "pandas", "polars")  # these give a table per read, not rows
@@ -85,7 +88,7 @@ class HuggingFaceDataset(DatasetBase[dict[str, Any]]):
         if not where.is_dir():
             raise FileNotFoundError(f"HuggingFaceDataset: no saved dataset at {str(where)!r}")
         try:
-            loaded = datasets.load_from_disk(str(where), keep_in_memory=keep_in_memory)
+            loaded = _datasets().load_from_disk(str(where), keep_in_memory=keep_in_memory)
         except FileNotFoundError as error:
             raise ValueError(
                 f"HuggingFaceDataset: {str(where)!r} is not a dataset saved by save_to_disk: "
@@ -106,7 +109,7 @@ class HuggingFaceDataset(DatasetBase[dict[str, Any]]):
     ) -> HuggingFaceDataset:
         """`split` of Hub dataset `name` via `datasets.load_dataset` (needs the network the first
         time; then the local cache); `options` go to `load_dataset`."""
-        loaded = datasets.load_dataset(name, config, split=split, revision=revision, **options)
+        loaded = _datasets().load_dataset(name, config, split=split, revision=revision, **options)
         return cls(_pick_split(loaded, None, repr(name)), columns, format)
 
     def __len__(self) -> int:
@@ -136,10 +139,35 @@ class HuggingFaceDataset(DatasetBase[dict[str, Any]]):
         )
 
 
+def _datasets() -> Any:
+    """The `datasets` package, or an ImportError that says how to install it."""
+    try:
+        import datasets
+    except ImportError as error:
+        raise ImportError(
+            "HuggingFaceDataset reads Hugging Face datasets, and `datasets` is not installed: "
+            "pip install 'loadax[huggingface]'"
+        ) from error
+    return datasets
+
+
+@adopts_foreign_datasets
+def _adopt(dataset: object) -> HuggingFaceDataset | None:
+    """A Hugging Face dataset given as-is, read as `HuggingFaceDataset(dataset)` (which refuses a
+    `DatasetDict` or a streaming dataset, naming it); None for anything else."""
+    hf = sys.modules.get("datasets")  # such a dataset exists only once `datasets` is imported
+    if hf is None or not isinstance(
+        dataset, hf.Dataset | hf.DatasetDict | hf.IterableDataset | hf.IterableDatasetDict
+    ):
+        return None
+    return HuggingFaceDataset(dataset)
+
+
 def _check_dataset(dataset: object) -> None:
-    if isinstance(dataset, datasets.Dataset):
+    hf = _datasets()
+    if isinstance(dataset, hf.Dataset):
         return
-    if isinstance(dataset, datasets.DatasetDict):
+    if isinstance(dataset, hf.DatasetDict):
         splits = list(dataset)
         raise ValueError(
             f"HuggingFaceDataset: got a DatasetDict with splits {splits}; pick one, e.g. "
@@ -147,7 +175,7 @@ def _check_dataset(dataset: object) -> None:
             if splits
             else "HuggingFaceDataset: got an empty DatasetDict; pick a split of a datasets.Dataset"
         )
-    if isinstance(dataset, datasets.IterableDataset | datasets.IterableDatasetDict):
+    if isinstance(dataset, hf.IterableDataset | hf.IterableDatasetDict):
         raise ValueError(
             f"HuggingFaceDataset: got a {type(dataset).__name__}, which has no random access; "
             "load it without streaming=True"
@@ -158,13 +186,14 @@ def _check_dataset(dataset: object) -> None:
 
 
 def _pick_split(loaded: object, split: str | None, where: str) -> datasets.Dataset:
-    if split is None or not isinstance(loaded, datasets.DatasetDict):
+    hf = _datasets()
+    if split is None or not isinstance(loaded, hf.DatasetDict):
         if split is not None:
             raise ValueError(f"HuggingFaceDataset: {where} holds one split, not {split!r}")
         _check_dataset(loaded)
-        return cast(datasets.Dataset, loaded)
+        return cast("datasets.Dataset", loaded)
     if split not in loaded:
         raise ValueError(
             f"HuggingFaceDataset: {where} has no split {split!r}; its splits are {list(loaded)}"
         )
-    return cast(datasets.Dataset, loaded[split])
+    return cast("datasets.Dataset", loaded[split])
