@@ -11,20 +11,16 @@ Prints records/s per round, the medians, and each median's ratio to threads.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
+
+from local_worker import worker
 
 from loadax.client import RemoteDataLoader
 
-HERE = Path(__file__).resolve().parent
 CONFIG = """
 [server]
 zmq = "tcp://127.0.0.1:0"
@@ -38,30 +34,11 @@ args = {{ records = 100000, loops = {loops} }}
 SETTINGS = {"threads (2)": 0, "1 process": 1, "2 processes": 2}
 
 
-@contextmanager
-def worker(directory: Path, processes: int, loops: int, transport: str) -> Iterator[str]:
-    """A worker with `processes` children (0: threads), until the block ends; its address over
-    `transport`."""
-    config = directory / f"worker{processes}.toml"
-    config.write_text(CONFIG.format(threads=2, loops=loops))
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")]),
-    }
-    command = [sys.executable, "-m", "loadax.server.main", "--config", str(config)]
-    command += ["--processes", str(processes), "--log-level", "WARNING"]
-    with subprocess.Popen(command, stdout=subprocess.PIPE, text=True, env=env) as process:
-        try:
-            assert process.stdout is not None
-            ready = json.loads(process.stdout.readline())
-            yield (
-                ready["zmq"].replace("tcp://", "zmq://", 1)
-                if transport == "zmq"
-                else f"grpc://{ready['grpc']}"
-            )
-        finally:
-            process.terminate()
-            process.wait(timeout=60)
+def config(directory: Path, loops: int) -> Path:
+    """The worker's config file, written in `directory`."""
+    path = directory / "worker.toml"
+    path.write_text(CONFIG.format(threads=2, loops=loops))
+    return path
 
 
 def rate(address: str, batch: int, warmup: int, batches: int) -> float:
@@ -89,8 +66,9 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as directory:
         for round_ in range(args.rounds):
             for name, processes in SETTINGS.items():
-                with worker(Path(directory), processes, args.loops, args.transport) as address:
-                    rates[name].append(rate(address, args.batch, args.warmup, args.batches))
+                settings = config(Path(directory), args.loops)
+                with worker(settings, args.transport, "--processes", str(processes)) as served:
+                    rates[name].append(rate(served.address, args.batch, args.warmup, args.batches))
                 print(f"round {round_ + 1}: {name}: {rates[name][-1]:,.0f} records/s", flush=True)
     base = statistics.median(rates["threads (2)"])
     print(

@@ -1,0 +1,160 @@
+"""Where a remote loader's CPU goes, in steady state: one `loadax-worker` (2 threads) on loopback
+serving T1 (pre-built batches of 8 or 64 MiB) or R1 (W2's images) to a `RemoteDataLoader`
+(prefetch 4) in this process, or R1 from the local loader (2 threads) for comparison.
+
+After `--warmup` batches it measures the rest: GB/s, the client's and the worker's CPU seconds
+per GB (user + system, the worker's children included) and the client's minor page faults per
+GB. With `--perf client|worker` it also records that process with `perf record -g` over the
+same span and prints the symbols that took the most of its samples (perf must be installed).
+
+    .venv/bin/python benchmarks/profile_remote.py T1 zmq --perf client
+    .venv/bin/python benchmarks/profile_remote.py R1 zmq --perf worker
+    .venv/bin/python benchmarks/profile_remote.py R1 local
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import signal
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager, nullcontext
+from pathlib import Path
+from typing import Any
+
+import bench_pipelines
+import jax
+from local_worker import HERE, worker
+from workloads import T1_BATCH_BYTES, prepare, workload
+
+import loadax
+from loadax.client import RemoteDataLoader
+
+PREFETCH = 4
+TOP_SYMBOLS = 15
+
+
+def config(directory: Path, name: str, batches: int, transport: str) -> Path:
+    """A worker config serving `name`'s pipeline (R1: the full-scale W2 file, written once)."""
+    if name == "R1":
+        pipeline = f'factory = "bench_pipelines:w2"\nargs = {{ path = "{r1_data()}" }}'
+    else:
+        args = f"batches = {batches}, batch_bytes = {T1_BATCH_BYTES[name]}"
+        pipeline = f'factory = "bench_pipelines:t1"\nargs = {{ {args} }}'
+    listen = 'grpc = "127.0.0.1:0"' if transport == "grpc" else 'zmq = "tcp://127.0.0.1:0"'
+    path = directory / "worker.toml"
+    path.write_text(f"[server]\n{listen}\nthreads = 2\n\n[pipelines.p]\n{pipeline}\n")
+    return path
+
+
+def r1_data() -> Path:
+    """The full-scale W2 file that R1 reads, written once (as run.py does)."""
+    spec = workload("R1", "full", HERE.parent / ".bench" / "data")
+    prepare(spec)
+    return spec.data_file()
+
+
+def process_cpu(pid: int) -> float:
+    """CPU seconds of process `pid` and its waited-for children (user + system)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return sum(int(field) for field in fields[11:15]) / os.sysconf("SC_CLK_TCK")
+
+
+@contextmanager
+def perf(pid: int, out: Path) -> Iterator[None]:
+    """`perf record -g` of process `pid` while the block runs."""
+    command = ["perf", "record", "-q", "-g", "-o", str(out), "-p", str(pid)]
+    recorder = subprocess.Popen(command, stderr=subprocess.DEVNULL)
+    time.sleep(1.0)  # perf attaches to every thread of the process before the span starts
+    try:
+        yield
+    finally:
+        recorder.send_signal(signal.SIGINT)
+        recorder.wait(timeout=60)
+
+
+def top_symbols(data: Path) -> str:
+    """The symbols with the most samples in perf's `data` (with their process's thread names)."""
+    report = ["perf", "report", "-i", str(data), "--no-children", "-q", "-g", "none"]
+    shown = subprocess.run(
+        [*report, "--sort", "comm,dso,sym"], capture_output=True, text=True, check=True
+    )
+    return "\n".join(shown.stdout.splitlines()[:TOP_SYMBOLS])
+
+
+def measure(
+    batches: Iterable[Any], warmup: int, worker_pid: int | None, profiled: int | None, out: Path
+) -> dict[str, float]:
+    """GB/s, CPU s/GB of this process and of `worker_pid`, and this process's faults/GB over
+    `batches` after `warmup` of them; `profiled` is the process to record with perf, if any."""
+    iterator = iter(batches)
+    for _ in range(warmup):
+        next(iterator)
+    with perf(profiled, out) if profiled is not None else nullcontext():
+        worker_before = process_cpu(worker_pid) if worker_pid else 0.0
+        before, started = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
+        received = sum(sum(leaf.nbytes for leaf in jax.tree.leaves(batch)) for batch in iterator)
+        seconds = time.perf_counter() - started
+        after = resource.getrusage(resource.RUSAGE_SELF)
+        worker_cpu = (process_cpu(worker_pid) - worker_before) if worker_pid else 0.0
+    gb = received / 1e9
+    client_cpu = after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime
+    return {
+        "GB/s": round(gb / seconds, 3),
+        "client CPU s/GB": round(client_cpu / gb, 3),
+        "worker CPU s/GB": round(worker_cpu / gb, 3),
+        "client faults/GB": round((after.ru_minflt - before.ru_minflt) / gb),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("workload", choices=["T1", "T1-64M", "R1"])
+    parser.add_argument("system", choices=["zmq", "grpc", "local"])
+    parser.add_argument("--batches", type=int, default=0, help="T1's (default: about 4 GB)")
+    parser.add_argument("--epochs", type=int, default=3, help="R1's")
+    parser.add_argument("--warmup", type=int, default=4)
+    parser.add_argument("--perf", choices=["client", "worker"])
+    parser.add_argument("--perf-out", type=Path, default=Path("perf.data"))
+    args = parser.parse_args()
+    if args.system == "local" and args.workload != "R1":
+        parser.error("the local loader is measured on R1 only")
+    if args.system == "local" and args.perf == "worker":
+        parser.error("the local loader has no worker")
+    batches = args.batches or (4 << 30) // T1_BATCH_BYTES.get(args.workload, 1)
+    with tempfile.TemporaryDirectory() as directory:
+        if args.system == "local":
+            pipeline = bench_pipelines.w2(str(r1_data()))
+            loader = (
+                loadax.DataLoader(pipeline.batcher)
+                .batch_size(64)
+                .workers(2)
+                .prefetch(PREFETCH)
+                .num_epochs(args.epochs)
+                .build(pipeline.dataset)
+            )
+            profiled = os.getpid() if args.perf else None
+            result = measure(loader, args.warmup, None, profiled, args.perf_out)
+        else:
+            settings = config(Path(directory), args.workload, batches + args.warmup, args.system)
+            with worker(settings, args.system) as served:
+                builder = RemoteDataLoader([served.address], pipeline="p").prefetch(PREFETCH)
+                if args.workload == "R1":
+                    builder = builder.batch_size(64).num_epochs(args.epochs)
+                else:
+                    builder = builder.batch_size(1)
+                profiled = {"client": os.getpid(), "worker": served.pid, None: None}[args.perf]
+                with builder.build() as loader:
+                    result = measure(loader, args.warmup, served.pid, profiled, args.perf_out)
+    print(json.dumps({"workload": args.workload, "system": args.system, **result}))
+    if args.perf:
+        print(f"perf record of the {args.perf}, top symbols:\n{top_symbols(args.perf_out)}")
+
+
+if __name__ == "__main__":
+    main()
