@@ -17,7 +17,7 @@ import grpc
 import grpc.experimental
 from google.protobuf.message import DecodeError
 
-from loadax.client.buffers import BufferPool
+from loadax.buffers import BufferPool
 from loadax.client.replies import Buffer, ReplyDecoder
 from loadax.client.security import ClientSecurity
 from loadax.client.zmq_transport import ZmqTarget

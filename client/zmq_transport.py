@@ -20,7 +20,7 @@ from typing import Any, Generic, TypeVar
 import zmq
 from zmq.utils.monitor import parse_monitor_message
 
-from loadax.client.buffers import BufferPool
+from loadax.buffers import BufferPool
 from loadax.client.replies import ReplyDecoder
 from loadax.client.security import ClientSecurity
 from loadax.errors import RecordError, WorkerError

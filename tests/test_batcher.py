@@ -1,15 +1,19 @@
-"""Tests for loadax/batcher.py: collating the records of a batch."""
+"""Tests for loadax/collate/batcher.py: collating the records of a batch."""
 
 from __future__ import annotations
 
+import weakref
 from typing import Any
 
+import jax
 import numpy as np
 import pytest
 from helpers import assert_batches_equal
 
 from loadax import Batcher, DataLoader, stack
-from loadax.collate.batcher import SharedStack
+from loadax.buffers import BufferPool
+from loadax.collate import batcher
+from loadax.collate.batcher import POOLED_FROM_BYTES, SharedStack
 
 
 def test_stacks_python_ints() -> None:
@@ -189,3 +193,83 @@ def test_threaded_batches_promote_and_refuse_exactly_as_stack(workers: int) -> N
     ragged = [np.zeros(2), np.zeros(2), np.zeros(3), np.zeros(2)]
     with pytest.raises(ValueError, match="leaf \\(the record itself\\) of record 2 has shape"):
         list(DataLoader(Batcher()).batch_size(4).workers(workers).build(ragged))
+
+
+# --- large leaves are stacked into reused buffers ----------------------------------------------
+
+LARGE_ROWS = 8
+LARGE_FLOATS = POOLED_FROM_BYTES // 4 // LARGE_ROWS + 1  # a stacked leaf just over the threshold
+
+
+def large_record(index: int) -> dict[str, Any]:
+    return {"x": np.full(LARGE_FLOATS, index, np.float32), "label": index}
+
+
+def large_batches(workers: int) -> Any:
+    dataset = [large_record(index) for index in range(LARGE_ROWS * 12)]
+    return DataLoader(Batcher()).batch_size(LARGE_ROWS).workers(workers).build(dataset)
+
+
+def expected_x(step: int) -> np.ndarray[Any, Any]:
+    rows = np.arange(step * LARGE_ROWS, (step + 1) * LARGE_ROWS, dtype=np.float32)
+    return np.repeat(rows[:, None], LARGE_FLOATS, axis=1)
+
+
+class CountingPool(BufferPool):
+    """A `BufferPool` that counts what it hands out and knows the buffers it handed out."""
+
+    def __init__(self) -> None:
+        super().__init__(spare=2)
+        self.taken = 0
+        self._handed_out: dict[int, weakref.ref[np.ndarray[Any, Any]]] = {}
+
+    def take(self, size: int) -> memoryview:
+        view = super().take(size)
+        self.taken += 1
+        buffer = view.obj.base  # type: ignore[union-attr]
+        self._handed_out[id(buffer)] = weakref.ref(buffer)
+        return view
+
+    @property
+    def buffers(self) -> list[np.ndarray[Any, Any]]:
+        """The buffers it handed out that are still alive."""
+        return [buffer for ref in self._handed_out.values() if (buffer := ref()) is not None]
+
+
+@pytest.fixture
+def pool(monkeypatch: pytest.MonkeyPatch) -> CountingPool:
+    counting = CountingPool()
+    monkeypatch.setattr(batcher, "_LEAF_BUFFERS", counting)
+    return counting
+
+
+@pytest.mark.parametrize("workers", [0, 2])  # stack, and SharedStack's parts from threads
+def test_a_steady_stream_stacks_large_leaves_into_the_same_few_buffers(
+    pool: CountingPool, workers: int
+) -> None:
+    for step, batch in enumerate(large_batches(workers)):
+        np.testing.assert_array_equal(batch["x"], expected_x(step))
+        assert any(np.shares_memory(batch["x"], buffer) for buffer in pool.buffers)
+        assert batch["label"].flags.owndata  # a small leaf is left to malloc
+        del batch
+    assert pool.taken == 12  # one per batch's large leaf
+    assert len(pool.buffers) <= 4, len(pool.buffers)  # those in flight and spares
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_held_batches_and_jax_arrays_never_change_while_later_ones_are_stacked(
+    pool: CountingPool, workers: int
+) -> None:
+    held, put = [], []
+    for step, batch in enumerate(large_batches(workers)):
+        if step % 2 == 0:
+            held.append((step, batch))
+        if step % 3 == 0:
+            put.append((step, jax.device_put(batch["x"])))
+    assert [step for step, _ in held] == list(range(0, 12, 2))
+    for step, batch in held:
+        np.testing.assert_array_equal(batch["x"], expected_x(step))
+        assert batch["label"].tolist() == list(range(step * LARGE_ROWS, (step + 1) * LARGE_ROWS))
+    for step, array in put:
+        np.testing.assert_array_equal(np.asarray(array), expected_x(step))
+    assert pool.taken == 12

@@ -11,7 +11,7 @@ import jax
 import numpy as np
 import pytest
 
-from loadax.client.buffers import BufferPool
+from loadax.buffers import BufferPool
 
 
 def address(view: memoryview | np.ndarray[Any, Any]) -> int:

@@ -23,7 +23,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import loadax
-from loadax.client.buffers import BufferPool
+from loadax.buffers import BufferPool
 from loadax.client.targets import GrpcTarget
 from loadax.errors import WorkerError
 from loadax.plan.work import StepWork

@@ -1,4 +1,4 @@
-"""The ZeroMQ client receives batch payloads into pooled buffers (`loadax.client.buffers`): a
+"""The ZeroMQ client receives batch payloads into pooled buffers (`loadax.buffers`): a
 steady stream reuses them, a batch (or a jax.Array made from it) that is held never changes,
 replies whose frames do not fit their header are refused, and the client's memory stays within
 its bound. Real sockets: a `ZmqServer` in this process, a fake worker on a ROUTER socket, and
@@ -25,8 +25,8 @@ from jax.sharding import Mesh
 from workers import worker_process
 
 import loadax
+from loadax.buffers import BufferPool
 from loadax.client import RemoteDataLoader
-from loadax.client.buffers import BufferPool
 from loadax.client.dispatch import FleetOptions
 from loadax.client.zmq_transport import ZmqTarget
 from loadax.errors import WorkerError

@@ -14,7 +14,7 @@ import zmq
 from helpers import assert_batches_equal
 
 import loadax.wire.codec
-from loadax.client.buffers import BufferPool
+from loadax.buffers import BufferPool
 from loadax.client.zmq_transport import ZmqTarget
 from loadax.dataset.ops import DatasetBase
 from loadax.errors import RecordError, WorkerError

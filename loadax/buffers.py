@@ -1,9 +1,10 @@
-"""Receive buffers that are reused once nothing refers to them, so that a steady stream of
-batches neither allocates nor page-faults a fresh whole-batch buffer per batch.
+"""Buffers reused once nothing refers to them, so that a steady stream of batches neither allocates
+nor page-faults a fresh whole-batch buffer per batch: the remote client receives batches into them,
+and collation stacks large leaves into them.
 
 A fresh buffer of tens of MiB is memory the kernel maps on first touch, one fault per 4 KiB
-page, and that costs the receiving process more than the socket's own copy. A reused one is
-already mapped.
+page (and glibc maps anything above 32 MiB afresh for every allocation), and that costs more than
+the copy that fills it. A reused one is already mapped.
 """
 
 from __future__ import annotations
