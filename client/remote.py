@@ -25,6 +25,7 @@ from collections.abc import Sequence
 from concurrent.futures import Future
 from typing import Any, Self
 
+from loadax.buffers import BufferPool
 from loadax.client.dispatch import Dispatcher, FleetOptions
 from loadax.client.identity import (
     LEAVES_OUT,
@@ -204,10 +205,11 @@ class RemoteLoader(Loader[Any]):
         self._lock = threading.Lock()  # guards the late answers' hand-over to the dispatcher
         self._late: list[Answer] | None = []  # answers that came before the dispatcher existed
         self._stats = stats = StatsRecorder()
+        self._buffers = BufferPool()  # the workers' batches are received into these
         gathering = Gathering(
             specs,
             handshake_request(pipeline, options.plan(1)),
-            connect=lambda spec: connect(spec, security),
+            connect=lambda spec: connect(spec, security, self._buffers),
             expand=self._expand,
             is_name=lambda spec: isinstance(spec, str) and _host_is_name(spec),
             timeout=failover.startup_timeout,
@@ -270,7 +272,7 @@ class RemoteLoader(Loader[Any]):
     def add_target(self, spec: TargetSpec) -> None:
         """Start using another worker, after checking it serves the loader's pipeline identity:
         a ValueError naming both identities if not, the worker's error if it cannot serve."""
-        target = connect(spec, self._security)
+        target = connect(spec, self._security, self._buffers)
         try:
             request = handshake_request(self._pipeline, self._handshake_plan)
             answer = ask(target, request, DEFAULT_TIMEOUT_S)

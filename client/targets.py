@@ -312,16 +312,19 @@ def check_spec(spec: object) -> None:
         raise ValueError(f"target must be an address or a worker object, got {type(spec).__name__}")
 
 
-def connect(spec: TargetSpec, security: ClientSecurity | None = None) -> Target:
+def connect(
+    spec: TargetSpec, security: ClientSecurity | None = None, buffers: BufferPool | None = None
+) -> Target:
     """A target from "grpc://host:port", "zmq://host:port" or a worker object.
 
-    `security` applies to the addresses; a worker object is called directly, without it.
+    `security` applies to the addresses; a worker object is called directly, without it. An
+    address receives its batches into `buffers` (by default a pool of its own): a loader shares
+    one among its workers, so that they keep one spare buffer between them, not one each.
     """
     if security is not None and not isinstance(security, ClientSecurity):
         raise ValueError(f"security must be a ClientSecurity, got {type(security).__name__}")
     check_spec(spec)
     if isinstance(spec, str):
-        return (
-            GrpcTarget(spec, security) if spec.startswith("grpc://") else ZmqTarget(spec, security)
-        )
+        kind = GrpcTarget if spec.startswith("grpc://") else ZmqTarget
+        return kind(spec, security, buffers=buffers)
     return InProcessTarget(spec)

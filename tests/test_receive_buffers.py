@@ -22,9 +22,10 @@ import pytest
 import zmq
 from helpers import assert_batches_equal
 from jax.sharding import Mesh
-from workers import worker_process
+from workers import worker_processes
 
 import loadax
+import loadax.client.remote
 from loadax.buffers import BufferPool
 from loadax.client import RemoteDataLoader
 from loadax.client.dispatch import FleetOptions
@@ -212,12 +213,13 @@ args = {{ records = 48, floats = {(BATCH_MIB << 20) // 4} }}
 PREFETCH = 4
 CLIENT = f"""
 import json, sys
+import loadax.client.remote
 from loadax.client import RemoteDataLoader
 
 def resident():
     return int(open("/proc/self/statm").read().split()[1]) * 4096
 
-loader = RemoteDataLoader([sys.argv[1]], pipeline="blobs").batch_size(1).prefetch({PREFETCH})
+loader = RemoteDataLoader(sys.argv[1:], pipeline="blobs").batch_size(1).prefetch({PREFETCH})
 with loader.build() as built:
     base = resident()
     with open("/proc/self/clear_refs", "w") as clear:
@@ -231,9 +233,9 @@ print(json.dumps({{"base": base, "peak": int(peak.split()[1]) * 1024, "batches":
 def test_the_clients_memory_stays_within_base_plus_in_flight_plus_two_batches(
     tmp_path: Path,
 ) -> None:
-    with worker_process(tmp_path, RSS_PIPELINE, grpc=False, zmq=True) as served:
+    with worker_processes(tmp_path, 1, RSS_PIPELINE, grpc=False, zmq=True) as served:
         result = subprocess.run(
-            [sys.executable, "-c", CLIENT, served.address("zmq")],
+            [sys.executable, "-c", CLIENT, served[0].address("zmq")],
             capture_output=True,
             text=True,
             timeout=120,
@@ -247,3 +249,29 @@ def test_the_clients_memory_stays_within_base_plus_in_flight_plus_two_batches(
         f"peak {measured['peak'] >> 20} MiB over base {measured['base'] >> 20} MiB + "
         f"{in_flight + 2} batches of {BATCH_MIB} MiB"
     )
+
+
+def test_a_loaders_workers_share_one_pool_of_receive_buffers(
+    worker: Worker, server: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # One spare buffer between the workers, not one each.
+    pools: list[BufferPool] = []
+
+    class Recorded(BufferPool):
+        def __init__(self) -> None:
+            super().__init__()
+            pools.append(self)
+
+    monkeypatch.setattr(loadax.client.remote, "BufferPool", Recorded)
+    second = ZmqServer(worker, "tcp://127.0.0.1:0", threads=2)
+    address = second.start().replace("tcp://", "zmq://", 1)
+    try:
+        builder = RemoteDataLoader([server, address], pipeline="blobs").batch_size(BATCH)
+        with builder.build() as loader:
+            batches = list(loader)
+            assert len(loader.targets) == 2
+    finally:
+        second.stop(grace=WAIT_S)
+    assert len(batches) == RECORDS // BATCH
+    assert len(pools) == 1
+    assert pools[0].kept == len(batches)  # each held batch, from either worker, is one of its
