@@ -80,6 +80,16 @@ class Tampering:
         self.seen = (reply[0], list(reply[1]))
         return None if self.tamper is None else self.tamper(request, reply)
 
+    def rewritten(
+        self,
+        request: wire.BatchRequest,
+        header: wire.BatchResponse,
+        payload: Sequence[bytes | memoryview],
+    ) -> tuple[wire.BatchResponse, Sequence[bytes | memoryview]]:
+        """The header and the payload of a reply as the client is to check them."""
+        rewritten = self.rewrite(request, (header, [bytes(part) for part in payload]))
+        return (header, payload) if rewritten is None else rewritten
+
 
 class TamperingGrpc(GrpcTarget, Tampering):
     def _batch(
@@ -88,10 +98,7 @@ class TamperingGrpc(GrpcTarget, Tampering):
         header: wire.BatchResponse,
         payload: Sequence[bytes | memoryview],
     ) -> Any:
-        rewritten = self.rewrite(request, (header, [bytes(segment) for segment in payload]))
-        if rewritten is not None:
-            header, payload = rewritten
-        return super()._batch(request, header, payload)
+        return super()._batch(request, *self.rewritten(request, header, payload))
 
 
 class TamperingZmq(ZmqTarget, Tampering):
@@ -115,10 +122,7 @@ class TamperingInProcess(InProcessTarget, Tampering):
         header: wire.BatchResponse,
         payload: Sequence[bytes | memoryview],
     ) -> Any:
-        rewritten = self.rewrite(request, (header, [bytes(frame) for frame in payload]))
-        if rewritten is not None:
-            header, payload = rewritten
-        return super()._batch(request, header, payload)
+        return super()._batch(request, *self.rewritten(request, header, payload))
 
 
 @pytest.fixture(scope="module")

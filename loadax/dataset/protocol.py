@@ -18,6 +18,7 @@ from loadax.plan.permutation import IndexArray
 from loadax.validation import require_int
 
 T_co = TypeVar("T_co", covariant=True, default=Any)
+R = TypeVar("R")
 
 
 @runtime_checkable
@@ -105,13 +106,7 @@ def as_dataset(
 
 def as_datasets(datasets: Iterable[Any]) -> tuple[Dataset[Any], ...]:
     """`as_dataset` of each of `datasets`; an error names the position."""
-    adopted = []
-    for position, dataset in enumerate(datasets):
-        try:
-            adopted.append(as_dataset(dataset))
-        except ValueError as error:
-            raise ValueError(f"datasets[{position}]: {error}") from None
-    return tuple(adopted)
+    return tuple(_each(as_dataset, datasets))
 
 
 def dataset_length(dataset: Dataset[Any]) -> int:
@@ -124,10 +119,15 @@ def dataset_lengths(datasets: Sequence[Dataset[Any]]) -> list[int]:
     """The length of each of a non-empty sequence of datasets; errors name the position."""
     if not datasets:
         raise ValueError("datasets must not be empty")
-    lengths = []
+    return _each(dataset_length, datasets)
+
+
+def _each(check: Callable[[Any], R], datasets: Iterable[Any]) -> list[R]:
+    """`check` of each of `datasets`; its ValueError is raised again naming the position."""
+    checked = []
     for position, dataset in enumerate(datasets):
         try:
-            lengths.append(dataset_length(dataset))
+            checked.append(check(dataset))
         except ValueError as error:
             raise ValueError(f"datasets[{position}]: {error}") from None
-    return lengths
+    return checked
