@@ -33,17 +33,21 @@ class BufferPool:
     `take` is safe from any thread. A buffer is never written again while a batch decoded from
     it is alive, however long its user holds it.
 
-    Bounded: beyond the buffers in use, at most `spare` free ones are kept (the fittest); the
+    Bounded: beyond the buffers in use, at most `spare` free ones are kept (the fittest), and
+    with `spare_bytes` no more than that many bytes of them; the
     others are let go. A free buffer is reused for a size between half its length and its
     length (so that a reused buffer holds at most twice the memory asked for); otherwise a new
     one is allocated, 1/8 larger than asked, so that slightly larger batches fit it too (pages
     never written cost no memory).
     """
 
-    def __init__(self, spare: int = 1) -> None:
+    def __init__(self, spare: int = 1, spare_bytes: int | None = None) -> None:
         if not (isinstance(spare, int) and spare >= 0):
             raise ValueError(f"spare must be an int >= 0, got {spare!r}")
+        if spare_bytes is not None and not (isinstance(spare_bytes, int) and spare_bytes >= 0):
+            raise ValueError(f"spare_bytes must be None or an int >= 0, got {spare_bytes!r}")
         self._spare = spare
+        self._spare_bytes = spare_bytes
         self._lock = threading.Lock()
         self._buffers: list[_Buffer] = []
 
@@ -60,9 +64,20 @@ class BufferPool:
             free.sort(key=lambda buffer: abs(len(buffer) - size))  # the fittest first
             fits = [buffer for buffer in free if size <= len(buffer) <= 2 * size]
             chosen = fits[0] if fits else np.empty(_rounded(size + size // _GROWTH), np.uint8)
-            spares = [buffer for buffer in free if buffer is not chosen][: self._spare]
+            spares = self._spares([buffer for buffer in free if buffer is not chosen])
             self._buffers = [*in_use, *spares, chosen]
             return chosen[:size].data
+
+    def _spares(self, free: list[_Buffer]) -> list[_Buffer]:
+        """The first of the `free` buffers (fittest first) that `spare` and `spare_bytes` allow."""
+        kept: list[_Buffer] = []
+        total = 0
+        for buffer in free[: self._spare]:
+            total += len(buffer)
+            if self._spare_bytes is not None and total > self._spare_bytes:
+                break
+            kept.append(buffer)
+        return kept
 
     @property
     def kept(self) -> int:

@@ -75,6 +75,21 @@ def test_beyond_those_in_use_at_most_spare_free_buffers_are_kept() -> None:
     assert pool.kept == 1 + 2
 
 
+def test_free_buffers_beyond_spare_bytes_are_let_go() -> None:
+    size = 1 << 16  # each allocated 1/8 larger: 72 KiB
+    pool = BufferPool(spare=4, spare_bytes=100_000)
+    held = [pool.take(size) for _ in range(4)]
+    assert pool.kept == 4
+    del held
+    pool.take(size)
+    assert pool.kept == 1 + 1  # the one reused, and the one spare that fits in 100,000 bytes
+    unbounded = BufferPool(spare=4)
+    held = [unbounded.take(size) for _ in range(4)]
+    del held
+    unbounded.take(size)
+    assert unbounded.kept == 1 + 3
+
+
 def test_a_free_buffer_is_reused_only_for_between_half_and_all_of_its_length() -> None:
     pool = BufferPool(spare=4)
     where = address(pool.take(1 << 20))  # allocated 1/8 larger: slightly larger batches fit
@@ -115,5 +130,7 @@ def test_threads_never_share_a_buffer() -> None:
 def test_bad_arguments_name_themselves() -> None:
     with pytest.raises(ValueError, match="spare must be an int >= 0, got -1"):
         BufferPool(spare=-1)
+    with pytest.raises(ValueError, match="spare_bytes must be None or an int >= 0, got -2"):
+        BufferPool(spare_bytes=-2)
     with pytest.raises(ValueError, match="size >= 0, got -5"):
         BufferPool().take(-5)

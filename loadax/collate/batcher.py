@@ -27,7 +27,10 @@ fresh array would be freshly mapped memory, faulted in page by page. R1's 38.5 M
 of 3 alternated runs (`benchmarks/profile_remote.py R1 zmq|local`): the local loader 2.32 -> 3.26
 GB/s (0.74 -> 0.52 CPU s/GB), a worker 1.48 -> 1.22 CPU s/GB. Smaller leaves are left to malloc,
 which reuses them already."""
-_LEAF_BUFFERS = BufferPool(spare=2)  # a free one for each of the two largest leaves, say
+SPARE_LEAF_BYTES = 256 << 20
+"""The most bytes of free leaf buffers kept for reuse, so that a process that is done loading
+batches of hundreds of MiB does not hold them."""
+_LEAF_BUFFERS = BufferPool(spare=2, spare_bytes=SPARE_LEAF_BYTES)  # one per large leaf, say
 
 
 def _empty_leaf(shape: tuple[int, ...], dtype: np.dtype[Any]) -> np.ndarray[Any, Any]:
