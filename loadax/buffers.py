@@ -21,8 +21,8 @@ _GROWTH = 8  # a buffer is allocated 1/8 larger than asked, so that slightly lar
 
 
 class BufferPool:
-    """Hands out writable buffers for receiving into, and takes each back once nothing refers
-    to it any more.
+    """Hands out writable buffers to receive or stack batches into, and takes each back once
+    nothing refers to it any more.
 
     `take(size)` gives a writable `memoryview` of `size` bytes: a view of a uint8 numpy array
     that the pool keeps. Whatever is made from it (slices, read-only views, numpy arrays
@@ -33,12 +33,11 @@ class BufferPool:
     `take` is safe from any thread. A buffer is never written again while a batch decoded from
     it is alive, however long its user holds it.
 
-    Bounded: beyond the buffers in use, at most `spare` free ones are kept (the fittest), and
-    with `spare_bytes` no more than that many bytes of them; the
-    others are let go. A free buffer is reused for a size between half its length and its
-    length (so that a reused buffer holds at most twice the memory asked for); otherwise a new
-    one is allocated, 1/8 larger than asked, so that slightly larger batches fit it too (pages
-    never written cost no memory).
+    Bounded: beyond the buffers in use, at most `spare` free ones are kept (the fittest), of at
+    most `spare_bytes` together if given; the others are let go. A free buffer is reused for a
+    size between half its length and its length (so that a reused buffer holds at most twice
+    the memory asked for); otherwise a new one is allocated, 1/8 larger than asked, so that
+    slightly larger batches fit it too (pages never written cost no memory).
     """
 
     def __init__(self, spare: int = 1, spare_bytes: int | None = None) -> None:
