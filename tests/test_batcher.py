@@ -273,3 +273,15 @@ def test_held_batches_and_jax_arrays_never_change_while_later_ones_are_stacked(
     for step, array in put:
         np.testing.assert_array_equal(np.asarray(array), expected_x(step))
     assert pool.taken == 12
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_large_leaves_of_python_objects_are_stacked_as_numpy_keeps_them(
+    pool: CountingPool, workers: int
+) -> None:
+    words = np.array([f"w{i}" for i in range(POOLED_FROM_BYTES // 8)], dtype=object)
+    dataset = [{"words": words, "n": index} for index in range(4)]
+    batches = list(DataLoader(Batcher()).batch_size(2).workers(workers).build(dataset))
+    assert [batch["words"].shape for batch in batches] == [(2, len(words))] * 2
+    assert batches[1]["words"][1, 7] == "w7"
+    assert pool.taken == 0

@@ -34,9 +34,10 @@ _LEAF_BUFFERS = BufferPool(spare=2, spare_bytes=SPARE_LEAF_BYTES)  # one per lar
 
 
 def _empty_leaf(shape: tuple[int, ...], dtype: np.dtype[Any]) -> np.ndarray[Any, Any]:
-    """An uninitialised array for a stacked leaf: from `_LEAF_BUFFERS` from `POOLED_FROM_BYTES`."""
+    """An uninitialised array for a stacked leaf: from `_LEAF_BUFFERS` from `POOLED_FROM_BYTES`
+    (not for Python objects, which numpy keeps only in arrays of its own)."""
     count = math.prod(shape)
-    if count * dtype.itemsize < POOLED_FROM_BYTES:
+    if count * dtype.itemsize < POOLED_FROM_BYTES or dtype.hasobject:
         return np.empty(shape, dtype)
     buffer = _LEAF_BUFFERS.take(count * dtype.itemsize)
     return np.frombuffer(buffer, dtype=dtype, count=count).reshape(shape)
