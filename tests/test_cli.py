@@ -145,7 +145,7 @@ def closed_port() -> Iterator[int]:
 @pytest.fixture
 def health_server() -> Iterator[tuple[str, health.HealthServicer]]:
     """A gRPC server with only the health service, whose statuses the test sets."""
-    server = grpc.server(ThreadPoolExecutor(2))
+    server = grpc.server(ThreadPoolExecutor(2), options=[("grpc.so_reuseport", 0)])  # its own port
     servicer = health.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(servicer, server)
     port = server.add_insecure_port("127.0.0.1:0")

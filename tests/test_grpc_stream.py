@@ -143,7 +143,9 @@ def crafted() -> Iterator[Crafted]:
             "LoadBatch": grpc.unary_unary_rpc_method_handler(unary),
         },
     )
-    server = grpc.server(futures.ThreadPoolExecutor(4))
+    # A port of its own: with SO_REUSEPORT (gRPC's default) the port picked for ":0" can be one a
+    # server of an earlier test still holds, which then refuses the client's connection.
+    server = grpc.server(futures.ThreadPoolExecutor(4), options=[("grpc.so_reuseport", 0)])
     server.add_generic_rpc_handlers((handler,))
     port = server.add_insecure_port("127.0.0.1:0")
     server.start()
