@@ -226,7 +226,7 @@ class CountingPool(BufferPool):
     def take(self, size: int) -> memoryview:
         view = super().take(size)
         self.taken += 1
-        buffer = view.obj.base  # type: ignore[union-attr]
+        buffer = view.obj.base
         self._handed_out[id(buffer)] = weakref.ref(buffer)
         return view
 

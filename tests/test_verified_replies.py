@@ -80,25 +80,24 @@ class Tampering:
         self.seen = (reply[0], list(reply[1]))
         return None if self.tamper is None else self.tamper(request, reply)
 
-    def rewritten(
-        self,
-        request: wire.BatchRequest,
-        header: wire.BatchResponse,
-        payload: Sequence[bytes | memoryview],
-    ) -> tuple[wire.BatchResponse, Sequence[bytes | memoryview]]:
-        """The header and the payload of a reply as the client is to check them."""
-        rewritten = self.rewrite(request, (header, [bytes(part) for part in payload]))
-        return (header, payload) if rewritten is None else rewritten
 
+class TamperingHeaderAndPayload(Tampering):
+    """For the targets whose `_batch` checks a reply's header and payload (gRPC, in-process)."""
 
-class TamperingGrpc(GrpcTarget, Tampering):
     def _batch(
         self,
         request: wire.BatchRequest,
         header: wire.BatchResponse,
         payload: Sequence[bytes | memoryview],
     ) -> Any:
-        return super()._batch(request, *self.rewritten(request, header, payload))
+        rewritten = self.rewrite(request, (header, [bytes(part) for part in payload]))
+        if rewritten is not None:
+            header, payload = rewritten
+        return super()._batch(request, header, payload)
+
+
+class TamperingGrpc(TamperingHeaderAndPayload, GrpcTarget):
+    pass
 
 
 class TamperingZmq(ZmqTarget, Tampering):
@@ -115,14 +114,8 @@ class TamperingZmq(ZmqTarget, Tampering):
         return super()._batch(request, frames)
 
 
-class TamperingInProcess(InProcessTarget, Tampering):
-    def _batch(
-        self,
-        request: wire.BatchRequest,
-        header: wire.BatchResponse,
-        payload: Sequence[bytes | memoryview],
-    ) -> Any:
-        return super()._batch(request, *self.rewritten(request, header, payload))
+class TamperingInProcess(TamperingHeaderAndPayload, InProcessTarget):
+    pass
 
 
 @pytest.fixture(scope="module")
