@@ -36,6 +36,7 @@ from loadax.wire.payloads import (
     LOAD_BATCH_PAYLOAD,
     STREAM_BATCH,
     STREAM_FROM_BYTES,
+    STREAM_WINDOW_BYTES,
     EncodedBatch,
     MalformedReply,
     parse_payload_reply,
@@ -117,6 +118,10 @@ class GrpcTarget:
             # A stream's reader thread takes its messages from gRPC itself, not from the
             # channel's thread: a thread switch less per message (measured: 7% less CPU per GB).
             (grpc.experimental.ChannelOptions.SingleThreadedUnaryStream, 1),
+            # Each call receives at most this far ahead of its reader: the client's memory stays
+            # within its bound (see STREAM_WINDOW_BYTES).
+            ("grpc.http2.bdp_probe", 0),
+            ("grpc.http2.lookahead_bytes", STREAM_WINDOW_BYTES),
             *self.LIVENESS,
         ]
         target = address.removeprefix("grpc://")

@@ -1,8 +1,8 @@
 """The ZeroMQ client receives batch payloads into pooled buffers (`loadax.buffers`): a
 steady stream reuses them, a batch (or a jax.Array made from it) that is held never changes,
 replies whose frames do not fit their header are refused, and the client's memory stays within
-its bound. Real sockets: a `ZmqServer` in this process, a fake worker on a ROUTER socket, and
-a worker and a client in processes of their own."""
+its bound (over gRPC too). Real sockets: a `ZmqServer` in this process, a fake worker on a
+ROUTER socket, and a worker and a client in processes of their own."""
 
 from __future__ import annotations
 
@@ -230,12 +230,15 @@ print(json.dumps({{"base": base, "peak": int(peak.split()[1]) * 1024, "batches":
 """
 
 
+@pytest.mark.parametrize("transport", ["zmq", "grpc"])
 def test_the_clients_memory_stays_within_base_plus_in_flight_plus_two_batches(
-    tmp_path: Path,
+    tmp_path: Path, transport: str
 ) -> None:
-    with worker_processes(tmp_path, 1, RSS_PIPELINE, grpc=False, zmq=True) as served:
+    # Over gRPC an 8 MiB batch is streamed (STREAM_FROM_BYTES): one whole reply is held twice.
+    listen = {"grpc": transport == "grpc", "zmq": transport == "zmq"}
+    with worker_processes(tmp_path, 1, RSS_PIPELINE, **listen) as served:
         result = subprocess.run(
-            [sys.executable, "-c", CLIENT, served[0].address("zmq")],
+            [sys.executable, "-c", CLIENT, served[0].address(transport)],
             capture_output=True,
             text=True,
             timeout=120,

@@ -33,13 +33,19 @@ from loadax.wire.v1 import worker_pb2 as wire
 PAYLOAD_SERVICE = "loadax.wire.v1.Payloads"
 LOAD_BATCH_PAYLOAD = f"/{PAYLOAD_SERVICE}/LoadBatch"
 STREAM_BATCH = f"/{PAYLOAD_SERVICE}/StreamBatch"
-STREAM_FROM_BYTES = 24 << 20
-"""The batch size from which a client streams. One reply of a whole batch is a fresh buffer at
-both ends, which glibc's malloc reuses up to 32 MiB and maps afresh above, a page fault per
-4 KiB; a stream's call and messages have a cost of their own (0.2 ms of the client's CPU more
-for a batch of 1 KiB). Measured on loopback, 2 cores, client CPU s/GB in one reply vs streamed:
-0.95 vs 1.14 at 8 MiB, 1.1 vs 1.1 at 24 MiB (the worker's 0.81 vs 0.54), 1.9 vs 1.2 at 32 MiB,
-1.5 vs 1.0 at 64 MiB."""
+STREAM_FROM_BYTES = 8 << 20
+"""The batch size from which a client streams. A reply of a whole batch is held twice while it is
+received: by gRPC core as it arrives, and by grpcio's fresh `bytes` of the whole message. Both come
+from glibc's per-thread arenas, which keep freed blocks below 32 MiB, so at 8 MiB (prefetch 4) the
+client's peak was its base + 135-138 MiB, over the base + 64 MiB that base + (in flight + 2) x batch
+bytes allows; streamed, with `STREAM_WINDOW_BYTES`, it is base + 47-57 MiB. The stream costs more
+CPU at this size (a Python call per message): client 1.05 vs 0.78 s/GB, 0.96 vs 1.16 GB/s, medians
+of 4 on loopback, 2 cores. Above 24 MiB it is also the cheaper path (1.0 vs 1.5 s/GB at 64 MiB)."""
+STREAM_WINDOW_BYTES = 2 << 20
+"""How far ahead of its reader gRPC receives a call (its HTTP/2 window, fixed: gRPC's BDP probing
+grows it, and streamed 8 MiB batches then peaked at base + 64-82 MiB). Measured on loopback, 1 MiB
+cost throughput (0.89 GB/s) and 4 MiB memory (up to base + 72 MiB). A window for each call in
+flight (6 at prefetch 4) is 12 MiB per worker: about 2.5 GB/s at a round trip of 5 ms."""
 CHUNK_BYTES = 1 << 20
 """The largest message of a stream after its header: of 256 KiB to 4 MiB, 1 MiB measured the
 cheapest for the client (smaller: more messages, each with a cost; larger: more page faults)."""
