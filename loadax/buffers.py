@@ -5,6 +5,10 @@ and collation stacks large leaves into them.
 A fresh buffer of tens of MiB is memory the kernel maps on first touch, one fault per 4 KiB
 page (and glibc maps anything above 32 MiB afresh for every allocation), and that costs more than
 the copy that fills it. A reused one is already mapped.
+
+Each buffer starts at a multiple of `ALIGN` bytes, as the codec aligns a batch's arrays within it,
+so that `jax.device_put` uses an array decoded from it in place: jax's CPU backend copies a host
+array that is not 64-byte aligned (malloc's large blocks start 16 bytes into a page).
 """
 
 from __future__ import annotations
@@ -16,6 +20,8 @@ from typing import Any, TypeAlias
 import numpy as np
 
 _Buffer: TypeAlias = np.ndarray[Any, np.dtype[np.uint8]]
+ALIGN = 64
+"""Where a buffer starts: at a multiple of this many bytes."""
 _PAGE = 4096
 _GROWTH = 8  # a buffer is allocated 1/8 larger than asked, so that slightly larger batches fit
 
@@ -60,12 +66,13 @@ class BufferPool:
             for index in range(len(self._buffers)):
                 free_now = _references(self._buffers, index) == _FREE
                 (free if free_now else in_use).append(self._buffers[index])
-            free.sort(key=lambda buffer: abs(len(buffer) - size))  # the fittest first
-            fits = [buffer for buffer in free if size <= len(buffer) <= 2 * size]
+            free.sort(key=lambda buffer: abs(_usable(buffer) - size))  # the fittest first
+            fits = [buffer for buffer in free if size <= _usable(buffer) <= 2 * size]
             chosen = fits[0] if fits else np.empty(_rounded(size + size // _GROWTH), np.uint8)
             spares = self._spares([buffer for buffer in free if buffer is not chosen])
             self._buffers = [*in_use, *spares, chosen]
-            return chosen[:size].data
+            start = _start(chosen)
+            return chosen[start : start + size].data
 
     def _spares(self, free: list[_Buffer]) -> list[_Buffer]:
         """The first of the `free` buffers (fittest first) that `spare` and `spare_bytes` allow."""
@@ -96,4 +103,16 @@ _FREE = _references([np.empty(0, dtype=np.uint8)], 0)
 
 
 def _rounded(size: int) -> int:
-    return -(-size // _PAGE) * _PAGE
+    """`size` and room to align its start, rounded up to whole pages."""
+    return -(-(size + ALIGN) // _PAGE) * _PAGE
+
+
+def _start(buffer: _Buffer) -> int:
+    """The offset in `buffer` of its first byte at a multiple of `ALIGN`."""
+    address: int = buffer.ctypes.data
+    return -address % ALIGN
+
+
+def _usable(buffer: _Buffer) -> int:
+    """How many bytes of `buffer` are handed out from its aligned start on."""
+    return len(buffer) - _start(buffer)

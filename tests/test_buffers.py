@@ -11,7 +11,7 @@ import jax
 import numpy as np
 import pytest
 
-from loadax.buffers import BufferPool
+from loadax.buffers import ALIGN, BufferPool
 
 
 def address(view: memoryview | np.ndarray[Any, Any]) -> int:
@@ -104,6 +104,16 @@ def test_buffers_are_writable_and_exactly_the_size_asked_for() -> None:
     for size in (0, 1, 4095, 1 << 20):
         view = pool.take(size)
         assert (len(view), view.readonly, view.format) == (size, False, "B")
+
+
+@pytest.mark.parametrize("size", [1 << 10, (1 << 20) + 8, 40 << 20])
+def test_jax_uses_an_array_decoded_from_a_buffer_in_place(size: int) -> None:
+    # Its start is aligned as jax's CPU backend needs to alias a host array, not copy it.
+    pool = BufferPool()
+    view = pool.take(size)
+    assert address(view) % ALIGN == 0
+    on_device = jax.device_put(np.frombuffer(view.toreadonly(), dtype=np.float32))
+    assert on_device.unsafe_buffer_pointer() == address(view)
 
 
 def test_threads_never_share_a_buffer() -> None:
