@@ -1,11 +1,13 @@
-"""Where a remote loader's CPU goes, in steady state: one `loadax-worker` (2 threads) on loopback
-serving T1 (pre-built batches of 8 or 64 MiB) or R1 (W2's images) to a `RemoteDataLoader`
-(prefetch 4) in this process, or R1 from the local loader (2 threads) for comparison.
+"""Where a remote loader's CPU goes, in steady state: `--workers` `loadax-worker`s (default 1; 2
+threads each) on loopback serving T1 (pre-built batches of 8 or 64 MiB) or R1 (W2's images) to a
+`RemoteDataLoader` (prefetch 4) in this process, or R1 from the local loader (2 threads) for
+comparison.
 
-After `--warmup` batches it measures the rest: GB/s, the client's and the worker's CPU seconds
-per GB (user + system, the worker's children included) and the client's minor page faults per
-GB. With `--perf client|worker` it also records that process with `perf record -g` over the
-same span and prints the symbols that took the most of its samples (perf must be installed).
+After `--warmup` batches it measures the rest: GB/s, the client's and the workers' CPU seconds
+per GB (user + system, the workers' children included) and the client's minor page faults per
+GB. With `--perf client|worker` it also records that process (the first worker) with `perf
+record -g` over the same span and prints the symbols that took the most of its samples (perf must
+be installed).
 
     .venv/bin/python benchmarks/profile_remote.py T1 zmq --perf client
     .venv/bin/python benchmarks/profile_remote.py R1 zmq --perf worker
@@ -23,7 +25,7 @@ import subprocess
 import tempfile
 import time
 from collections.abc import Iterable, Iterator
-from contextlib import contextmanager, nullcontext
+from contextlib import ExitStack, contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -88,20 +90,21 @@ def top_symbols(data: Path) -> str:
 
 
 def measure(
-    batches: Iterable[Any], warmup: int, worker_pid: int | None, profiled: int | None, out: Path
+    batches: Iterable[Any], warmup: int, worker_pids: list[int], profiled: int | None, out: Path
 ) -> dict[str, float]:
-    """GB/s, CPU s/GB of this process and of `worker_pid`, and this process's faults/GB over
-    `batches` after `warmup` of them; `profiled` is the process to record with perf, if any."""
+    """GB/s, CPU s/GB of this process and of the `worker_pids` together, and this process's
+    faults/GB over `batches` after `warmup` of them; `profiled` is the process to record with
+    perf, if any."""
     iterator = iter(batches)
     for _ in range(warmup):
         next(iterator)
     with perf(profiled, out) if profiled is not None else nullcontext():
-        worker_before = process_cpu(worker_pid) if worker_pid else 0.0
+        workers_before = sum(process_cpu(pid) for pid in worker_pids)
         before, started = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
         received = sum(sum(leaf.nbytes for leaf in jax.tree.leaves(batch)) for batch in iterator)
         seconds = time.perf_counter() - started
         after = resource.getrusage(resource.RUSAGE_SELF)
-        worker_cpu = (process_cpu(worker_pid) - worker_before) if worker_pid else 0.0
+        worker_cpu = sum(process_cpu(pid) for pid in worker_pids) - workers_before
     gb = received / 1e9
     client_cpu = after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime
     return {
@@ -118,13 +121,14 @@ def main() -> None:
     parser.add_argument("system", choices=["zmq", "grpc", "local"])
     parser.add_argument("--batches", type=int, default=0, help="T1's (default: about 4 GB)")
     parser.add_argument("--epochs", type=int, default=3, help="R1's")
+    parser.add_argument("--workers", type=int, default=1)
     parser.add_argument("--warmup", type=int, default=4)
     parser.add_argument("--perf", choices=["client", "worker"])
     parser.add_argument("--perf-out", type=Path, default=Path("perf.data"))
     args = parser.parse_args()
     if args.system == "local" and args.workload != "R1":
         parser.error("the local loader is measured on R1 only")
-    if args.system == "local" and args.perf == "worker":
+    if args.system == "local" and (args.perf == "worker" or args.workers != 1):
         parser.error("the local loader has no worker")
     batches = args.batches or (4 << 30) // T1_BATCH_BYTES.get(args.workload, 1)
     with tempfile.TemporaryDirectory() as directory:
@@ -139,19 +143,28 @@ def main() -> None:
                 .build(pipeline.dataset)
             )
             profiled = os.getpid() if args.perf else None
-            result = measure(loader, args.warmup, None, profiled, args.perf_out)
+            result = measure(loader, args.warmup, [], profiled, args.perf_out)
         else:
             settings = config(Path(directory), args.workload, batches + args.warmup, args.system)
-            with worker(settings, args.system) as served:
-                builder = RemoteDataLoader([served.address], pipeline="p").prefetch(PREFETCH)
+            with ExitStack() as stack:
+                served = [
+                    stack.enter_context(worker(settings, args.system)) for _ in range(args.workers)
+                ]
+                addresses = [one.address for one in served]
+                builder = RemoteDataLoader(addresses, pipeline="p").prefetch(PREFETCH)
                 if args.workload == "R1":
                     builder = builder.batch_size(64).num_epochs(args.epochs)
                 else:
                     builder = builder.batch_size(1)
-                profiled = {"client": os.getpid(), "worker": served.pid, None: None}[args.perf]
+                pids = [one.pid for one in served]
+                profiled = {"client": os.getpid(), "worker": pids[0], None: None}[args.perf]
                 with builder.build() as loader:
-                    result = measure(loader, args.warmup, served.pid, profiled, args.perf_out)
-    print(json.dumps({"workload": args.workload, "system": args.system, **result}))
+                    result = measure(loader, args.warmup, pids, profiled, args.perf_out)
+    print(
+        json.dumps(
+            {"workload": args.workload, "system": args.system, "workers": args.workers, **result}
+        )
+    )
     if args.perf:
         print(f"perf record of the {args.perf}, top symbols:\n{top_symbols(args.perf_out)}")
 
