@@ -38,20 +38,25 @@ STREAM_FROM_BYTES = 8 << 20
 received: by gRPC core as it arrives, and by grpcio's fresh `bytes` of the whole message. Both come
 from glibc's per-thread arenas, which keep freed blocks below 32 MiB, so at 8 MiB (prefetch 4) the
 client's peak was its base + 135-138 MiB, over the base + 64 MiB that base + (in flight + 2) x batch
-bytes allows; streamed, with `STREAM_WINDOW_BYTES`, it is base + 47-57 MiB. The stream costs more
-CPU at this size (a Python call per message): client 1.05 vs 0.78 s/GB, 0.96 vs 1.16 GB/s, medians
-of 4 on loopback, 2 cores. Above 24 MiB it is also the cheaper path (1.0 vs 1.5 s/GB at 64 MiB)."""
+bytes allows; streamed, with `STREAM_WINDOW_BYTES`, it is base + 46-57 MiB. The stream costs a
+little more CPU at this size (a Python call per message, and joining the messages of an array):
+client 0.89 vs 0.80 s/GB, 1.01 vs 1.09 GB/s, medians of 3 alternated on loopback, 2 cores. Above 24
+MiB it is the cheaper path (1.0 vs 1.5 s/GB at 64 MiB)."""
 STREAM_WINDOW_BYTES = 2 << 20
 """How far ahead of its reader gRPC receives a call (its HTTP/2 window, fixed: gRPC's BDP probing
 grows it, and streamed 8 MiB batches then peaked at base + 64-82 MiB). Measured on loopback, 1 MiB
 cost throughput (0.89 GB/s) and 4 MiB memory (up to base + 72 MiB). A window for each call in
 flight (6 at prefetch 4) is 12 MiB per worker: about 2.5 GB/s at a round trip of 5 ms."""
-CHUNK_BYTES = 1 << 20
-"""The largest message of a stream after its header: of 256 KiB to 4 MiB, 1 MiB measured the
-cheapest for the client (smaller: more messages, each with a cost; larger: more page faults)."""
+CHUNK_BYTES = 512 << 10
+"""The largest message of a stream after its header. Measured on loopback, 2 cores, alternated, with
+`STREAM_WINDOW_BYTES`: the client's CPU at 8 MiB batches 0.81-0.88 s/GB with 512 KiB, 1.0-1.14 with
+1 MiB (grpcio's fresh `bytes` of a 1 MiB message page-fault far more: 70-140 k vs 4-23 k faults/GB),
+0.97-1.07 with 256 KiB (more messages, each with a cost); at 64 MiB 0.71-0.87 vs 0.84-0.99. The
+worker pays for the messages: 0.56-0.65 vs 0.49-0.58 s/GB at 64 MiB. Also the client's peak memory at
+8 MiB, prefetch 2: base + 40-44 MiB vs 46-50."""
 _HEADER_LENGTH = struct.Struct("<I")
 _ALIGN = 64  # a unary reply's payload starts at a multiple of this, as the codec aligns arrays
-_MAX_HEADER_BYTES = 64 << 10  # about 100 bytes; a stream's adds at most 10 per MiB of payload
+_MAX_HEADER_BYTES = 64 << 10  # about 100 bytes; a stream's adds about 8 per MiB of payload
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
