@@ -52,7 +52,7 @@ CHUNK_BYTES = 512 << 10
 `STREAM_WINDOW_BYTES`: the client's CPU at 8 MiB batches 0.81-0.88 s/GB with 512 KiB, 1.0-1.14 with
 1 MiB (grpcio's fresh `bytes` of a 1 MiB message page-fault far more: 70-140 k vs 4-23 k faults/GB),
 0.97-1.07 with 256 KiB (more messages, each with a cost); at 64 MiB 0.71-0.87 vs 0.84-0.99. The
-worker pays for the messages: 0.56-0.65 vs 0.49-0.58 s/GB at 64 MiB. Also the client's peak memory at
+worker pays for the messages: 0.56-0.65 vs 0.49-0.58 s/GB at 64 MiB. The client's peak memory at
 8 MiB, prefetch 2: base + 40-44 MiB vs 46-50."""
 _HEADER_LENGTH = struct.Struct("<I")
 _ALIGN = 64  # a unary reply's payload starts at a multiple of this, as the codec aligns arrays
