@@ -6,9 +6,10 @@ A fresh buffer of tens of MiB is memory the kernel maps on first touch, one faul
 page (and glibc maps anything above 32 MiB afresh for every allocation), and that costs more than
 the copy that fills it. A reused one is already mapped.
 
-Each buffer starts at a multiple of `ALIGN` bytes, as the codec aligns a batch's arrays within it,
-so that `jax.device_put` uses an array decoded from it in place: jax's CPU backend copies a host
-array that is not 64-byte aligned (malloc's large blocks start 16 bytes into a page).
+Each buffer starts at a multiple of the codec's `ARRAY_ALIGN` bytes, as the codec aligns a batch's
+arrays within it, so that `jax.device_put` uses an array decoded from it in place: jax's CPU
+backend copies a host array that is not 64-byte aligned (malloc's large blocks start 16 bytes into
+a page).
 """
 
 from __future__ import annotations
@@ -19,9 +20,9 @@ from typing import Any, TypeAlias
 
 import numpy as np
 
+from loadax.wire.codec import ARRAY_ALIGN
+
 _Buffer: TypeAlias = np.ndarray[Any, np.dtype[np.uint8]]
-ALIGN = 64
-"""Where a buffer starts: at a multiple of this many bytes."""
 _PAGE = 4096
 _GROWTH = 8  # a buffer is allocated 1/8 larger than asked, so that slightly larger batches fit
 
@@ -104,13 +105,13 @@ _FREE = _references([np.empty(0, dtype=np.uint8)], 0)
 
 def _rounded(size: int) -> int:
     """`size` and room to align its start, rounded up to whole pages."""
-    return -(-(size + ALIGN) // _PAGE) * _PAGE
+    return -(-(size + ARRAY_ALIGN) // _PAGE) * _PAGE
 
 
 def _start(buffer: _Buffer) -> int:
-    """The offset in `buffer` of its first byte at a multiple of `ALIGN`."""
+    """The offset in `buffer` of its first byte at a multiple of `ARRAY_ALIGN`."""
     address: int = buffer.ctypes.data
-    return -address % ALIGN
+    return -address % ARRAY_ALIGN
 
 
 def _usable(buffer: _Buffer) -> int:

@@ -11,7 +11,8 @@ import jax
 import numpy as np
 import pytest
 
-from loadax.buffers import ALIGN, BufferPool
+from loadax.buffers import BufferPool
+from loadax.wire.codec import ARRAY_ALIGN
 
 
 def address(view: memoryview | np.ndarray[Any, Any]) -> int:
@@ -111,7 +112,7 @@ def test_jax_uses_an_array_decoded_from_a_buffer_in_place(size: int) -> None:
     # Its start is aligned as jax's CPU backend needs to alias a host array, not copy it.
     pool = BufferPool()
     view = pool.take(size)
-    assert address(view) % ALIGN == 0
+    assert address(view) % ARRAY_ALIGN == 0
     on_device = jax.device_put(np.frombuffer(view.toreadonly(), dtype=np.float32))
     assert on_device.unsafe_buffer_pointer() == address(view)
 

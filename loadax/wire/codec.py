@@ -28,7 +28,9 @@ import numpy as np
 
 MAGIC = b"LDX1"
 _PREFIX = struct.Struct("<4sI")
-_ALIGN = 64
+ARRAY_ALIGN = 64
+"""Where each array starts in a payload: at a multiple of this many bytes from its start, as jax's
+CPU backend needs to use a host array in place rather than copy it."""
 _ARRAY, _TUPLE = 1, 2
 MAX_DEPTH = 32
 MAX_DIMENSIONS = 32
@@ -91,7 +93,7 @@ def encode_frames(tree: Any) -> list[bytes | memoryview]:
     frames: list[bytes | memoryview] = [head + bytes(start - len(head))]
     end = start
     for array in arrays:
-        padding = -end % _ALIGN
+        padding = -end % ARRAY_ALIGN
         if padding:
             frames.append(bytes(padding))
         frames.append(array.reshape(-1).view(np.uint8).data)
@@ -101,7 +103,7 @@ def encode_frames(tree: Any) -> list[bytes | memoryview]:
 
 def _data_start(header_length: int) -> int:
     end = _PREFIX.size + header_length
-    return end + -end % _ALIGN
+    return end + -end % ARRAY_ALIGN
 
 
 def decode(buffer: bytes | bytearray | memoryview, *, max_depth: int = MAX_DEPTH) -> Any:
@@ -181,7 +183,7 @@ class _Packer:
         name = dtype_name(array.dtype)
         # Not np.ascontiguousarray: it turns 0-d arrays into 1-d ones.
         array = np.require(array, requirements="C")
-        self._offset += -self._offset % _ALIGN
+        self._offset += -self._offset % ARRAY_ALIGN
         descriptor: bytes = msgpack.packb([name, list(array.shape), self._offset, array.nbytes])
         self._arrays.append(array)
         self._offset += array.nbytes

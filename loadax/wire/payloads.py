@@ -26,6 +26,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from google.protobuf.message import DecodeError
 
 from loadax.wire.checksum import payload_checksum
+from loadax.wire.codec import ARRAY_ALIGN
 from loadax.wire.limits import MAX_BATCH_BYTES
 from loadax.wire.plans import request_digest
 from loadax.wire.v1 import worker_pb2 as wire
@@ -38,10 +39,10 @@ STREAM_FROM_BYTES = 8 << 20
 received: by gRPC core as it arrives, and by grpcio's fresh `bytes` of the whole message. Both come
 from glibc's per-thread arenas, which keep freed blocks below 32 MiB, so at 8 MiB (prefetch 4) the
 client's peak was its base + 135-138 MiB, over the base + 64 MiB that base + (in flight + 2) x batch
-bytes allows; streamed, with `STREAM_WINDOW_BYTES`, it is base + 46-57 MiB. The stream costs a
-little more CPU at this size (a Python call per message, and joining the messages of an array):
-client 0.89 vs 0.80 s/GB, 1.01 vs 1.09 GB/s, medians of 3 alternated on loopback, 2 cores. Above 24
-MiB it is the cheaper path (1.0 vs 1.5 s/GB at 64 MiB)."""
+bytes allows; streamed (`STREAM_WINDOW_BYTES`, `CHUNK_BYTES`), it is base + 42-47 MiB. The
+stream costs a little more CPU at this size (a Python call per message, and joining the messages
+of an array): client 0.89 vs 0.80 s/GB, 1.01 vs 1.09 GB/s, medians of 3 alternated on loopback, 2
+cores. Above 24 MiB it is the cheaper path (1.0 vs 1.5 s/GB at 64 MiB)."""
 STREAM_WINDOW_BYTES = 2 << 20
 """How far ahead of its reader gRPC receives a call (its HTTP/2 window, fixed: gRPC's BDP probing
 grows it, and streamed 8 MiB batches then peaked at base + 64-82 MiB). Measured on loopback, 1 MiB
@@ -55,7 +56,6 @@ CHUNK_BYTES = 512 << 10
 worker pays for the messages: 0.56-0.65 vs 0.49-0.58 s/GB at 64 MiB. The client's peak memory at
 8 MiB, prefetch 2: base + 40-44 MiB vs 46-50."""
 _HEADER_LENGTH = struct.Struct("<I")
-_ALIGN = 64  # a unary reply's payload starts at a multiple of this, as the codec aligns arrays
 _MAX_HEADER_BYTES = 64 << 10  # about 100 bytes; a stream's adds about 8 per MiB of payload
 
 
@@ -119,7 +119,7 @@ def payload_reply(header: wire.BatchResponse, frames: Sequence[bytes | memoryvie
     """
     encoded = header.SerializeToString()
     end = _HEADER_LENGTH.size + len(encoded)
-    prefix = _HEADER_LENGTH.pack(len(encoded)) + encoded + bytes(-end % _ALIGN)
+    prefix = _HEADER_LENGTH.pack(len(encoded)) + encoded + bytes(-end % ARRAY_ALIGN)
     return b"".join([prefix, *frames])
 
 
@@ -134,7 +134,7 @@ def parse_payload_reply(reply: bytes | memoryview) -> tuple[wire.BatchResponse, 
     if end > len(view):
         raise MalformedReply(f"the reply declares a header of {length} bytes in {len(view)} bytes")
     header = _header(view[_HEADER_LENGTH.size : end])
-    start = end + -end % _ALIGN
+    start = end + -end % ARRAY_ALIGN
     return header, view[min(start, len(view)) :]
 
 
