@@ -43,11 +43,13 @@ bytes allows; streamed (`STREAM_WINDOW_BYTES`, `CHUNK_BYTES`), it is base + 42-4
 stream costs a little more CPU at this size (a Python call per message, and joining the messages
 of an array): client 0.89 vs 0.80 s/GB, 1.01 vs 1.09 GB/s, medians of 3 alternated on loopback, 2
 cores. Above 24 MiB it is the cheaper path (1.0 vs 1.5 s/GB at 64 MiB)."""
-STREAM_WINDOW_BYTES = 2 << 20
+STREAM_WINDOW_BYTES = 1 << 20
 """How far ahead of its reader gRPC receives a call (its HTTP/2 window, fixed: gRPC's BDP probing
-grows it, and streamed 8 MiB batches then peaked at base + 64-82 MiB). Measured on loopback, 1 MiB
-cost throughput (0.89 GB/s) and 4 MiB memory (up to base + 72 MiB). A window for each call in
-flight (6 at prefetch 4) is 12 MiB per worker: about 2.5 GB/s at a round trip of 5 ms."""
+grows it, and streamed 8 MiB batches then peaked at base + 64-82 MiB). Measured on loopback with
+`CHUNK_BYTES` messages, alternated 3 times against 2 MiB: client 0.81-0.89 vs 0.87-0.97 s/GB and
+0.97-1.04 vs 0.93-1.01 GB/s at 8 MiB, and at 8 MiB and prefetch 2 a peak of base + 44-47 MiB (5
+rounds) vs 48-56 (the bound allows 48); 4 MiB took it to base + 72. A window for each call in
+flight (6 at prefetch 4) is 6 MiB per worker: about 1.2 GB/s at a round trip of 5 ms, 12 at 0.5."""
 CHUNK_BYTES = 512 << 10
 """The largest message of a stream after its header. Measured on loopback, 2 cores, alternated, with
 `STREAM_WINDOW_BYTES`: the client's CPU at 8 MiB batches 0.81-0.88 s/GB with 512 KiB, 1.0-1.14 with
