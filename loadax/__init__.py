@@ -18,7 +18,7 @@ from loadax.dataset.stream import Stream
 from loadax.dataset.zipped import ZippedDataset
 from loadax.errors import PoisonedRecords, RecordError, WorkerError
 from loadax.execution.pipeline import Pipeline
-from loadax.execution.processes import WorkerProcessError
+from loadax.execution.process_errors import WorkerProcessError
 from loadax.iterators.base import LoaderIterator
 from loadax.iterators.batches import BatchIterator
 from loadax.iterators.passes import RepeatedEpochWarning
