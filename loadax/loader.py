@@ -12,8 +12,8 @@ from typing_extensions import TypeVar
 
 from loadax.collate.batcher import Batcher
 from loadax.dataset.names import dataset_repr
-from loadax.dataset.ops import varies_by_epoch
 from loadax.dataset.protocol import Dataset
+from loadax.dataset.records import varies_by_epoch
 from loadax.dataset.stream import Stream
 from loadax.delivery.device import DeviceIterator
 from loadax.delivery.sharding import DataAxis, ShardingStrategy, data_axis_of

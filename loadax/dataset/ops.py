@@ -1,15 +1,13 @@
 """`DatasetBase`, and the lazy transforms that keep a dataset random-access.
 
-loadax's own datasets know the epoch a read belongs to, so that per-epoch shuffles and
-per-record random maps are a pure function of (seed, epoch, record index).
+Each transform is a dataset whose `read` reads its parents' records (see `records`); the
+transforms and `DatasetBase`, whose methods make them, refer to each other, so they share a file.
 """
 
 from __future__ import annotations
 
-import abc
-import operator
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import Any, ClassVar, cast
+from collections.abc import Callable, Iterable
+from typing import Any, cast
 
 import numpy as np
 import numpy.typing as npt
@@ -26,6 +24,7 @@ from loadax.dataset.protocol import (
     dataset_lengths,
     reads_rows,
 )
+from loadax.dataset.records import Records, read_grouped, read_records
 from loadax.dataset.stream import Stream
 from loadax.plan.permutation import IndexArray, KeyPurpose, derive_key, permute, record_rng
 from loadax.validation import require_int
@@ -34,23 +33,7 @@ T = TypeVar("T", default=Any)
 U = TypeVar("U", default=Any)
 
 
-def read_records(dataset: Dataset[T], indices: IndexArray, epoch: int = 0) -> list[T]:
-    """The records at `indices` (valid, non-negative) of any dataset, as read in `epoch`.
-
-    >>> import numpy as np
-    >>> from loadax import read_records
-    >>> read_records(["a", "b", "c"], np.array([2, 0]))
-    ['c', 'a']
-    """
-    if isinstance(dataset, DatasetBase):
-        return dataset.read(indices, epoch)
-    get_many = getattr(dataset, "__getitems__", None)
-    if get_many is not None:
-        return list(get_many(indices.tolist()))
-    return [dataset[index] for index in indices.tolist()]
-
-
-class DatasetBase(Dataset[T], abc.ABC):
+class DatasetBase(Records[T]):
     """Base of loadax's datasets: Python indexing rules, batched reads and chainable transforms.
 
     A subclass defines `__len__` and `read`:
@@ -67,33 +50,6 @@ class DatasetBase(Dataset[T], abc.ABC):
     >>> squares.map(str).slice(1, 3)
     Squares(<5 records>).map(str).slice(1, 3)
     """
-
-    keyed_by_epoch: ClassVar[bool] = False
-    """True for the ops whose records depend on the epoch itself (shuffles, random maps)."""
-
-    @abc.abstractmethod
-    def __len__(self) -> int: ...
-
-    @abc.abstractmethod
-    def read(self, indices: IndexArray, epoch: int) -> list[T]:
-        """The records at `indices` (already checked to lie in [0, len)) as read in `epoch`."""
-
-    def __getitem__(self, index: int, /) -> T:
-        return self.read(np.array([self._normalise(index)], dtype=np.int64), 0)[0]
-
-    def __getitems__(self, indices: Sequence[int], /) -> list[T]:
-        return self.read(np.array([self._normalise(i) for i in indices], dtype=np.int64), 0)
-
-    def __iter__(self) -> Iterator[T]:
-        return (self[index] for index in range(len(self)))
-
-    def __repr__(self) -> str:
-        """How the dataset was written: its source, then each op as a method call."""
-        return f"{type(self).__name__}(<{len(self)} records>)"
-
-    def _parents(self) -> tuple[Dataset[Any], ...]:
-        """The datasets this one reads its records from (none for a source)."""
-        return ()
 
     def map(self, fn: Callable[[T], U]) -> MappedDataset[U]:
         """Apply `fn` to every record, lazily.
@@ -184,36 +140,6 @@ class DatasetBase(Dataset[T], abc.ABC):
         [[1, 1, 1, 2, 2], [1, 1, 1, 1, 0]]
         """
         return Stream(self).pack(length, pad_value=pad_value, truncate=truncate)
-
-    def _normalise(self, index: int) -> int:
-        try:
-            position = operator.index(index)
-        except TypeError:
-            raise TypeError(
-                f"{type(self).__name__} indices must be ints, not {type(index).__name__}"
-            ) from None
-        size = len(self)
-        if position < 0:
-            position += size
-        if not 0 <= position < size:
-            raise IndexError(f"index {index} is out of range for {type(self).__name__} of {size}")
-        return position
-
-
-def varies_by_epoch(dataset: object) -> bool:
-    """True when `dataset` reads other records in one epoch than in another: a shuffle or a
-    random map somewhere in it (a dataset loadax does not know is taken not to).
-
-    >>> from loadax import RangeDataset
-    >>> from loadax.dataset.ops import varies_by_epoch
-    >>> varies_by_epoch(RangeDataset(0, 4).map(str)), varies_by_epoch(RangeDataset(0, 4).shuffle())
-    (False, True)
-    """
-    if isinstance(dataset, Stream):
-        return varies_by_epoch(dataset.dataset)
-    if not isinstance(dataset, DatasetBase):
-        return False
-    return dataset.keyed_by_epoch or any(varies_by_epoch(parent) for parent in dataset._parents())
 
 
 def _op(parent: Dataset[Any], method: str, constructor: str, arguments: str) -> str:
@@ -414,7 +340,7 @@ class ConcatenatedDataset(DatasetBase[T]):
     def read(self, indices: IndexArray, epoch: int) -> list[T]:
         owners = np.searchsorted(self._ends, indices, side="right")
         local = indices - self._starts[owners]
-        return _read_grouped(
+        return read_grouped(
             owners, lambda owner, chosen: read_records(self._datasets[owner], local[chosen], epoch)
         )
 
@@ -446,7 +372,7 @@ class RepeatedDataset(DatasetBase[T]):
 
     def read(self, indices: IndexArray, epoch: int) -> list[T]:
         passes, local = np.divmod(indices, self._length)
-        return _read_grouped(
+        return read_grouped(
             passes,
             lambda repeat, chosen: read_records(
                 self._dataset, local[chosen], epoch * self._count + repeat
@@ -458,17 +384,3 @@ class RepeatedDataset(DatasetBase[T]):
 
     def _parents(self) -> tuple[Dataset[Any], ...]:
         return (self._dataset,)
-
-
-def _read_grouped(groups: IndexArray, read: Callable[[int, IndexArray], list[T]]) -> list[T]:
-    """`read(group, positions)` once per group of `groups`, the records put back in order."""
-    if len(groups) == 0:
-        return []
-    order = np.argsort(groups, kind="stable")
-    keys, firsts = np.unique(groups[order], return_index=True)
-    grouped: list[T] = []
-    for key, chosen in zip(keys.tolist(), np.split(order, firsts[1:]), strict=True):
-        grouped.extend(read(key, chosen))
-    inverse = np.empty_like(order)
-    inverse[order] = np.arange(len(order))
-    return [grouped[position] for position in inverse.tolist()]
