@@ -1,5 +1,5 @@
-"""The one decoder of batch replies, whichever target received them: every reply is verified
-before anyone sees its batch.
+"""The one decoder of batch replies, whichever transport received them: every reply is verified
+before anyone sees its batch, and every failure is mapped here to what the training loop sees.
 
 A reply must name the pipeline identity and the request it answers (by the request's digest),
 its payload must match the checksum in its header, and its batch must decode and fit the schema
@@ -12,12 +12,14 @@ asked). A worker's failed record becomes the `loadax.RecordError` a local loader
 from __future__ import annotations
 
 from collections.abc import Sequence
+from concurrent.futures import CancelledError, Future
 from typing import Any
 
+from loadax.client.transports.reply import Reply, bad_reply
 from loadax.errors import RecordError, WorkerError
 from loadax.wire.checksum import payload_checksum
 from loadax.wire.codec import CodecError, decode_frames
-from loadax.wire.failures import BAD_REPLY, RecordFailed
+from loadax.wire.failures import RecordFailed
 from loadax.wire.plans import plan_from_wire, request_digest
 from loadax.wire.schema import schema_difference
 from loadax.wire.v1 import worker_pb2 as wire
@@ -43,42 +45,59 @@ class ReplyDecoder:
             self._schemas.pop(key, None)
         return response
 
+    def verify(self, request: wire.BatchRequest, reply: Future[Reply]) -> Any:
+        """The batch of the transport's finished `reply` to `request`, once it passes every
+        check (`decode`). A cancelled reply raises `CancelledError`; a failed one, what the
+        training loop sees of its `WorkerError` (`failure`: a failed record's `RecordError`,
+        with its cause); any other exception, a transport's bug, as it is."""
+        if not reply.done():
+            raise ValueError(f"verify a reply once it is done; {self._worker}'s is not")
+        if reply.cancelled():
+            raise CancelledError
+        error = reply.exception()
+        if isinstance(error, WorkerError):
+            failure = self.failure(error)
+            raise failure from failure.__cause__  # a RecordError keeps its cause
+        if error is not None:
+            raise error
+        header, payload = reply.result()
+        return self.decode(request, header, payload)
+
     def decode(
         self, request: wire.BatchRequest, header: wire.BatchResponse, payload: Sequence[Buffer]
     ) -> Any:
         """The batch that answers `request`, once `header` and `payload` (the frames of its
         encoding) pass every check; its arrays are read-only views of the frames, which they
         keep alive. A check that fails is a DATA_LOSS `WorkerError` saying what differed."""
-        what = _asked(request)
         if header.fingerprint != request.fingerprint:
-            raise self._refusal(
-                what,
+            raise self.refusal(
+                request,
                 f"it was made by pipeline identity {header.fingerprint[:12] or 'none'}, this "
                 f"client asked for {request.fingerprint[:12]}",
             )
         if header.request_digest != request_digest(request):
-            raise self._refusal(what, f"it answers another request (of step {header.step})")
+            raise self.refusal(request, f"it answers another request (of step {header.step})")
         size = sum(memoryview(frame).nbytes for frame in payload)
         if size != header.payload_size:
-            raise self._refusal(
-                what, f"its payload has {size} bytes, its header says {header.payload_size}"
+            raise self.refusal(
+                request, f"its payload has {size} bytes, its header says {header.payload_size}"
             )
         checksum = payload_checksum(payload)
         if checksum != header.checksum:
-            raise self._refusal(
-                what,
+            raise self.refusal(
+                request,
                 f"its payload's checksum is {checksum:016x}, its header says "
                 f"{header.checksum:016x}",
             )
         try:
             batch = decode_frames(payload)
         except CodecError as error:
-            raise self._refusal(what, f"its payload does not decode: {error}") from error
+            raise self.refusal(request, f"its payload does not decode: {error}") from error
         schema = self._schemas.get((request.pipeline, request.fingerprint))
         if schema is not None:
             difference = schema_difference(batch, schema, _rows(request))
             if difference is not None:
-                raise self._refusal(what, difference)
+                raise self.refusal(request, difference)
         return batch
 
     def failure(self, error: WorkerError) -> WorkerError | RecordError:
@@ -89,17 +108,7 @@ class ReplyDecoder:
     def refusal(self, request: wire.BatchRequest, difference: str) -> WorkerError:
         """The DATA_LOSS error that refuses the reply to `request` for `difference` (e.g. a
         transport's framing that does not hold)."""
-        return self._refusal(_asked(request), difference)
-
-    def _refusal(self, what: str, difference: str) -> WorkerError:
-        return WorkerError(BAD_REPLY, f"{self._worker} sent a bad reply to {what}: {difference}")
-
-
-def _asked(request: wire.BatchRequest) -> str:
-    if request.HasField("window"):
-        window = request.window
-        return f"window {window.index} of data shard {window.shard} of {window.shards}"
-    return f"step {request.step}"
+        return bad_reply(self._worker, request, difference)
 
 
 def _rows(request: wire.BatchRequest) -> int | None:

@@ -36,6 +36,7 @@ SUBPACKAGES = (
     "state",
     "server",
     "client",
+    "client/transports",
 )
 """The packages inside loadax/ that the wheel must hold (server and client from their folders)."""
 MAPPED = {"server": "loadax/server", "client": "loadax/client"}

@@ -1,0 +1,379 @@
+"""The ZeroMQ transport: `ZmqTransport`, a DEALER socket to one worker.
+
+Framing is `loadax.wire.zmq_frames`. One I/O thread owns the DEALER socket; callers hand it
+requests through a queue and wake it over an inproc PUSH/PULL pair. It receives a batch's
+payload frames into one buffer of a `BufferPool`, reused once nothing made from it is alive.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import itertools
+import logging
+import queue
+import threading
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future
+from typing import Any, Generic, TypeVar
+
+import zmq
+
+from loadax.buffers import BufferPool
+from loadax.client.security import ClientSecurity
+from loadax.client.transports.reply import Reply
+from loadax.client.transports.zmq_connection import ConnectionMonitor, connect_dealer
+from loadax.client.transports.zmq_receive import ReplyReader
+from loadax.errors import WorkerError
+from loadax.wire import zmq_frames
+from loadax.wire.failures import BAD_REPLY
+from loadax.wire.limits import (
+    DEFAULT_TIMEOUT_S,
+    MAX_BATCH_BYTES,
+)
+from loadax.wire.messages import RequestMessage, method_of
+from loadax.wire.v1 import worker_pb2 as wire
+
+log = logging.getLogger(__name__)
+
+_BURST = 256  # replies taken per poll, so that submissions are not starved
+# Requests waiting for a connection are sent when its handshake succeeds; this is a fallback
+# should a send still find no connection then.
+_HELD_RETRY_MS = 100
+_WAKE = "inproc://loadax-zmq-wake"
+
+T = TypeVar("T")
+Frames = Sequence[bytes | memoryview]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Pending(Generic[T]):
+    future: Future[T]
+    # The reply's frames -> the result; raises the worker's WorkerError.
+    complete: Callable[[Frames], T]
+    # Whether the request waits for a connection rather than failing at once without one.
+    patient: bool
+    # Whether the reply is a batch, whose payload is received into a pooled buffer.
+    batch: bool = False
+
+
+class ZmqTransport:
+    """A worker reached over ZeroMQ at "zmq://host:port" (or "tcp://host:port").
+
+    Requests are multiplexed on one connection and matched to replies by request id; ZeroMQ
+    reconnects by itself. A worker that is gone, frozen or stopping fails requests at once:
+    without a connection (ZeroMQ's IMMEDIATE) a batch request fails with UNAVAILABLE, and one
+    lost with its connection, closed by the worker or by missed heartbeats (within
+    `ZMQ_HEARTBEAT_TIMEOUT_MS`), fails too. A handshake or an info request waits for a
+    connection up to its timeout instead, and so does every request until the first connection.
+
+    With `security.curve_server_key` the connection is CURVE-encrypted, and `security.token`
+    goes with every request. A worker that refuses the security handshake (a CURVE key it does
+    not allow, or CURVE on one side only) fails every request with UNAUTHENTICATED, for good:
+    ZeroMQ does not retry such a connection.
+
+    A batch's payload is received into a buffer of `buffers` (by default a pool of its own),
+    and a reply whose payload is larger than `max_reply_bytes` (by default `MAX_BATCH_BYTES`) is
+    refused (BAD_REPLY) before anything is allocated for it; so is one whose payload frames hold
+    more than its header declares.
+    """
+
+    def __init__(
+        self,
+        address: str,
+        security: ClientSecurity | None = None,
+        *,
+        max_reply_bytes: int | None = None,
+        buffers: BufferPool | None = None,
+    ) -> None:
+        self.name = address
+        security = security or ClientSecurity()
+        self._token = security.token
+        self._context: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+        try:
+            self._dealer, self._monitor = connect_dealer(
+                self._context, address, security, max_reply_bytes
+            )
+        except ValueError:
+            self._context.term()
+            raise
+        self._reader = ReplyReader(
+            self._dealer,
+            address,
+            buffers or BufferPool(),
+            MAX_BATCH_BYTES if max_reply_bytes is None else max_reply_bytes,
+        )
+        self._wake_in = self._context.socket(zmq.PULL)
+        self._wake_in.setsockopt(zmq.LINGER, 0)
+        self._wake_in.setsockopt(zmq.RCVHWM, 0)
+        self._wake_in.bind(_WAKE)
+        self._wake_out = self._context.socket(zmq.PUSH)
+        self._wake_out.setsockopt(zmq.LINGER, 0)
+        self._wake_out.setsockopt(zmq.SNDHWM, 0)
+        self._wake_out.connect(_WAKE)
+        # `_lock` guards `_pending`, `_closed`, `_refused` and `_wake_out`, which any thread uses.
+        self._lock = threading.Lock()
+        self._pending: dict[int, _Pending[Any]] = {}
+        self._closed = False
+        self._refused: WorkerError | None = None
+        # Owned by the I/O thread: the connection as its events tell it; the requests sent and
+        # not answered yet (cancelled ones too: the worker still answers them); patient
+        # requests that found no connection, in order.
+        self._connection = ConnectionMonitor(address, security.curve_server_key is not None)
+        self._sent: set[int] = set()
+        self._held: collections.deque[tuple[int, list[bytes]]] = collections.deque()
+        self._outbox: queue.SimpleQueue[tuple[int, list[bytes]] | None] = queue.SimpleQueue()
+        self._ids = itertools.count(1)
+        self._thread = threading.Thread(target=self._serve, name="loadax-zmq-client", daemon=True)
+        self._thread.start()
+
+    def handshake(
+        self, request: wire.HandshakeRequest, timeout: float = DEFAULT_TIMEOUT_S
+    ) -> wire.HandshakeResponse:
+        return self._call(request, _response(wire.HandshakeResponse), timeout)
+
+    def info(
+        self, request: wire.InfoRequest, timeout: float = DEFAULT_TIMEOUT_S
+    ) -> wire.InfoResponse:
+        return self._call(request, _response(wire.InfoResponse), timeout)
+
+    def send(self, request: wire.BatchRequest) -> Future[Reply]:
+        """A future of the reply; its payload is one read-only view of the buffer it was
+        received into, which is not reused while it (or anything made from it without a copy)
+        is alive.
+
+        Its exception is a `WorkerError`: the worker's, BAD_REPLY (DATA_LOSS) for framing that
+        does not hold, or UNAVAILABLE without a connection to the worker (once there was one),
+        with one lost, or once the transport is closed.
+        """
+        return self._submit(request, _batch_reply, patient=False, batch=True)
+
+    def close(self) -> None:
+        """Fail pending requests with UNAVAILABLE and stop the I/O thread."""
+        self._shut_down()
+        if threading.current_thread() is not self._thread:
+            self._thread.join()
+
+    def __enter__(self) -> ZmqTransport:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def _call(self, request: RequestMessage, complete: Callable[[Frames], T], timeout: float) -> T:
+        """The reply to `request`, waiting up to `timeout` for a connection and the answer."""
+        future = self._submit(request, complete, patient=True)
+        try:
+            return future.result(timeout)
+        except TimeoutError:
+            future.cancel()
+            message = f"{self.name} did not answer {method_of(request)} within {timeout} s"
+            raise WorkerError("DEADLINE_EXCEEDED", message + self._connection.hint()) from None
+
+    def _submit(
+        self,
+        request: RequestMessage,
+        complete: Callable[[Frames], T],
+        *,
+        patient: bool,
+        batch: bool = False,
+    ) -> Future[T]:
+        future: Future[T] = Future()
+        request_id = next(self._ids)
+        frames = zmq_frames.request_frames(request_id, request, self._token)
+        with self._lock:
+            if self._closed:
+                future.set_exception(WorkerError("UNAVAILABLE", f"{self.name} is closed"))
+                return future
+            if self._refused is not None:
+                future.set_exception(self._refused)
+                return future
+            self._pending[request_id] = _Pending(future, complete, patient, batch)
+            self._outbox.put((request_id, frames))
+            self._wake_out.send(b"")
+
+        def forget(done: Future[T]) -> None:
+            if done.cancelled():
+                with self._lock:
+                    self._pending.pop(request_id, None)
+
+        future.add_done_callback(forget)
+        return future
+
+    def _shut_down(self) -> None:
+        """Mark the target closed and fail what is pending; idempotent, from any thread."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            pending, self._pending = list(self._pending.values()), {}
+            self._outbox.put(None)
+            self._wake_out.send(b"")
+        for entry in pending:
+            _fail(entry.future, WorkerError("UNAVAILABLE", f"{self.name} was closed"))
+
+    def _serve(self) -> None:
+        poller = zmq.Poller()
+        poller.register(self._dealer, zmq.POLLIN)
+        poller.register(self._wake_in, zmq.POLLIN)
+        poller.register(self._monitor, zmq.POLLIN)
+        try:
+            while True:
+                ready = dict(poller.poll(_HELD_RETRY_MS if self._held else None))
+                if self._wake_in in ready and not self._send_submitted():
+                    return
+                if self._dealer in ready:
+                    self._receive_replies()
+                if self._monitor in ready:
+                    self._on_monitor_events()
+                if self._held:
+                    self._send_held()
+        except Exception:
+            log.exception("the ZeroMQ I/O thread of %s failed", self.name)
+        finally:
+            self._shut_down()
+            self._close_sockets()
+
+    def _send_submitted(self) -> bool:
+        """Send what callers submitted; False once close() asked the thread to stop."""
+        while True:
+            try:
+                self._wake_in.recv(zmq.NOBLOCK)
+            except zmq.Again:
+                break
+        # Every submission is queued before its wake-up is sent, so none is missed here.
+        while True:
+            try:
+                item = self._outbox.get_nowait()
+            except queue.Empty:
+                return True
+            if item is None:
+                return False
+            request_id, frames = item
+            if self._held:  # no connection yet: behind those waiting for one, or failed
+                self._unsent(request_id, frames)
+                continue
+            try:
+                self._dealer.send_multipart(frames, zmq.NOBLOCK)
+            except zmq.Again:
+                # With IMMEDIATE a DEALER refuses to queue when it has no connection (none yet,
+                # one just dropped, or a peer frozen mid-handshake) or its queue is full.
+                self._unsent(request_id, frames)
+            else:
+                self._sent.add(request_id)
+
+    def _unsent(self, request_id: int, frames: list[bytes]) -> None:
+        """A request that found no connection: held until there is one if it is patient (and
+        before the first connection, which a refused security handshake never makes, so that
+        its event says why), else failed with UNAVAILABLE, to be sent to another worker."""
+        with self._lock:
+            entry = self._pending.get(request_id)
+        if entry is None:
+            return  # cancelled, or failed already
+        if entry.patient or not self._connection.connected_once:
+            self._held.append((request_id, frames))
+            return
+        self._fail_request(
+            request_id, f"{self.name} is not reachable: no connection, or too many requests queued"
+        )
+
+    def _send_held(self) -> None:
+        """Send the requests waiting for a connection, in order, while one takes them."""
+        while self._held:
+            request_id, frames = self._held[0]
+            with self._lock:
+                waiting = request_id in self._pending
+            if waiting:
+                try:
+                    self._dealer.send_multipart(frames, zmq.NOBLOCK)
+                except zmq.Again:
+                    return
+                self._sent.add(request_id)
+            self._held.popleft()
+
+    def _receive_replies(self) -> None:
+        for _ in range(_BURST):
+            try:
+                first = self._dealer.recv(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            # The rest of a message is there as soon as its first frame is (ZeroMQ delivers
+            # whole messages), and must be read before the next message, whatever happens.
+            try:
+                request_id = zmq_frames.parse_request_id(first)
+            except WorkerError as error:
+                self._reader.discard_rest()
+                log.debug("dropped a reply from %s: %s", self.name, error)
+                continue
+            self._sent.discard(request_id)
+            with self._lock:
+                entry = self._pending.pop(request_id, None)
+            if entry is None:
+                self._reader.discard_rest()
+                log.debug("dropped a reply from %s to unknown request %d", self.name, request_id)
+                continue
+            try:
+                result = entry.complete([first, *self._reader.rest(entry.batch)])
+            except WorkerError as error:
+                _fail(entry.future, error)
+            except Exception as error:
+                _fail(entry.future, WorkerError(BAD_REPLY, f"bad reply from {self.name}: {error}"))
+            else:
+                if entry.future.set_running_or_notify_cancel():
+                    entry.future.set_result(result)
+
+    def _on_monitor_events(self) -> None:
+        refused, lost = self._connection.read(self._monitor)
+        if refused is not None:
+            # ZeroMQ gives up on the connection: nothing pending will ever be sent.
+            log.error("%s", refused)
+            self._held.clear()
+            self._sent.clear()
+            with self._lock:
+                self._refused = refused
+                pending, self._pending = list(self._pending.values()), {}
+            for entry in pending:
+                _fail(entry.future, refused)
+            return
+        if not lost:
+            return
+        # Requests not sent yet (submitted, or held for a connection) wait for the next one.
+        lost_ids, self._sent = self._sent, set()
+        with self._lock:
+            pending = [self._pending.pop(key) for key in lost_ids if key in self._pending]
+        if pending:
+            log.warning("lost the connection to %s with %d requests", self.name, len(pending))
+        for entry in pending:
+            _fail(entry.future, WorkerError("UNAVAILABLE", f"lost the connection to {self.name}"))
+
+    def _fail_request(self, request_id: int, message: str) -> None:
+        with self._lock:
+            entry = self._pending.pop(request_id, None)
+        if entry is not None:
+            _fail(entry.future, WorkerError("UNAVAILABLE", message))
+
+    def _close_sockets(self) -> None:
+        # The lock orders this after any caller's last use of the wake-up socket.
+        with self._lock:
+            self._wake_out.close(linger=0)
+        self._wake_in.close(linger=0)
+        self._dealer.disable_monitor()
+        self._monitor.close(linger=0)
+        self._dealer.close(linger=0)
+        self._context.term()
+
+
+def _batch_reply(frames: Frames) -> Reply:
+    """The header and payload of the batch reply `frames`; the worker's error raised."""
+    reply = zmq_frames.parse_batch_reply(frames)
+    return Reply(reply.header, reply.payload)
+
+
+def _response(kind: type[zmq_frames.R]) -> Callable[[Frames], zmq_frames.R]:
+    return lambda frames: zmq_frames.parse_reply(frames, kind).response
+
+
+def _fail(future: Future[Any], error: Exception) -> None:
+    # A cancelled future has nobody waiting for it.
+    if future.set_running_or_notify_cancel():
+        future.set_exception(error)

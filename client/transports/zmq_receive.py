@@ -1,0 +1,68 @@
+"""Reading a reply off a ZeroMQ client's DEALER socket after its first frame: a batch's
+payload frames received into one pooled buffer of the size its header declares, checked as they
+come."""
+
+from __future__ import annotations
+
+import zmq
+
+from loadax.buffers import BufferPool
+from loadax.errors import WorkerError
+from loadax.wire import zmq_frames
+from loadax.wire.failures import BAD_REPLY
+
+
+class ReplyReader:
+    """Reads the frames of replies from the worker `name` off `socket` (on the thread that owns
+    it); a batch's payload goes into a buffer of `buffers`, and is refused beyond `max_payload`
+    bytes before anything is allocated for it."""
+
+    def __init__(
+        self, socket: zmq.Socket[bytes], name: str, buffers: BufferPool, max_payload: int
+    ) -> None:
+        self._socket = socket
+        self._name = name
+        self._buffers = buffers
+        self._max_payload = max_payload
+
+    def rest(self, batch: bool) -> list[bytes | memoryview]:
+        """The frames of a reply after its request id. Those of a successful `batch` reply after
+        its header (the payload) come as one frame: the buffer of the pool they were received
+        into, one after the other."""
+        frames: list[bytes | memoryview] = []
+        while self._socket.getsockopt(zmq.RCVMORE):
+            if batch and len(frames) == 2 and frames[0] == zmq_frames.OK:
+                frames.append(self._payload(frames[1]))
+                break
+            frames.append(self._socket.recv())
+        return frames
+
+    def _payload(self, head: bytes | memoryview) -> memoryview:
+        """The rest of a batch reply (its payload frames) received into one pooled buffer of the
+        size its header `head` declares. More bytes than that would be cut short by ZeroMQ (it
+        tells how long a frame was): a BAD_REPLY naming both sizes, never a truncated batch."""
+        try:
+            size = zmq_frames.batch_payload_size(head, self._max_payload)
+        except WorkerError:
+            self.discard_rest()
+            raise
+        buffer = self._buffers.take(size)
+        received = 0
+        while True:
+            length = self._socket.recv_into(buffer[received:])
+            if length > size - received:
+                self.discard_rest()
+                raise WorkerError(
+                    BAD_REPLY,
+                    f"{self._name} sent a batch reply whose payload frames hold more than the "
+                    f"{size} bytes its header declares: a frame of {length} bytes came with "
+                    f"{size - received} left",
+                )
+            received += length
+            if not self._socket.getsockopt(zmq.RCVMORE):
+                return buffer[:received]
+
+    def discard_rest(self) -> None:
+        """Read the frames left of the message being received, keeping none."""
+        while self._socket.getsockopt(zmq.RCVMORE):
+            self._socket.recv_into(bytearray())
