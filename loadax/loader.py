@@ -2,21 +2,18 @@
 
 from __future__ import annotations
 
-import copy as copy_module
-import dataclasses
-from collections.abc import Callable, Sequence
-from typing import Any, Generic, Literal, Self, get_args
+from collections.abc import Callable
+from typing import Any, Generic, Self
 
-from jax.sharding import Mesh
 from typing_extensions import TypeVar
 
+from loadax.builder import LoaderBuilder
 from loadax.collate.batcher import Batcher
 from loadax.dataset.names import dataset_repr
 from loadax.dataset.protocol import Dataset
 from loadax.dataset.records import varies_by_epoch
 from loadax.dataset.stream import Stream
 from loadax.delivery.device import DeviceIterator
-from loadax.delivery.sharding import DataAxis, ShardingStrategy, data_axis_of
 from loadax.execution.executor import Executor
 from loadax.execution.inline import InlineExecutor
 from loadax.execution.pickled import PickledPipeline
@@ -28,194 +25,15 @@ from loadax.iterators.batches import BatchIterator
 from loadax.iterators.passes import Passes
 from loadax.iterators.stats import LoaderStats, StatsRecorder
 from loadax.iterators.streams import StreamIterator
+from loadax.options import DEFAULT_PREFETCH, LoaderOptions, WorkerKind
 from loadax.plan.planner import Plan
-from loadax.validation import require_bool, require_int
+from loadax.validation import require_int
+
+# Imported from here by the client and the benchmarks, as before the options had a file.
+__all__ = ["DEFAULT_PREFETCH", "DataLoader", "Loader", "LoaderBuilder", "LoaderOptions"]
 
 T = TypeVar("T", default=Any)
 B = TypeVar("B", default=Any)
-
-DEFAULT_WORKERS = 1
-DEFAULT_PREFETCH = 2
-
-WorkerKind = Literal["threads", "processes"]
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class LoaderOptions:
-    """Everything a `DataLoader` builder has been told; checked as it is set."""
-
-    batch_size: int | None = None
-    shuffle: bool = False
-    seed: int = 0
-    num_epochs: int | None = 1
-    drop_remainder: bool = False
-    workers: int = DEFAULT_WORKERS
-    worker_kind: WorkerKind = "threads"
-    prefetch: int | None = None  # None: DEFAULT_PREFETCH with workers, none without
-    mesh: Mesh | None = None
-    data_axis: DataAxis | None = None
-    device_prefetch: int | None = None  # None: yield host batches
-
-    def __post_init__(self) -> None:
-        optional = ("batch_size", "num_epochs", "prefetch", "device_prefetch")
-        for name, minimum in (
-            ("batch_size", 1),
-            ("seed", 0),
-            ("num_epochs", 1),
-            ("workers", 0),
-            ("prefetch", 1),
-            ("device_prefetch", 0),
-        ):
-            value = getattr(self, name)
-            if value is not None or name not in optional:
-                object.__setattr__(self, name, require_int(name, value, minimum=minimum))
-        require_bool("shuffle", self.shuffle)
-        require_bool("drop_remainder", self.drop_remainder)
-        if self.worker_kind not in get_args(WorkerKind):
-            raise ValueError(
-                f"workers(kind=...) must be one of {list(get_args(WorkerKind))}, "
-                f"got {self.worker_kind!r}"
-            )
-        if self.worker_kind == "processes" and self.workers == 0:
-            raise ValueError(
-                "workers(0, kind='processes') starts no process: workers(0) loads each batch "
-                "in the calling thread; ask for workers >= 1"
-            )
-        if self.prefetch is not None and self.workers == 0:
-            raise ValueError(
-                f"prefetch({self.prefetch}) needs workers >= 1: "
-                "workers(0) loads each batch in the calling thread when it is asked for"
-            )
-
-    def sharding_strategy(self) -> ShardingStrategy:
-        return ShardingStrategy(self.mesh, self.data_axis)
-
-    def calls(self) -> str:
-        """The builder calls that set these options, those left at their defaults left out."""
-        calls = []
-        if self.batch_size is not None:
-            calls.append(f"batch_size({self.batch_size})")
-        if self.shuffle:
-            calls.append(f"shuffle(seed={self.seed})")
-        if self.num_epochs != 1:
-            calls.append(f"num_epochs({self.num_epochs})")
-        if self.drop_remainder:
-            calls.append("drop_remainder()")
-        if self.worker_kind != "threads":
-            calls.append(f"workers({self.workers}, kind={self.worker_kind!r})")
-        elif self.workers != DEFAULT_WORKERS:
-            calls.append(f"workers({self.workers})")
-        if self.prefetch is not None:
-            calls.append(f"prefetch({self.prefetch})")
-        if self.mesh is not None:
-            calls.append(f"shard(<mesh {dict(self.mesh.shape)}>, {self.data_axis!r})")
-        if self.device_prefetch is not None:
-            calls.append(f"device_prefetch({self.device_prefetch})")
-        return "".join(f".{call}" for call in calls)
-
-    def plan(self, num_records: int) -> Plan:
-        if self.batch_size is None:
-            raise ValueError("batch_size is required: call .batch_size(n) before .build()")
-        return Plan(
-            num_records=num_records,
-            batch_size=self.batch_size,
-            seed=self.seed,
-            shuffle=self.shuffle,
-            num_epochs=self.num_epochs,
-            drop_remainder=self.drop_remainder,
-        )
-
-
-class LoaderBuilder:
-    """The options every loader builder shares; each method returns a new builder."""
-
-    def __init__(self, options: LoaderOptions | None = None) -> None:
-        self._options = LoaderOptions() if options is None else options
-
-    def batch_size(self, size: int) -> Self:
-        """Records per batch (the global batch size once sharded).
-
-        >>> from loadax import Batcher, DataLoader, RangeDataset
-        >>> len(DataLoader(Batcher()).batch_size(3).build(RangeDataset(0, 10)))
-        4
-        """
-        return self._with(batch_size=size)
-
-    def shuffle(self, seed: int = 0) -> Self:
-        """Visit the records in a different keyed random order in every epoch.
-
-        >>> from loadax import Batcher, DataLoader, RangeDataset
-        >>> builder = DataLoader(Batcher()).batch_size(3).shuffle(seed=3).num_epochs(2)
-        >>> [batch.tolist() for batch in builder.build(RangeDataset(0, 6))]
-        [[3, 5, 2], [0, 4, 1], [4, 2, 0], [1, 3, 5]]
-        """
-        return self._with(shuffle=True, seed=seed)
-
-    def num_epochs(self, epochs: int | None) -> Self:
-        """Passes over the dataset; None repeats forever. Default 1.
-
-        >>> from loadax import Batcher, DataLoader, RangeDataset
-        >>> loader = DataLoader(Batcher()).batch_size(2).num_epochs(2).build(RangeDataset(0, 3))
-        >>> [batch.tolist() for batch in loader]
-        [[0, 1], [2], [0, 1], [2]]
-        """
-        return self._with(num_epochs=epochs)
-
-    def drop_remainder(self, drop: bool = True) -> Self:
-        """Drop the short last batch of each epoch.
-
-        >>> from loadax import Batcher, DataLoader, RangeDataset
-        >>> loader = DataLoader(Batcher()).batch_size(2).drop_remainder().build(RangeDataset(0, 5))
-        >>> [batch.tolist() for batch in loader]
-        [[0, 1], [2, 3]]
-        """
-        return self._with(drop_remainder=drop)
-
-    def shard(self, mesh: Mesh, data_axis_name: str | Sequence[str] = "data") -> Self:
-        """Split each global batch over `mesh` along `data_axis_name` (an axis or a tuple).
-
-        `batch_size` is then the global batch size; this process loads only the rows that its
-        own devices hold.
-
-        >>> import jax
-        >>> import numpy as np
-        >>> from jax.sharding import Mesh
-        >>> from loadax import Batcher, DataLoader, RangeDataset
-        >>> mesh = Mesh(np.array(jax.devices()), ("data",))
-        >>> loader = DataLoader(Batcher()).batch_size(8).shard(mesh).build(RangeDataset(0, 16))
-        >>> next(iter(loader)).tolist()  # a single process holds every row
-        [0, 1, 2, 3, 4, 5, 6, 7]
-        """
-        if not isinstance(mesh, Mesh):
-            raise ValueError(f"mesh must be a jax.sharding.Mesh, got {type(mesh).__name__}")
-        return self._with(mesh=mesh, data_axis=data_axis_of(mesh, data_axis_name))
-
-    def device_prefetch(self, depth: int = 2) -> Self:
-        """Yield global jax.Arrays, with the copies of the next `depth` batches under way.
-
-        Right after a batch is yielded, exactly the `depth` batches after it have been loaded
-        and are copying (0: each batch is loaded and copied when it is asked for).
-
-        >>> import jax
-        >>> from loadax import Batcher, DataLoader, RangeDataset
-        >>> builder = DataLoader(Batcher()).batch_size(4).device_prefetch(2)
-        >>> batch = next(iter(builder.build(RangeDataset(0, 8))))
-        >>> isinstance(batch, jax.Array), batch.tolist()
-        (True, [0, 1, 2, 3])
-        """
-        return self._with(device_prefetch=depth)
-
-    def __repr__(self) -> str:
-        return f"{self._repr_head()}{self._options.calls()}"
-
-    def _repr_head(self) -> str:
-        """How the builder was made, before its option calls (here: its arguments elided)."""
-        return f"{type(self).__name__}(...)"
-
-    def _with(self, **changes: Any) -> Self:
-        copy = copy_module.copy(self)
-        copy._options = dataclasses.replace(self._options, **changes)
-        return copy
 
 
 class DataLoader(LoaderBuilder, Generic[T, B]):

@@ -1,0 +1,103 @@
+"""`LoaderOptions`: everything a loader builder has been told, checked as it is set."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Literal, get_args
+
+from jax.sharding import Mesh
+
+from loadax.delivery.sharding import DataAxis, ShardingStrategy
+from loadax.plan.planner import Plan
+from loadax.validation import require_bool, require_int
+
+DEFAULT_WORKERS = 1
+DEFAULT_PREFETCH = 2
+
+WorkerKind = Literal["threads", "processes"]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class LoaderOptions:
+    """Everything a `DataLoader` builder has been told; checked as it is set."""
+
+    batch_size: int | None = None
+    shuffle: bool = False
+    seed: int = 0
+    num_epochs: int | None = 1
+    drop_remainder: bool = False
+    workers: int = DEFAULT_WORKERS
+    worker_kind: WorkerKind = "threads"
+    prefetch: int | None = None  # None: DEFAULT_PREFETCH with workers, none without
+    mesh: Mesh | None = None
+    data_axis: DataAxis | None = None
+    device_prefetch: int | None = None  # None: yield host batches
+
+    def __post_init__(self) -> None:
+        optional = ("batch_size", "num_epochs", "prefetch", "device_prefetch")
+        for name, minimum in (
+            ("batch_size", 1),
+            ("seed", 0),
+            ("num_epochs", 1),
+            ("workers", 0),
+            ("prefetch", 1),
+            ("device_prefetch", 0),
+        ):
+            value = getattr(self, name)
+            if value is not None or name not in optional:
+                object.__setattr__(self, name, require_int(name, value, minimum=minimum))
+        require_bool("shuffle", self.shuffle)
+        require_bool("drop_remainder", self.drop_remainder)
+        if self.worker_kind not in get_args(WorkerKind):
+            raise ValueError(
+                f"workers(kind=...) must be one of {list(get_args(WorkerKind))}, "
+                f"got {self.worker_kind!r}"
+            )
+        if self.worker_kind == "processes" and self.workers == 0:
+            raise ValueError(
+                "workers(0, kind='processes') starts no process: workers(0) loads each batch "
+                "in the calling thread; ask for workers >= 1"
+            )
+        if self.prefetch is not None and self.workers == 0:
+            raise ValueError(
+                f"prefetch({self.prefetch}) needs workers >= 1: "
+                "workers(0) loads each batch in the calling thread when it is asked for"
+            )
+
+    def sharding_strategy(self) -> ShardingStrategy:
+        return ShardingStrategy(self.mesh, self.data_axis)
+
+    def calls(self) -> str:
+        """The builder calls that set these options, those left at their defaults left out."""
+        calls = []
+        if self.batch_size is not None:
+            calls.append(f"batch_size({self.batch_size})")
+        if self.shuffle:
+            calls.append(f"shuffle(seed={self.seed})")
+        if self.num_epochs != 1:
+            calls.append(f"num_epochs({self.num_epochs})")
+        if self.drop_remainder:
+            calls.append("drop_remainder()")
+        if self.worker_kind != "threads":
+            calls.append(f"workers({self.workers}, kind={self.worker_kind!r})")
+        elif self.workers != DEFAULT_WORKERS:
+            calls.append(f"workers({self.workers})")
+        if self.prefetch is not None:
+            calls.append(f"prefetch({self.prefetch})")
+        if self.mesh is not None:
+            calls.append(f"shard(<mesh {dict(self.mesh.shape)}>, {self.data_axis!r})")
+        if self.device_prefetch is not None:
+            calls.append(f"device_prefetch({self.device_prefetch})")
+        return "".join(f".{call}" for call in calls)
+
+    def plan(self, num_records: int) -> Plan:
+        if self.batch_size is None:
+            raise ValueError("batch_size is required: call .batch_size(n) before .build()")
+        return Plan(
+            num_records=num_records,
+            batch_size=self.batch_size,
+            seed=self.seed,
+            shuffle=self.shuffle,
+            num_epochs=self.num_epochs,
+            drop_remainder=self.drop_remainder,
+        )
