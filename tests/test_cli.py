@@ -31,7 +31,7 @@ from workers import (
 )
 
 import loadax
-from loadax.client import cli
+from loadax.client import cli, ping
 from loadax.server.grpc_server import SERVICE
 
 SCRIPT = Path(sys.executable).with_name("loadax")
@@ -296,7 +296,7 @@ def test_a_server_whose_health_is_not_serving_fails_the_ping(
 def test_without_the_health_package_ping_says_it_did_not_check_health(
     served: WorkerProcess, run_main: Callable[..., Result], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(cli, "health_pb2", None)
+    monkeypatch.setattr(ping, "health_pb2", None)
     result = run_main("ping", served.grpc, "--json")
     assert result.status == 0
     assert result.json()["health"] is None

@@ -143,8 +143,10 @@ def test_every_tree_is_parsed_under_its_installed_name() -> None:
     names = ("loadax.plan", "loadax.server.main", "loadax.client", "jax")
     assert [layer(name) for name in names] == ["loadax", "loadax.server", "loadax.client", None]
     # `from loadax.wire.v1 import worker_pb2` imports the module loadax.wire.v1.worker_pb2.
+    ping = {found.imported for found in ALL_IMPORTS if found.importer == "loadax.client.ping"}
+    assert {"loadax.wire.v1.worker_pb2", "loadax.client.transports.grpc", "grpc"} <= ping
     cli = {found.imported for found in ALL_IMPORTS if found.importer == "loadax.client.cli"}
-    assert {"loadax.wire.v1.worker_pb2", "loadax.client.targets", "argparse"} <= cli
+    assert {"loadax.client.ping", "loadax.client.transports.zmq", "argparse"} <= cli
 
 
 def test_the_core_imports_neither_the_server_nor_the_client() -> None:
