@@ -26,9 +26,10 @@ class RecordError(RuntimeError):
 
 
 class PoisonedRecords(RecordError):
-    """Work that killed the worker process loading it, or never finished, on every worker that was
-    asked (two by default): one or more of its records (`indices`, of `epochs`; at `rows` of the
-    batch) is poison. `index` and `epoch` are the first of them; the cause holds the last reason.
+    """Work that killed the process loading it on a worker, or never finished, on every worker
+    that was asked (two by default): one or more of its records (`indices`, of `epochs`; at
+    `rows` of the batch) is poison. `index` and `epoch` are the first of them; the cause holds the
+    last reason.
 
     >>> from loadax.errors import PoisonedRecords
     >>> error = PoisonedRecords(

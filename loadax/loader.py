@@ -25,7 +25,7 @@ from loadax.iterators.batches import BatchIterator
 from loadax.iterators.passes import Passes
 from loadax.iterators.stats import LoaderStats, StatsRecorder
 from loadax.iterators.streams import StreamIterator
-from loadax.options import DEFAULT_PREFETCH, LoaderOptions, WorkerKind
+from loadax.options import DEFAULT_PREFETCH, LoaderOptions, LoadingKind
 from loadax.plan.planner import Plan
 from loadax.validation import require_int
 
@@ -60,9 +60,10 @@ class DataLoader(LoaderBuilder, Generic[T, B]):
     def _repr_head(self) -> str:
         return f"DataLoader({self._batcher!r})"
 
-    def workers(self, count: int, kind: WorkerKind = "threads") -> Self:
-        """Threads (or processes) that load batches; 0 loads in the calling thread. Default 1.
+    def workers(self, count: int, kind: LoadingKind = "threads") -> Self:
+        """This loader's loading threads (or processes); 0 loads in the calling thread. Default 1.
 
+        They are the trainer's own (the method keeps loadax 0.2's name), not loadax-workers.
         Threads split each batch between them: best when the work releases the GIL (numpy,
         I/O). With `kind="processes"`, each process loads whole batches, several at once: for
         Python transforms that hold the GIL. The pipeline is pickled when the loader is built,
@@ -73,18 +74,18 @@ class DataLoader(LoaderBuilder, Generic[T, B]):
 
         >>> from loadax import Batcher, DataLoader, RangeDataset
         >>> loader = DataLoader(Batcher()).batch_size(2).workers(4).build(RangeDataset(0, 4))
-        >>> [batch.tolist() for batch in loader]  # the same batches for any number of workers
+        >>> [batch.tolist() for batch in loader]  # the same batches for any number of threads
         [[0, 1], [2, 3]]
         >>> builder = DataLoader(Batcher()).batch_size(2).workers(2, kind="processes")
         >>> [batch.tolist() for batch in builder.build(RangeDataset(0, 4).map(str))]
         [['0', '1'], ['2', '3']]
         """
-        return self._with(workers=count, worker_kind=kind)
+        return self._with(concurrency=count, loading_kind=kind)
 
     def prefetch(self, batches: int) -> Self:
         """Batches (for a stream: windows per data shard) loaded ahead of the training loop.
 
-        Needs workers >= 1. Default 2.
+        Needs loading threads: `workers(n)` with n >= 1. Default 2.
 
         >>> from loadax import Batcher, DataLoader, RangeDataset
         >>> builder = DataLoader(Batcher()).batch_size(2).workers(2).prefetch(4)
@@ -104,17 +105,21 @@ class DataLoader(LoaderBuilder, Generic[T, B]):
         options = self._options
         pipeline = Pipeline(dataset, self._batcher)
         plan = options.plan(pipeline.num_records)
-        workers = options.workers
-        pickled = PickledPipeline(pipeline) if options.worker_kind == "processes" else None
+        concurrency = options.concurrency
+        pickled = PickledPipeline(pipeline) if options.loading_kind == "processes" else None
 
         def executor() -> Executor[B]:
             if pickled is not None:
-                return ProcessExecutor(pickled, workers)
-            return ThreadExecutor(pipeline, workers) if workers else InlineExecutor(pipeline)
+                return ProcessExecutor(pickled, concurrency)
+            if concurrency == 0:
+                return InlineExecutor(pipeline)
+            return ThreadExecutor(pipeline, concurrency)
 
         # Each process loads whole batches: keep every one of them busy.
-        default_prefetch = DEFAULT_PREFETCH if pickled is None else max(DEFAULT_PREFETCH, workers)
-        prefetch = 0 if workers == 0 else options.prefetch or default_prefetch
+        default_prefetch = (
+            DEFAULT_PREFETCH if pickled is None else max(DEFAULT_PREFETCH, concurrency)
+        )
+        prefetch = 0 if concurrency == 0 else options.prefetch or default_prefetch
         stream = pipeline.stream
         return Loader(
             plan,

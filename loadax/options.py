@@ -11,10 +11,12 @@ from loadax.delivery.sharding import DataAxis, ShardingStrategy
 from loadax.plan.planner import Plan
 from loadax.validation import require_bool, require_int
 
-DEFAULT_WORKERS = 1
+DEFAULT_CONCURRENCY = 1
+"""Loading threads of a loader by default (`.workers(n)` sets them)."""
 DEFAULT_PREFETCH = 2
 
-WorkerKind = Literal["threads", "processes"]
+LoadingKind = Literal["threads", "processes"]
+"""What loads the batches of a local loader: its own threads or child processes."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -26,9 +28,9 @@ class LoaderOptions:
     seed: int = 0
     num_epochs: int | None = 1
     drop_remainder: bool = False
-    workers: int = DEFAULT_WORKERS
-    worker_kind: WorkerKind = "threads"
-    prefetch: int | None = None  # None: DEFAULT_PREFETCH with workers, none without
+    concurrency: int = DEFAULT_CONCURRENCY  # loading threads or processes; 0: the calling thread
+    loading_kind: LoadingKind = "threads"
+    prefetch: int | None = None  # None: DEFAULT_PREFETCH with loading threads, none without
     mesh: Mesh | None = None
     data_axis: DataAxis | None = None
     device_prefetch: int | None = None  # None: yield host batches
@@ -39,28 +41,29 @@ class LoaderOptions:
             ("batch_size", 1),
             ("seed", 0),
             ("num_epochs", 1),
-            ("workers", 0),
+            ("concurrency", 0),
             ("prefetch", 1),
             ("device_prefetch", 0),
         ):
             value = getattr(self, name)
             if value is not None or name not in optional:
-                object.__setattr__(self, name, require_int(name, value, minimum=minimum))
+                shown = "workers" if name == "concurrency" else name  # the builder call's name
+                object.__setattr__(self, name, require_int(shown, value, minimum=minimum))
         require_bool("shuffle", self.shuffle)
         require_bool("drop_remainder", self.drop_remainder)
-        if self.worker_kind not in get_args(WorkerKind):
+        if self.loading_kind not in get_args(LoadingKind):
             raise ValueError(
-                f"workers(kind=...) must be one of {list(get_args(WorkerKind))}, "
-                f"got {self.worker_kind!r}"
+                f"workers(kind=...) must be one of {list(get_args(LoadingKind))}, "
+                f"got {self.loading_kind!r}"
             )
-        if self.worker_kind == "processes" and self.workers == 0:
+        if self.loading_kind == "processes" and self.concurrency == 0:
             raise ValueError(
                 "workers(0, kind='processes') starts no process: workers(0) loads each batch "
-                "in the calling thread; ask for workers >= 1"
+                "in the calling thread; ask for workers(n) with n >= 1"
             )
-        if self.prefetch is not None and self.workers == 0:
+        if self.prefetch is not None and self.concurrency == 0:
             raise ValueError(
-                f"prefetch({self.prefetch}) needs workers >= 1: "
+                f"prefetch({self.prefetch}) needs workers(n) with n >= 1: "
                 "workers(0) loads each batch in the calling thread when it is asked for"
             )
 
@@ -78,10 +81,10 @@ class LoaderOptions:
             calls.append(f"num_epochs({self.num_epochs})")
         if self.drop_remainder:
             calls.append("drop_remainder()")
-        if self.worker_kind != "threads":
-            calls.append(f"workers({self.workers}, kind={self.worker_kind!r})")
-        elif self.workers != DEFAULT_WORKERS:
-            calls.append(f"workers({self.workers})")
+        if self.loading_kind != "threads":
+            calls.append(f"workers({self.concurrency}, kind={self.loading_kind!r})")
+        elif self.concurrency != DEFAULT_CONCURRENCY:
+            calls.append(f"workers({self.concurrency})")
         if self.prefetch is not None:
             calls.append(f"prefetch({self.prefetch})")
         if self.mesh is not None:

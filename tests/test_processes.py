@@ -1,4 +1,4 @@
-"""Tests for process workers: the batches and checkpoints of threads, errors, deaths, no leaks."""
+"""Tests for loader processes: the batches and checkpoints of threads, errors, deaths, no leaks."""
 
 from __future__ import annotations
 
@@ -153,7 +153,7 @@ def test_a_failing_record_is_the_record_error_of_threads_with_the_process_traceb
     assert (error.index, error.epoch) == (7, 0)
     assert isinstance(error.__cause__, ValueError)
     notes = "\n".join(error.__notes__)
-    assert "worker process" in notes
+    assert "loader process" in notes
     assert "the batch of step 1" in notes
     assert "Traceback" in notes
     assert "failing_record" in notes
@@ -175,12 +175,12 @@ def test_other_errors_keep_their_type_and_carry_the_process_traceback() -> None:
     assert str(failed.value) == str(threaded.value)
     notes = "\n".join(failed.value.__notes__)
     assert "while collating the batch of step 1" in notes
-    assert "worker process" in notes
+    assert "loader process" in notes
     assert "in total" in notes
 
     with pytest.raises(CodecError, match="cannot encode a set") as unsendable:
         drain(processes(DataLoader(Batcher(a_set)).batch_size(4)).build(dataset))
-    assert "process workers send batches with loadax.wire.codec" in "\n".join(
+    assert "loader processes send batches with loadax.wire.codec" in "\n".join(
         unsendable.value.__notes__
     )
     assert_nothing_left()
@@ -209,7 +209,7 @@ def test_a_killed_process_fails_its_batch_and_is_replaced(tmp_path: Path) -> Non
     got = [next(iterator), next(iterator)]
     with pytest.raises(
         WorkerProcessError,
-        match=r"step 2 was not loaded: worker process \d \(pid \d+\) was killed by SIGKILL",
+        match=r"step 2 was not loaded: loader process \d \(pid \d+\) was killed by SIGKILL",
     ):
         next(iterator)
     assert iterator.get_state()["step"] == 2
@@ -224,12 +224,12 @@ def test_when_the_last_process_dies_the_queued_batches_fail_too(tmp_path: Path) 
     marker.touch()
     pipeline = Pipeline(RangeDataset(0, 12).map(KillOnce(marker, 1)), Batcher())
     plan = Plan(num_records=12, batch_size=4)
-    executor = ProcessExecutor(PickledPipeline(pipeline), workers=1)
+    executor = ProcessExecutor(PickledPipeline(pipeline), processes=1)
     pending = [executor.submit(plan, StepWork(step)) for step in range(3)]
     with pytest.raises(WorkerProcessError, match=r"step 0 was not loaded: .* killed by SIGKILL"):
         pending[0].result()
     for step in (1, 2):
-        with pytest.raises(WorkerProcessError, match=rf"step {step} .* no worker process is left"):
+        with pytest.raises(WorkerProcessError, match=rf"step {step} .* no loader process is left"):
             pending[step].result()
     assert_batches_equal([executor.submit(plan, StepWork(1)).result()], [pipeline.load(plan, 1)])
     executor.release(wait=True)
@@ -280,7 +280,7 @@ def test_an_unpicklable_pipeline_is_refused_at_build_naming_the_function() -> No
         processes(DataLoader(Batcher(local)).batch_size(2)).build(RangeDataset(0, 4))
 
 
-def test_the_worker_kind_is_checked() -> None:
+def test_the_loading_kind_is_checked() -> None:
     builder = DataLoader(Batcher()).batch_size(2)
     with pytest.raises(
         ValueError,

@@ -1,4 +1,4 @@
-"""A pipeline pickled once for worker processes, and the diagnosis of what cannot be pickled.
+"""A pipeline pickled once for loader processes, and the diagnosis of what cannot be pickled.
 
 A pipeline that cannot be pickled is refused when the loader is built, naming the exact part
 (e.g. `pipeline.dataset._fn`) that stopped it, not when the first process starts.
@@ -17,7 +17,7 @@ B = TypeVar("B", default=Any)
 
 
 class PickledPipeline(Generic[B]):
-    """A pipeline pickled once for worker processes; one that cannot be is a ValueError."""
+    """A pipeline pickled once for loader processes; one that cannot be is a ValueError."""
 
     data: bytes
 
@@ -35,7 +35,7 @@ class PickledPipeline(Generic[B]):
         except Exception as error:
             path, part, cause = _unpicklable_part(pipeline, "pipeline", error, set())
             raise ValueError(
-                f"process workers need a picklable pipeline, but {path} ({part!r:.120}) cannot be "
+                f"loader processes need a picklable pipeline, but {path} ({part!r:.120}) cannot be "
                 f"pickled: {cause}. Define the functions it uses (map, filter, batcher, decode) at "
                 "module level in an importable module, not as lambdas or local functions"
             ) from None

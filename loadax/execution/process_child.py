@@ -1,4 +1,4 @@
-"""What a worker process runs: it loads the work items the parent sends, and writes each batch,
+"""What a loader process runs: it loads the work items the parent sends, and writes each batch,
 encoded by `loadax.wire.codec`, into a shared memory segment the parent made for it.
 
 Only sizes and segment names cross the pipe; arrays are never pickled. An error comes back as a
@@ -38,7 +38,7 @@ class ChildRequest:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class ChildError:
-    """An exception raised in a worker process, as the parent rebuilds it."""
+    """An exception raised in a loader process, as the parent rebuilds it."""
 
     traceback: str
     summary: str  # "TypeName: message" of the error (of the cause, for a record's error)
@@ -77,7 +77,7 @@ def _pickled(error: Exception) -> bytes | None:
 
 
 def serve(connection: Connection, pipeline_data: bytes) -> None:
-    """A worker process: load what the parent asks for, until the parent goes away."""
+    """A loader process: load what the parent asks for, until the parent goes away."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the trainer's to handle
     # A transform that uses JAX must not take the trainer's accelerators (nor their memory).
     jax.config.update("jax_platforms", "cpu")  # type: ignore[no-untyped-call]
@@ -123,7 +123,7 @@ def _encoded(batch: Any) -> list[bytes | memoryview]:
         return encode_frames(batch)
     except CodecError as error:
         error.add_note(
-            "loadax: process workers send batches with loadax.wire.codec: a batch must be dicts, "
+            "loadax: loader processes send batches with loadax.wire.codec: a batch must be dicts, "
             "lists and tuples of numpy arrays, numbers, str, bytes and None"
         )
         raise

@@ -1,4 +1,5 @@
-"""The errors of the process executor: a process that died, could not start, or lost its item."""
+"""The errors of the process executor: a loader process that died, could not start, or lost its
+item. (Their names predate the rule that "worker" means a loadax-worker; they are public.)"""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ from loadax.plan.work import Work
 
 
 class WorkerProcessError(RuntimeError):
-    """A worker process died, could not load the pipeline, or raised what cannot be pickled.
+    """A loader process died, could not load the pipeline, or raised what cannot be pickled.
 
     >>> import os
     >>> from loadax import Batcher, DataLoader, RangeDataset
@@ -18,7 +19,7 @@ class WorkerProcessError(RuntimeError):
     ...         next(batches)
     ...     except WorkerProcessError as error:
     ...         print(error)
-    the batch of step 0 was not loaded: worker process 0 (pid ...) exited with code 3
+    the batch of step 0 was not loaded: loader process 0 (pid ...) exited with code 3
     """
 
 

@@ -1,4 +1,4 @@
-"""The parent's side of one worker process: the process, the pipe to it, the task it loads and
+"""The parent's side of one loader process: the process, the pipe to it, the task it loads and
 the shared memory segment it writes batches into.
 
 A segment keeps its /dev/shm name only until the process has attached to it, so none is left
@@ -31,8 +31,8 @@ class Task:
     started: float = 0.0  # when a process took it (time.monotonic())
 
 
-class Worker:
-    """A worker process, the pipe to it, its task (one at a time) and its shared memory."""
+class LoaderProcess:
+    """A loader process, the pipe to it, its task (one at a time) and its shared memory."""
 
     def __init__(self, slot: int, process: BaseProcess, connection: Connection) -> None:
         self.slot, self.process, self.connection = slot, process, connection
@@ -44,7 +44,7 @@ class Worker:
         self._named = False  # the segment's name is still in /dev/shm
 
     def __str__(self) -> str:
-        return f"worker process {self.slot} (pid {self.process.pid})"
+        return f"loader process {self.slot} (pid {self.process.pid})"
 
     def new_segment(self, size: int) -> str:
         """Make a segment of at least `size` bytes in place of the current one; its name."""
@@ -62,7 +62,7 @@ class Worker:
         return segment.name
 
     def copy_out(self, size: int) -> bytearray:
-        """The first `size` bytes of the segment; the worker has attached, so unlink its name."""
+        """The first `size` bytes of the segment; the process has attached, so unlink its name."""
         if self._segment is None:
             raise WorkerProcessError(f"{self} wrote a batch without a shared memory segment")
         self._unlink()
@@ -80,11 +80,11 @@ class Worker:
             self._named = False
 
 
-def kill_running(workers: list[Worker]) -> None:
-    """Kill those of `workers` whose process is still running (the parent owns the segments)."""
-    for worker in workers:
-        if worker.process.is_alive():
-            worker.process.kill()
+def kill_running(processes: list[LoaderProcess]) -> None:
+    """Kill those of `processes` still running (the parent owns the segments)."""
+    for process in processes:
+        if process.process.is_alive():
+            process.process.kill()
 
 
 def exit_reason(code: int | None) -> str:

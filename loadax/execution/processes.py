@@ -1,10 +1,10 @@
-"""Process workers: whole batches (and stream windows) loaded in worker processes.
+"""The process executor: whole batches (and stream windows) loaded in loader processes.
 
 Threads cannot run transforms that hold the GIL in parallel; processes can. The pipeline is
-pickled once, when the loader is built, and unpickled by each worker process, which the
+pickled once, when the loader is built, and unpickled by each loader process, which the
 forkserver starts (never a plain fork of the trainer: its JAX runtime is multithreaded). The
-forkserver preloads `loadax`, so a worker starts in milliseconds rather than importing JAX anew;
-JAX in a worker runs on the CPU, so that workers never take the trainer's accelerators.
+forkserver preloads `loadax`, so a process starts in milliseconds rather than importing JAX anew;
+JAX in a loader process runs on the CPU, so that it never takes the trainer's accelerators.
 
 What a process runs is `process_child`; the parent's handle on it, with the shared memory that
 batches come back through, is `process_handle`. The parent copies each batch out (one memcpy) and
@@ -12,7 +12,7 @@ decodes it.
 
 With a deadline, a process that runs one work item longer is killed and its item fails with
 `WorkerProcessLost`, like one whose process died; a new process takes the slot. With `encoded`,
-the parent hands out the encoding itself (for a loadax worker, which sends it on unchanged).
+the parent hands out the encoding itself (for a loadax-worker, which sends it on unchanged).
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from loadax.execution.executor import Executor, FuturePending, Pending
 from loadax.execution.pickled import PickledPipeline
 from loadax.execution.process_child import ChildRequest, serve
 from loadax.execution.process_errors import WorkerProcessError, WorkerProcessLost
-from loadax.execution.process_handle import Task, Worker, exit_reason, kill_running
+from loadax.execution.process_handle import LoaderProcess, Task, exit_reason, kill_running
 from loadax.plan.planner import Plan
 from loadax.plan.work import Work
 from loadax.wire.codec import CodecError, decode
@@ -43,7 +43,7 @@ from loadax.wire.codec import CodecError, decode
 B = TypeVar("B", default=Any)
 
 EXIT_GRACE_S = 2.0
-"""How long a released worker process may take to finish its item and exit before it is killed."""
+"""How long a released loader process may take to finish its item and exit before it is killed."""
 _PRELOAD = ["__main__", "loadax"]  # the forkserver's default, and loadax with its JAX import
 
 
@@ -60,13 +60,13 @@ _EXECUTORS: weakref.WeakSet[ProcessExecutor[Any]] = weakref.WeakSet()
 
 @atexit.register  # after multiprocessing's own exit handler, so it runs before it
 def _release_at_exit() -> None:
-    """Let the worker processes end normally (multiprocessing's exit would terminate them)."""
+    """Let the loader processes end normally (multiprocessing's exit would terminate them)."""
     for executor in list(_EXECUTORS):
         executor.release(wait=True)
 
 
 class ProcessExecutor(Executor[B]):
-    """Loads whole batches (and stream windows) in `workers` processes, several in parallel.
+    """Loads whole batches (and stream windows) in `processes` processes, several in parallel.
 
     Batches wait in a queue of the parent until a process is free, so a cancelled one that has
     not started is never loaded. A process that dies, or loads one item for longer than
@@ -80,20 +80,20 @@ class ProcessExecutor(Executor[B]):
     def __init__(
         self,
         pipeline: PickledPipeline[B],
-        workers: int,
+        processes: int,
         *,
         deadline_s: float | None = None,
         encoded: bool = False,
     ) -> None:
-        self._pipeline_data, self._slots = pipeline.data, workers
+        self._pipeline_data, self._slots = pipeline.data, processes
         self._deadline_s, self._encoded = deadline_s, encoded
         # Reentrant: a finalizer's release() may run in a thread that holds it.
         self._lock = threading.RLock()
-        self._workers: list[Worker | None] = [None] * workers
+        self._children: list[LoaderProcess | None] = [None] * processes
         self._queue: deque[Task] = deque()
         self._watchdog: threading.Thread | None = None
         self._released = threading.Event()
-        self._ending: list[Worker] = []  # released, maybe still finishing an item
+        self._ending: list[LoaderProcess] = []  # released, maybe still finishing an item
         _EXECUTORS.add(self)
 
     def submit(self, plan: Plan, work: Work) -> Pending[Any]:
@@ -105,36 +105,36 @@ class ProcessExecutor(Executor[B]):
         if that takes longer than `EXIT_GRACE_S`. Queued batches are cancelled, loading ones
         dropped; with `wait`, return once every process has ended."""
         with self._lock:
-            workers = [worker for worker in self._workers if worker is not None]
-            self._workers = [None] * self._slots
+            children = [child for child in self._children if child is not None]
+            self._children = [None] * self._slots
             queued, self._queue = self._queue, deque()
             watchdog, self._watchdog = self._watchdog, None
             self._released.set()
-            self._ending = [worker for worker in self._ending if worker.process.is_alive()]
-            self._ending += workers
+            self._ending = [child for child in self._ending if child.process.is_alive()]
+            self._ending += children
             ending = list(self._ending)
         if watchdog is not None:
             watchdog.join()
         for task in queued:
             task.future.cancel()
-        for worker in workers:
+        for child in children:
             with contextlib.suppress(OSError):  # it has ended already
-                worker.connection.send(None)
-        if workers:
-            overdue = threading.Timer(EXIT_GRACE_S, kill_running, args=(workers,))
+                child.connection.send(None)
+        if children:
+            overdue = threading.Timer(EXIT_GRACE_S, kill_running, args=(children,))
             overdue.daemon = True
             overdue.start()
         if wait:
-            for worker in ending:
-                if worker.collector is not None:
-                    worker.collector.join()
+            for child in ending:
+                if child.collector is not None:
+                    child.collector.join()
 
     def _enqueue(self, request: ChildRequest) -> Pending[Any]:
         task = Task(request)
         with self._lock:
-            for slot, worker in enumerate(self._workers):
-                if worker is None:
-                    self._workers[slot] = self._start(slot)
+            for slot, child in enumerate(self._children):
+                if child is None:
+                    self._children[slot] = self._start(slot)
             if self._deadline_s is not None and self._watchdog is None:
                 self._released.clear()
                 self._watchdog = threading.Thread(
@@ -154,21 +154,21 @@ class ProcessExecutor(Executor[B]):
             now = time.monotonic()
             with self._lock:
                 overdue = [
-                    worker
-                    for worker in self._workers
-                    if worker is not None
-                    and worker.task is not None
-                    and worker.stopped_for is None
-                    and now - worker.task.started > deadline_s
+                    child
+                    for child in self._children
+                    if child is not None
+                    and child.task is not None
+                    and child.stopped_for is None
+                    and now - child.task.started > deadline_s
                 ]
-                for worker in overdue:
-                    worker.stopped_for = (
+                for child in overdue:
+                    child.stopped_for = (
                         f"ran longer than its deadline of {deadline_s:g} s and was stopped"
                     )
-            for worker in overdue:
-                worker.process.kill()  # its collector fails the item and replaces it
+            for child in overdue:
+                child.process.kill()  # its collector fails the item and replaces it
 
-    def _start(self, slot: int) -> Worker:
+    def _start(self, slot: int) -> LoaderProcess:
         context = _context()
         ours, theirs = context.Pipe()
         process = context.Process(  # type: ignore[attr-defined]
@@ -179,63 +179,63 @@ class ProcessExecutor(Executor[B]):
         )
         process.start()
         theirs.close()  # the pipe ends, so reads fail, as soon as the process ends
-        worker = Worker(slot, process, ours)
-        worker.collector = threading.Thread(
-            target=self._collect, args=(worker,), name=f"loadax-process-{slot}", daemon=True
+        child = LoaderProcess(slot, process, ours)
+        child.collector = threading.Thread(
+            target=self._collect, args=(child,), name=f"loadax-process-{slot}", daemon=True
         )
-        worker.collector.start()
-        return worker
+        child.collector.start()
+        return child
 
     def _dispatch(self) -> None:
         """Hand queued batches to idle processes (the lock is held)."""
-        for worker in self._workers:
-            if worker is None or worker.task is not None:
+        for child in self._children:
+            if child is None or child.task is not None:
                 continue
             while self._queue:
                 task = self._queue.popleft()
                 if task.future.set_running_or_notify_cancel():
-                    worker.task = task
+                    child.task = task
                     task.started = time.monotonic()
                     with contextlib.suppress(OSError):  # it died: its collector fails the task
-                        worker.connection.send(task.request)
+                        child.connection.send(task.request)
                     break
 
-    def _collect(self, worker: Worker) -> None:
-        """Settle what `worker` loads until its process ends; then clean up after it."""
+    def _collect(self, child: LoaderProcess) -> None:
+        """Settle what `child` loads until its process ends; then clean up after it."""
         failure = None
         try:
             while failure is None:
-                failure = self._receive(worker, worker.connection.recv())
+                failure = self._receive(child, child.connection.recv())
         except (EOFError, OSError):
             pass  # the process has ended
         except BaseException as error:
             failure = f"was stopped by an error in loadax: {error!r}"
             raise
         finally:
-            self._lost(worker, failure)
+            self._lost(child, failure)
 
-    def _receive(self, worker: Worker, message: tuple[Any, ...]) -> str | None:
-        """Act on a message of `worker`; what went wrong if it must be stopped, else None."""
+    def _receive(self, child: LoaderProcess, message: tuple[Any, ...]) -> str | None:
+        """Act on a message of `child`; what went wrong if it must be stopped, else None."""
         kind, detail = message
         if kind == "broken":
             return f"could not load the pipeline:\n{detail}"
         if kind == "grow":
             try:
-                name = worker.new_segment(detail)
+                name = child.new_segment(detail)
             except OSError as error:
                 return f"needed a shared memory segment of {detail} bytes, which failed: {error}"
-            worker.connection.send(name)
+            child.connection.send(name)
             return None
         # Copied out before the process may get its next batch, which reuses the segment.
-        payload = worker.copy_out(detail) if kind == "done" else None
+        payload = child.copy_out(detail) if kind == "done" else None
         with self._lock:
-            task, worker.task = worker.task, None
-            worker.loaded += 1
+            task, child.task = child.task, None
+            child.loaded += 1
             self._dispatch()
         if task is None:
             return f"sent {kind!r} while loading nothing"
         if payload is None:
-            task.future.set_exception(detail.rebuild(f"{worker}, loading {task.request}"))
+            task.future.set_exception(detail.rebuild(f"{child}, loading {task.request}"))
             return None
         try:
             task.future.set_result(payload if self._encoded else decode(payload))
@@ -243,27 +243,27 @@ class ProcessExecutor(Executor[B]):
             task.future.set_exception(error)
         return None
 
-    def _lost(self, worker: Worker, failure: str | None) -> None:
-        """`worker`'s process has ended or must end: fail what it leaves undone."""
-        if worker.process.is_alive():  # it is stopped for a failure here
-            worker.process.kill()
-        worker.process.join()
-        worker.drop_segment()
-        worker.connection.close()
-        why = failure or worker.stopped_for or exit_reason(worker.process.exitcode)
-        reason = f"{worker} {why}"
+    def _lost(self, child: LoaderProcess, failure: str | None) -> None:
+        """`child`'s process has ended or must end: fail what it leaves undone."""
+        if child.process.is_alive():  # it is stopped for a failure here
+            child.process.kill()
+        child.process.join()
+        child.drop_segment()
+        child.connection.close()
+        why = failure or child.stopped_for or exit_reason(child.process.exitcode)
+        reason = f"{child} {why}"
         with self._lock:
-            released = self._workers[worker.slot] is not worker
+            released = self._children[child.slot] is not child
             if not released:
-                self._workers[worker.slot] = None
-            loading, worker.task = worker.task, None
+                self._children[child.slot] = None
+            loading, child.task = child.task, None
             orphans: list[Task] = []
-            proven = worker.loaded or worker.stopped_for is not None
+            proven = child.loaded or child.stopped_for is not None
             if not released and self._queue and proven and failure is None:
                 # It worked before: what killed it was the item it loaded; the queue goes on.
-                self._workers[worker.slot] = self._start(worker.slot)
+                self._children[child.slot] = self._start(child.slot)
                 self._dispatch()
-            elif not released and all(slot is None for slot in self._workers):
+            elif not released and all(slot is None for slot in self._children):
                 orphans, self._queue = list(self._queue), deque()
         if loading is not None:
             loading.future.set_exception(
@@ -277,6 +277,6 @@ class ProcessExecutor(Executor[B]):
             with contextlib.suppress(InvalidStateError):  # cancelled meanwhile
                 task.future.set_exception(
                     WorkerProcessError(
-                        f"{task.request} was not loaded, since no worker process is left: {reason}"
+                        f"{task.request} was not loaded, since no loader process is left: {reason}"
                     )
                 )

@@ -120,7 +120,7 @@ class ArrayRecordDataset(DatasetBase[T]):
         return f"ArrayRecordDataset({shown!r}{decode})"
 
     def __reduce__(self) -> tuple[Any, ...]:
-        # Pickled by path (for worker processes): unpickling opens the files again.
+        # Pickled by path (for loader processes): unpickling opens the files again.
         return (type(self), ([path.absolute() for path in self._paths], self._decode))
 
 

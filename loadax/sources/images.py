@@ -31,7 +31,7 @@ class ImageFolderDataset(DatasetBase[dict[str, Any]]):
     end in one of `extensions` (case-insensitive); names starting with "." are skipped, and so
     are files directly in `root`. Record order is the classes in turn, each class's files sorted
     by their path: the same on every listing of the same tree. The tree is listed once, when the
-    dataset is made, and must not change while it is read (a copy unpickled in a worker process
+    dataset is made, and must not change while it is read (a copy unpickled in a loader process
     lists it again and refuses a tree that changed).
 
     With `decode` (the default) each image is decoded with Pillow into a uint8 array of shape
@@ -86,7 +86,7 @@ class ImageFolderDataset(DatasetBase[dict[str, Any]]):
         self._mode = mode
         self._extensions = _extensions(extensions)
         if self._decode:
-            _pillow()  # missing Pillow is said now, not at the first read in a worker
+            _pillow()  # missing Pillow is said now, not at the first read in a loader process
         found = store_of([root], filesystem, "ImageFolderDataset", expand=False)
         self._files: _Files = _LOCAL if found is None else _StoreFiles(found[0])
         self._root = os.fspath(root) if found is None else found[1][0].shown
@@ -127,7 +127,7 @@ class ImageFolderDataset(DatasetBase[dict[str, Any]]):
         )
 
     def __reduce__(self) -> tuple[Any, ...]:
-        # Pickled by root (for worker processes): the copy lists the tree again, and must find
+        # Pickled by root (for loader processes): the copy lists the tree again, and must find
         # what this one found, or its labels and records would silently differ.
         root = self._files.absolute(self._root)
         arguments: tuple[Any, ...] = (root, self._decode, self._mode, self._extensions)

@@ -98,7 +98,7 @@ class NumpyDataset(DatasetBase[Any]):
         return f"NumpyDataset({str(self._path)!r}{'' if self._mmap else ', mmap=False'})"
 
     def __reduce__(self) -> tuple[Any, ...]:
-        # Pickled by path (for worker processes): unpickling maps the file again, never a copy;
+        # Pickled by path (for loader processes): unpickling maps the file again, never a copy;
         # an object's by its path in the store and the store's options, never an open handle.
         if self._object is None:
             return (type(self), (Path(self._path).absolute(), self._mmap))

@@ -48,7 +48,7 @@ class ParquetDataset(DatasetBase[dict[str, Any]]):
     by ranged requests (pyarrow's pre-buffering joins a row group's column chunks into requests
     of at most 32 MiB). Each reading thread has its own copy of the filesystem and its own open
     files. A missing object or bucket is a FileNotFoundError, refused credentials a
-    PermissionError, each naming the URL and what to check. Pickled (for worker processes), the
+    PermissionError, each naming the URL and what to check. Pickled (for loader processes), the
     dataset carries the URLs and the filesystem's options, and opens its files again.
 
     >>> import pathlib
@@ -159,7 +159,7 @@ class ParquetDataset(DatasetBase[dict[str, Any]]):
         return f"ParquetDataset({shown!r}, columns={list(self._columns)!r})"
 
     def __reduce__(self) -> tuple[Any, ...]:
-        # Pickled by path or URL (for worker processes): unpickling reads the footers again.
+        # Pickled by path or URL (for loader processes): unpickling reads the footers again.
         columns = self._columns or None  # None: a file without columns
         if self._store is None:
             paths = [Path(path).absolute() for path in self._paths]

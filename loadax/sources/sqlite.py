@@ -107,7 +107,7 @@ class SQLiteDataset(DatasetBase[dict[str, Any]]):
         return f"SQLiteDataset({str(self._path)!r}, {source}, columns={list(self._columns)!r})"
 
     def __reduce__(self) -> tuple[Any, ...]:
-        # Pickled by path (for worker processes): unpickling opens the file again.
+        # Pickled by path (for loader processes): unpickling opens the file again.
         return (type(self), (self._path.absolute(), self._table, self._query, self._columns))
 
     def _init_table(self, table: str, columns: Sequence[str] | None) -> None:
