@@ -11,9 +11,9 @@ from loadax.dataset.ops import (
     RepeatedDataset,
     ShuffledDataset,
     SlicedDataset,
-    read_records,
 )
 from loadax.dataset.protocol import Dataset
+from loadax.dataset.records import read_records
 from loadax.dataset.stream import Stream
 from loadax.dataset.zipped import ZippedDataset
 from loadax.errors import PoisonedRecords, RecordError, WorkerError

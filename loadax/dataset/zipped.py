@@ -8,8 +8,9 @@ from typing import Any, overload
 
 from typing_extensions import TypeVar
 
-from loadax.dataset.ops import DatasetBase, read_records
+from loadax.dataset.ops import DatasetBase
 from loadax.dataset.protocol import Dataset, as_dataset, dataset_length
+from loadax.dataset.records import read_records
 from loadax.plan.permutation import IndexArray
 
 T = TypeVar("T", default=Any)

@@ -14,8 +14,8 @@ import numpy as np
 from typing_extensions import TypeVar
 
 from loadax.collate.batcher import Batcher, stack
-from loadax.dataset.ops import read_records
 from loadax.dataset.protocol import Dataset, ReadsRows, as_dataset, dataset_length, reads_rows
+from loadax.dataset.records import read_records
 from loadax.dataset.stream import Stream
 from loadax.errors import RecordError
 from loadax.plan.permutation import IndexArray

@@ -9,8 +9,9 @@ import numpy.typing as npt
 from typing_extensions import TypeVar
 
 from loadax.dataset.names import short_repr
-from loadax.dataset.ops import DatasetBase, read_records
+from loadax.dataset.ops import DatasetBase
 from loadax.dataset.protocol import Dataset, dataset_length
+from loadax.dataset.records import read_records
 from loadax.plan.permutation import IndexArray
 from loadax.validation import require_int
 
