@@ -40,6 +40,9 @@ from loadax.plan.planner import Plan
 from loadax.plan.work import Work
 from loadax.wire.codec import CodecError, decode
 
+# The errors are imported from here by the worker and by users, as before they had a file.
+__all__ = ["EXIT_GRACE_S", "ProcessExecutor", "WorkerProcessError", "WorkerProcessLost"]
+
 B = TypeVar("B", default=Any)
 
 EXIT_GRACE_S = 2.0
