@@ -16,7 +16,7 @@ from workloads import REMOTE_PIPELINES
 
 import loadax
 from loadax.client import RemoteDataLoader, RemoteLoader
-from loadax.client.dispatch import FleetOptions
+from loadax.client.fleet_options import FleetOptions
 from loadax.loader import DEFAULT_PREFETCH
 
 

@@ -18,13 +18,14 @@ import pipelines
 import pytest
 from equivalence import digests
 from processes import free_port
+from verifying import Verifying
 from workers import WorkerProcess, pinned, worker_process, worker_processes
 
 from loadax import DataLoader, WorkerError
 from loadax.client import RemoteDataLoader
-from loadax.client.identity import handshake_request
-from loadax.client.targets import connect
-from loadax.client.zmq_transport import ZmqTarget
+from loadax.client.member import handshake_request
+from loadax.client.transports import connect
+from loadax.client.transports.zmq import ZmqTransport
 from loadax.plan.planner import Plan
 from loadax.plan.work import StepWork
 from loadax.wire.plans import batch_request
@@ -182,24 +183,25 @@ def test_a_frozen_workers_requests_fail_within_seconds_and_it_serves_once_resume
     with (
         worker_process(tmp_path, SLOW, zmq=True) as worker,
         resumed_at_the_end(worker),
-        contextlib.closing(connect(worker.address(transport))) as target,
+        contextlib.closing(connect(worker.address(transport))) as opened,
     ):
+        target = Verifying(opened)
         fingerprint = target.handshake(hello, 30.0).fingerprint
         requests = [batch_request("blobs", fingerprint, plan, StepWork(step)) for step in (1, 2)]
-        in_flight = target.load_batch(requests[0])
+        in_flight = opened.send(requests[0])
         os.kill(worker.process.pid, signal.SIGSTOP)
         # Keepalive pings (gRPC) or heartbeats (ZeroMQ) go unanswered: the call fails.
         error = in_flight.exception(FROZEN_S)
         assert isinstance(error, WorkerError), error
         assert error.code == "UNAVAILABLE"
         # So does a request sent now (gRPC: once a connection attempt times out, ~1 s).
-        error = target.load_batch(requests[1]).exception(LEFT_AT_ONCE_S)
+        error = opened.send(requests[1]).exception(LEFT_AT_ONCE_S)
         assert isinstance(error, WorkerError), error
         assert error.code == "UNAVAILABLE"
         os.kill(worker.process.pid, signal.SIGCONT)
         # A handshake waits for the connection; then batches are served again.
         assert target.handshake(hello, BACK_S).fingerprint == fingerprint
-        assert target.load_batch(requests[1]).result(30) is not None
+        assert target.load(requests[1], 30) is not None
 
 
 def test_zeromq_batch_requests_fail_at_once_without_a_connection_and_handshakes_wait(
@@ -211,20 +213,21 @@ def test_zeromq_batch_requests_fail_at_once_without_a_connection_and_handshakes_
     hello = handshake_request("blobs", plan)
     (tmp_path / "first").mkdir()
     (tmp_path / "second").mkdir()
-    with ZmqTarget(f"zmq://127.0.0.1:{port}") as target, ThreadPoolExecutor(1) as pool:
+    with ZmqTransport(f"zmq://127.0.0.1:{port}") as opened, ThreadPoolExecutor(1) as pool:
+        target = Verifying(opened)
         # Sent before the worker listens: the handshake waits for it (as build() does).
         answer = pool.submit(target.handshake, hello, 60.0)
         with worker_process(tmp_path / "first", BLOBS, grpc=False, zmq=True, args=pin) as worker:
             fingerprint = answer.result(60).fingerprint
             request = batch_request("blobs", fingerprint, plan, StepWork(1))
-            assert target.load_batch(request).result(30) is not None
+            assert target.load(request, 30) is not None
             worker.process.kill()
             worker.process.wait()
             # The connection is gone: a batch request fails at once, for another worker to take.
             deadline = time.monotonic() + 10
             while True:
                 started = time.monotonic()
-                error = target.load_batch(request).exception(LEFT_AT_ONCE_S)
+                error = opened.send(request).exception(LEFT_AT_ONCE_S)
                 if error is not None and "is not reachable" in str(error):
                     break
                 assert time.monotonic() < deadline, "the dead worker's loss went unnoticed"
@@ -235,4 +238,4 @@ def test_zeromq_batch_requests_fail_at_once_without_a_connection_and_handshakes_
             answer = pool.submit(target.handshake, hello, 60.0)
         with worker_process(tmp_path / "second", BLOBS, grpc=False, zmq=True, args=pin):
             assert answer.result(60).fingerprint == fingerprint
-            assert target.load_batch(request).result(30) is not None
+            assert target.load(request, 30) is not None

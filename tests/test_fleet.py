@@ -4,6 +4,7 @@ answer another, and quarantines a worker that turns out wrong for it, with uncha
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import doctest
 import functools
 import itertools
@@ -21,17 +22,18 @@ from equivalence import digests
 from processes import free_port
 from workers import WorkerProcess, pinned, worker_process
 
-import loadax.client.identity
+import loadax.client.member
 import loadax.client.verdicts
 import loadax.server.throttled_log
 from loadax import DataLoader, RecordError, WorkerError
 from loadax.client import RemoteDataLoader
-from loadax.client.dispatch import Dispatcher, FleetOptions
-from loadax.client.identity import handshake_request
-from loadax.client.targets import InProcessTarget
+from loadax.client.driver import Driver
+from loadax.client.fleet_options import FleetOptions
+from loadax.client.member import Member, handshake_request
+from loadax.client.replies import ReplyDecoder
+from loadax.client.transports.in_process import InProcessTransport
 from loadax.client.verdicts import Verdict, verdict
 from loadax.errors import RemoteCause
-from loadax.iterators.stats import StatsRecorder
 from loadax.plan.planner import Plan
 from loadax.plan.work import StepWork
 from loadax.server.worker import Worker
@@ -293,7 +295,7 @@ def test_each_failure_gets_its_verdict(error: BaseException, expected: Verdict) 
 
 
 def test_the_examples_of_the_fleet_modules_run() -> None:
-    modules = (loadax.client.identity, loadax.client.verdicts, loadax.server.throttled_log)
+    modules = (loadax.client.member, loadax.client.verdicts, loadax.server.throttled_log)
     for module in modules:
         failed, tried = doctest.testmod(module, optionflags=doctest.ELLIPSIS)
         assert tried > 0, module.__name__
@@ -346,23 +348,42 @@ class Restartable:
         return self.worker.load_batch(request)
 
 
-def named(worker: Any, name: str) -> InProcessTarget:
-    target = InProcessTarget(worker, threads=1)
-    target.name = name
-    return target
+def named(worker: Any, name: str) -> InProcessTransport:
+    transport = InProcessTransport(worker, threads=1)
+    transport.name = name
+    return transport
+
+
+class Fleet:
+    """A driver of in-process members, asked requests directly."""
+
+    def __init__(self, driver: Driver) -> None:
+        self.driver = driver
+
+    def send(self, request: wire.BatchRequest) -> Future[Any]:
+        return self.driver.submit(request.step, lambda: request)
+
+    def snapshot(self, names: list[str]) -> Any:
+        """The stats of the members `names`, as a loader's `stats()` gives them."""
+        members = self.driver.member_stats()
+        return StatsView({name: members[name] for name in names})
+
+
+@dataclasses.dataclass
+class StatsView:
+    workers: dict[str, Any]
 
 
 @contextlib.contextmanager
-def dispatcher(
-    targets: list[InProcessTarget], **options: float
-) -> Iterator[tuple[Dispatcher, StatsRecorder]]:
-    stats = StatsRecorder()
+def dispatcher(targets: list[InProcessTransport], **options: float) -> Iterator[tuple[Fleet, Fleet]]:
     failover = FleetOptions(**{"request_timeout": 30.0, "no_worker_timeout": 30.0, **options})
-    running = Dispatcher(targets, failover, stats)
+    driver = Driver(failover)
+    for transport in targets:
+        driver.join(Member(transport, ReplyDecoder(transport.name), None))
     try:
-        yield running, stats
+        yield Fleet(driver), Fleet(driver)
     finally:
-        running.close()
+        driver.close()
 
 
 def fingerprint(worker: Worker) -> str:

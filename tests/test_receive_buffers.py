@@ -22,14 +22,15 @@ import pytest
 import zmq
 from helpers import assert_batches_equal
 from jax.sharding import Mesh
+from verifying import Verifying
 from workers import worker_processes
 
 import loadax
 import loadax.client.remote
 from loadax.buffers import BufferPool
 from loadax.client import RemoteDataLoader
-from loadax.client.dispatch import FleetOptions
-from loadax.client.zmq_transport import ZmqTarget
+from loadax.client.fleet_options import FleetOptions
+from loadax.client.transports.zmq import ZmqTransport
 from loadax.errors import WorkerError
 from loadax.server.worker import Worker
 from loadax.server.zmq_server import ZmqServer
@@ -80,10 +81,11 @@ def data_address(array: np.ndarray[Any, Any]) -> int:
 
 def test_a_steady_stream_reuses_the_same_buffers(worker: Worker, server: str) -> None:
     buffers = BufferPool()
-    with ZmqTarget(server, buffers=buffers) as target:
+    with ZmqTransport(server, buffers=buffers) as transport:
+        target = Verifying(transport)
         addresses = set()
         for step in range(20):
-            batch = target.load_batch(request(worker, step)).result(WAIT_S)
+            batch = target.load(request(worker, step), WAIT_S)
             np.testing.assert_array_equal(batch["x"], BLOBS.load(PLAN, step)["x"])
             addresses.add(data_address(batch["x"]))
             del batch
@@ -94,8 +96,8 @@ def test_a_steady_stream_reuses_the_same_buffers(worker: Worker, server: str) ->
 
 def test_a_held_batch_is_never_a_buffer_handed_out_again(worker: Worker, server: str) -> None:
     buffers = BufferPool()
-    with ZmqTarget(server, buffers=buffers) as target:
-        batch = target.load_batch(request(worker, 0)).result(WAIT_S)
+    with ZmqTransport(server, buffers=buffers) as transport:
+        batch = Verifying(transport).load(request(worker, 0), WAIT_S)
         with pytest.raises(ValueError, match="read-only"):
             batch["x"][0] = 1.0
         size = batch["x"].nbytes
@@ -188,16 +190,20 @@ def test_a_reply_whose_frames_do_not_fit_its_header_is_refused_and_the_next_one_
     caplog.set_level(logging.DEBUG, logger="loadax.client")
     fake_worker, address = fake
     buffers = BufferPool()
-    with ZmqTarget(address, max_reply_bytes=MAX_REPLY_BYTES, buffers=buffers) as target:
-        refused = target.load_batch(request(worker, 1))
+    with ZmqTransport(address, max_reply_bytes=MAX_REPLY_BYTES, buffers=buffers) as transport:
+        target = Verifying(transport)
+        asked = request(worker, 1)
+        refused = transport.send(asked)
         fake_worker.answer(rewrite)
         with pytest.raises(WorkerError, match=match) as caught:
-            refused.result(WAIT_S)
+            target.verify(asked, refused, WAIT_S)
         assert caught.value.code == "DATA_LOSS"
         # The rest of the refused reply was read: the next reply is whole, and nothing dropped.
-        answered = target.load_batch(request(worker, 2))
+        asked = request(worker, 2)
+        answered = transport.send(asked)
         fake_worker.answer()
-        np.testing.assert_array_equal(answered.result(WAIT_S)["x"], BLOBS.load(PLAN, 2)["x"])
+        batch = target.verify(asked, answered, WAIT_S)
+        np.testing.assert_array_equal(batch["x"], BLOBS.load(PLAN, 2)["x"])
     assert not [r for r in caplog.records if "dropped" in r.getMessage()]
     assert buffers.kept <= 2
 

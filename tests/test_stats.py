@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import threading
-from concurrent.futures import Future
-from typing import Any
 
 import pipelines
 from prometheus_client import CollectorRegistry
@@ -12,60 +10,45 @@ from prometheus_client import CollectorRegistry
 from loadax.client import LoaderStats, RemoteDataLoader, WorkerStats
 from loadax.client.prometheus import LoaderCollector
 from loadax.errors import WorkerError
-from loadax.iterators.stats import LATENCY_WINDOW, StatsRecorder
+from loadax.client.fleet_events import Answered, Joined, Left, Send, Submit
+from loadax.client.fleet_options import FleetOptions
+from loadax.client.fleet_stats import LATENCY_WINDOW, MemberCounts
+from loadax.client.policy import Policy
 from loadax.server.worker import Worker
 from loadax.wire.v1 import worker_pb2 as wire
 
 
-class Clock:
-    """A clock that moves only when told to."""
-
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-def answer_after(recorder: StatsRecorder, clock: Clock, worker: str, seconds: float) -> None:
-    clock.now = 0.0
-    attempt: Future[Any] = Future()
-    assert recorder.track(worker, lambda: attempt) is attempt
-    clock.now = seconds
-    attempt.set_result(None)
-
-
 def test_worker_latencies_are_percentiles_of_a_bounded_recent_window() -> None:
-    clock = Clock()
-    recorder = StatsRecorder(clock)
+    counts = MemberCounts()
     for seconds in range(1, 11):
-        answer_after(recorder, clock, "a", float(seconds))
-    recorder.failed("a", "UNAVAILABLE: restarting")
-    stats = recorder.snapshot(["a", "b"])
-    assert stats.workers == {
-        "a": WorkerStats(
-            requests=10,
-            failures=1,
-            last_error="UNAVAILABLE: restarting",
-            latency_p50=5.0,
-            latency_p90=9.0,
-            latency_max=10.0,
-        ),
-        "b": WorkerStats(0, 0, None, None, None, None),
-    }
+        counts.sent()
+        counts.answered(float(seconds))
+    counts.failed("UNAVAILABLE: restarting")
+    assert counts.stats(quarantined=None) == WorkerStats(
+        requests=10,
+        failures=1,
+        last_error="UNAVAILABLE: restarting",
+        latency_p50=5.0,
+        latency_p90=9.0,
+        latency_max=10.0,
+    )
+    assert MemberCounts().stats(None) == WorkerStats(0, 0, None, None, None, None)
     for _ in range(LATENCY_WINDOW):
-        answer_after(recorder, clock, "a", 0.5)
-    assert recorder.snapshot(["a"]).workers["a"].latency_max == 0.5  # the slow ones aged out
+        counts.answered(0.5)
+    assert counts.stats(None).latency_max == 0.5  # the slow ones aged out
 
 
-def test_a_forgotten_worker_ignores_late_answers() -> None:
-    recorder = StatsRecorder(Clock())
-    attempt: Future[Any] = Future()
-    recorder.track("a", lambda: attempt)
-    recorder.forget("a")
-    attempt.set_result(None)
-    recorder.failed("a", "DEADLINE_EXCEEDED")
-    assert recorder.snapshot(["a"]).workers["a"] == WorkerStats(0, 0, None, None, None, None)
+def test_a_member_that_left_is_forgotten_and_its_late_answers_ignored() -> None:
+    policy = Policy(FleetOptions())
+    policy.decide(Joined("a"), now=0.0)
+    policy.decide(Joined("b"), now=0.0)
+    (send,) = policy.decide(Submit(request=1, step=0), now=0.0)
+    assert isinstance(send, Send)
+    policy.decide(Left(send.member), now=0.5)
+    assert send.member not in policy.member_stats()
+    policy.decide(Answered(send.attempt), now=1.0)
+    (other,) = policy.member_stats().values()
+    assert (other.requests, other.latency_max) == (1, None)  # asked again, not answered yet
 
 
 def test_a_remote_loader_counts_its_batches_bytes_and_requests() -> None:

@@ -1,0 +1,266 @@
+"""The one thread per loader that owns its fleet policy: it drains one queue of events (answers
+from transports, new requests, members joining and leaving), applies each to the policy at the
+time it reads from the clock, and carries out the actions the policy returns.
+
+It is the only place that changes fleet state and the only reader of the clock for it; the
+training thread only takes finished batches. Replies are verified once, here, on the thread that
+received them (`ReplyDecoder.verify`), before the policy hears of them: a bad reply is the failure
+of its member, whatever the transport.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import itertools
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import CancelledError, Future
+from typing import Any
+
+from loadax.client.fleet_events import (
+    Action,
+    Answered,
+    Cancel,
+    Event,
+    Fail,
+    Failed,
+    Joined,
+    Left,
+    Note,
+    Resolve,
+    Send,
+    Submit,
+    Tick,
+    Withdraw,
+)
+from loadax.client.fleet_options import FleetOptions
+from loadax.client.member import Member
+from loadax.client.policy import Policy
+from loadax.client.transports import Reply
+from loadax.errors import WorkerError
+from loadax.iterators.stats import WorkerStats
+from loadax.wire.v1 import worker_pb2 as wire
+
+_log = logging.getLogger("loadax.client")
+
+Recorded = tuple[float, Event, list[Action]]
+"""One step of a recorded run: when, the event, and the actions the policy decided."""
+
+_STOP = object()
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Change:
+    """A member joining or leaving; `applied` is set once the policy knows."""
+
+    item: Member | Left
+    applied: threading.Event
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Submitted:
+    request: int
+    step: int
+    make: Callable[[], wire.BatchRequest]
+    batch: Future[Any]
+
+
+class Driver:
+    """Runs `Policy(options)` on a thread of its own; `close()` stops it and closes every
+    member. With `record` a list, each step (time, event, actions) is appended to it."""
+
+    def __init__(self, options: FleetOptions, *, record: list[Recorded] | None = None) -> None:
+        self.options = options
+        self._policy = Policy(options)
+        self._record = record
+        self._events: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        # Guards the policy for the readers on other threads (members, depth, stats).
+        self._lock = threading.Lock()
+        self._ids = itertools.count(1)
+        # Owned by the driver's thread.
+        self._members: dict[str, Member] = {}
+        self._requests: dict[int, tuple[wire.BatchRequest, Future[Any]]] = {}
+        self._attempts: dict[int, Future[Reply]] = {}
+        # Written by the threads that receive answers, read by the driver's after their event.
+        self._answers: dict[int, Any] = {}
+        self._thread = threading.Thread(target=self._run, name="loadax-driver", daemon=True)
+        self._thread.start()
+
+    # What other threads call.
+
+    def submit(self, step: int, make: Callable[[], wire.BatchRequest]) -> Future[Any]:
+        """A future of the batch that the request `make()` (made on the driver's thread) asks
+        for; cancelling it withdraws the request."""
+        batch: Future[Any] = Future()
+        request = next(self._ids)
+        self._events.put(_Submitted(request, step, make, batch))
+        batch.add_done_callback(functools.partial(self._withdrawn, request))
+        return batch
+
+    def join(self, member: Member) -> None:
+        """Use `member`, which serves the loader's identity (in `members` on return); a
+        ValueError if a member of its name is in use."""
+        if member.name in self.members:
+            raise ValueError(f"{member.name} is a target already")
+        self._change(member)
+
+    def leave(self, name: str) -> None:
+        """Stop using member `name`; what it held is re-issued to the others."""
+        self._change(Left(name))
+
+    def _change(self, item: Member | Left) -> None:
+        applied = threading.Event()
+        self._events.put(_Change(item, applied))
+        while not applied.wait(0.1):
+            if not self._thread.is_alive():
+                return  # closed: nothing to change
+
+    @property
+    def members(self) -> list[str]:
+        with self._lock:
+            return self._policy.members
+
+    def depth(self) -> int:
+        with self._lock:
+            return self._policy.depth(time.monotonic())
+
+    def member_stats(self) -> dict[str, WorkerStats]:
+        with self._lock:
+            return self._policy.member_stats()
+
+    def close(self) -> None:
+        self._events.put(_STOP)
+        if threading.current_thread() is not self._thread:
+            self._thread.join()
+
+    # The driver's thread.
+
+    def _run(self) -> None:
+        wake: float | None = None
+        try:
+            while True:
+                timeout = None if wake is None else max(wake - time.monotonic(), 0.0)
+                try:
+                    items = [self._events.get(timeout=timeout)]
+                except queue.Empty:
+                    items = []
+                while True:  # everything that is waiting, in one pass
+                    try:
+                        items.append(self._events.get_nowait())
+                    except queue.Empty:
+                        break
+                if _STOP in items:
+                    return
+                now = time.monotonic()
+                events = [event for event in map(self._accept, items) if event is not None]
+                if wake is not None and now >= wake:
+                    events.append(Tick())
+                actions: list[Action] = []
+                with self._lock:
+                    for event in events:
+                        decided = self._policy.decide(event, now)
+                        if self._record is not None:
+                            self._record.append((now, event, decided))
+                        actions += decided
+                    wake = self._policy.wake_at(now)
+                for action in actions:
+                    self._carry_out(action)
+                for item in items:
+                    if isinstance(item, _Change):
+                        item.applied.set()
+                for event in events:
+                    if isinstance(event, Answered):  # resolved by now, or late: not kept
+                        self._answers.pop(event.attempt, None)
+                    elif isinstance(event, Withdraw):
+                        self._requests.pop(event.request, None)
+                    elif isinstance(event, Left):
+                        left = self._members.pop(event.member, None)
+                        if left is not None:
+                            left.transport.close()
+        except Exception:  # a bug: every request waiting would hang without this
+            _log.exception("the fleet driver failed")
+            raise
+        finally:
+            self._shut_down()
+
+    def _accept(self, item: Any) -> Event | None:
+        """The policy's event for a queued item; the driver keeps what the policy does not see."""
+        if isinstance(item, _Submitted):
+            self._requests[item.request] = (item.make(), item.batch)
+            return Submit(item.request, item.step)
+        if isinstance(item, _Change):
+            if isinstance(item.item, Left):
+                return item.item
+            if item.item.name in self._members:  # joined twice at once: the first one stays
+                item.item.transport.close()
+                return None
+            self._members[item.item.name] = item.item
+            return Joined(item.item.name, item.item.limit)
+        if isinstance(item, Answered | Failed):
+            self._attempts.pop(item.attempt, None)
+        return item  # type: ignore[no-any-return]
+
+    def _carry_out(self, action: Action) -> None:
+        if isinstance(action, Send):
+            self._send(action)
+        elif isinstance(action, Cancel):
+            attempt = self._attempts.pop(action.attempt, None)
+            if attempt is not None:
+                attempt.cancel()
+        elif isinstance(action, Resolve):
+            _, batch = self._requests.pop(action.request)
+            if batch.set_running_or_notify_cancel():
+                batch.set_result(self._answers.pop(action.attempt))
+        elif isinstance(action, Fail):
+            _, batch = self._requests.pop(action.request)
+            if batch.set_running_or_notify_cancel():
+                batch.set_exception(action.error)
+        elif isinstance(action, Note):
+            _log.log(action.level, "%s", action.message)
+
+    def _send(self, action: Send) -> None:
+        member = self._members[action.member]
+        request, _ = self._requests[action.request]
+        try:
+            sent = member.transport.send(request)
+        except Exception as error:  # e.g. closed as it was chosen: a failed attempt
+            self._events.put(
+                Failed(
+                    action.attempt,
+                    WorkerError("UNAVAILABLE", f"{member.name} could not be asked: {error}"),
+                )
+            )
+            return
+        self._attempts[action.attempt] = sent
+        sent.add_done_callback(functools.partial(self._received, action.attempt, member, request))
+
+    def _received(
+        self, attempt: int, member: Member, request: wire.BatchRequest, reply: Future[Reply]
+    ) -> None:
+        """On the thread that received the reply: verified, then told to the policy."""
+        try:
+            batch = member.replies.verify(request, reply)
+        except CancelledError:
+            return  # the policy cancelled it
+        except BaseException as error:
+            self._events.put(Failed(attempt, error))
+            return
+        self._answers[attempt] = batch
+        self._events.put(Answered(attempt))
+
+    def _withdrawn(self, request: int, batch: Future[Any]) -> None:
+        if batch.cancelled():
+            self._events.put(Withdraw(request))
+
+    def _shut_down(self) -> None:
+        for attempt in self._attempts.values():
+            attempt.cancel()
+        for _, batch in self._requests.values():
+            batch.cancel()
+        for member in self._members.values():
+            member.transport.close()
+        self._members.clear()

@@ -1,0 +1,111 @@
+"""What the fleet's policy is told (events) and what it decides (actions).
+
+Requests, attempts and members are named by plain values (ids and names), so that a run's events
+can be recorded and replayed: the policy makes the same decisions from the same events and times.
+Answers' batches and transports stay with the driver, which looks them up by id.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+# Events: what happened, told to `Policy.decide` by the driver.
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Submit:
+    """A batch request to see through to one answer; `step` names it in messages."""
+
+    request: int
+    step: int
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Withdraw:
+    """The training loop no longer wants `request`'s batch."""
+
+    request: int
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Answered:
+    """Attempt `attempt` came back with a batch that passed its checks."""
+
+    attempt: int
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Failed:
+    """Attempt `attempt` failed with `error` (the worker's, the transport's or the checks')."""
+
+    attempt: int
+    error: BaseException
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Tick:
+    """Time passed: hedges, hangs, back-offs and give-ups are due."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Joined:
+    """Member `member` serves the loader's identity and takes `limit` requests at once (0: it
+    did not say)."""
+
+    member: str
+    limit: int = 0
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Left:
+    """Member `member` is no longer used; its attempts are given up."""
+
+    member: str
+
+
+Event = Submit | Withdraw | Answered | Failed | Tick | Joined | Left
+
+# Actions: what the driver carries out.
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Send:
+    """Send `request` to `member` as attempt `attempt`."""
+
+    attempt: int
+    request: int
+    member: str
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Cancel:
+    """Attempt `attempt` is not needed any more."""
+
+    attempt: int
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Resolve:
+    """`request`'s batch is the one attempt `attempt` answered."""
+
+    request: int
+    attempt: int
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Fail:
+    """`request` fails with `error`."""
+
+    request: int
+    error: BaseException
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Note:
+    """Something to log at `level` (a `logging` level)."""
+
+    level: int
+    message: str
+
+
+Action = Send | Cancel | Resolve | Fail | Note

@@ -1,0 +1,57 @@
+"""How a remote loader places and sees through its requests: `FleetOptions`, set by the builder."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Literal
+
+from loadax.validation import require_int, require_positive
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class FleetOptions:
+    """How requests are placed and seen through (seconds for times):
+
+    - `request_timeout`: the most one attempt may take; below it, an attempt is given up as hung
+      once it is `HUNG_FACTOR` x the fleet's p95 latency old.
+    - `hedge_after`: "auto" hedges at `HEDGE_FACTOR` x p95; a number, at that age; None, never.
+    - `no_worker_timeout`: how long the fleet may answer nothing before a request fails.
+    - `in_flight_per_worker`: requests kept outstanding per healthy worker (within its limit).
+    - `memory_budget_mb`: the most batch bytes an iterator holds, outstanding and ready.
+    - `startup_timeout`: how long `build()` waits for `min_workers` targets to agree.
+    - `poison_retries`: how many more workers are asked work that killed or stalled one.
+    - `backoff_*`, `quarantine_*`: how long a failed or a quarantined worker is kept off,
+      doubling from the initial value up to the maximum.
+    """
+
+    request_timeout: float = 60.0
+    hedge_after: float | Literal["auto"] | None = "auto"
+    no_worker_timeout: float = 120.0
+    in_flight_per_worker: int = 2
+    memory_budget_mb: int = 1024
+    startup_timeout: float = 30.0
+    min_workers: int = 1
+    poison_retries: int = 1
+    backoff_initial: float = 0.05
+    backoff_max: float = 2.0
+    quarantine_initial: float = 1.0
+    quarantine_max: float = 4.0
+
+    def __post_init__(self) -> None:
+        for name in (
+            "request_timeout",
+            "no_worker_timeout",
+            "startup_timeout",
+            "backoff_initial",
+            "backoff_max",
+            "quarantine_initial",
+            "quarantine_max",
+        ):
+            require_positive(name, getattr(self, name), unit="seconds")
+        if self.hedge_after not in (None, "auto"):
+            require_positive("hedge_after", self.hedge_after, unit="seconds")
+        for name in ("in_flight_per_worker", "memory_budget_mb", "min_workers"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+        require_int("poison_retries", self.poison_retries, minimum=0)

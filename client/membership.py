@@ -1,0 +1,368 @@
+"""Who is in one loader's fleet: the listed targets and the addresses their host names list (looked
+up again over time), what each answered the handshake, the members joined to the driver, and
+those left out for what they answered.
+
+At start-up every target is asked on a thread of its own (a host name: each address it lists,
+looked up until it resolves or the start-up timeout passes). `bind()` returns once every target
+has answered, or once `min_workers` agree and the others have had `GRACE` seconds more; it fails
+at the start-up timeout naming each target and what it said. A target not up by then keeps being
+asked in the background until the loader closes, and joins when it answers right.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import ipaddress
+import logging
+import socket
+import threading
+import time
+from collections.abc import Callable, Sequence
+
+from loadax.client.driver import Driver
+from loadax.client.identity import choose, require
+from loadax.client.member import LEAVES_OUT, Identity, Member, ask
+from loadax.client.transports import TargetSpec, Transport
+from loadax.errors import WorkerError
+from loadax.wire.limits import DEFAULT_TIMEOUT_S
+from loadax.wire.v1 import worker_pb2 as wire
+
+_log = logging.getLogger("loadax.client")
+
+GRACE = 1.0
+"""Seconds the build waits for the other targets once `min_workers` agree."""
+UNREACHABLE = frozenset({"UNAVAILABLE", "DEADLINE_EXCEEDED"})
+"""Handshake failures that say a target is not up yet: it is asked again."""
+_RETRY_EVERY = 0.5  # seconds between lookups of a name that does not resolve, or handshakes
+
+Resolver = Callable[[str], list[str]]
+"""A host name -> the IP addresses it lists."""
+
+
+def resolve_host(host: str) -> list[str]:
+    """Every address DNS (or /etc/hosts) lists for `host`, sorted."""
+    infos = socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
+    return sorted({str(info[4][0]) for info in infos})
+
+
+@dataclasses.dataclass
+class _Listed:
+    """A listed address's place (its order breaks ties) and what it said so far."""
+
+    order: tuple[int, int]
+    name: str
+    said: str = "no answer yet"
+    member: Member | None = None
+    settled: bool = False  # answered, or failed for good
+
+
+class Membership:
+    """The fleet of one loader (see the module). `handshake(records)` is the handshake request
+    for a dataset of `records` records (1 before the build knows); `connect(spec)` makes a
+    transport of an address or a worker object without waiting for it (a ValueError for a bad
+    one, raised here)."""
+
+    def __init__(
+        self,
+        specs: Sequence[TargetSpec],
+        pipeline: str,
+        handshake: Callable[[int], wire.HandshakeRequest],
+        *,
+        connect: Callable[[TargetSpec], Transport],
+        resolver: Resolver,
+        timeout: float,
+    ) -> None:
+        self._pipeline, self._handshake, self._connect = pipeline, handshake, connect
+        self._request = handshake(1)
+        self._resolver, self._timeout = resolver, timeout
+        self._deadline = time.monotonic() + timeout
+        self._names = [spec for spec in specs if host_is_name(spec)]
+        # Guards everything below, which the start-up threads and the refreshes change.
+        self._condition = threading.Condition()
+        self._listed: list[_Listed] = []
+        self._transports: list[Transport] = []  # every one connected, answered or not
+        self._closed = False
+        self._driver: Driver | None = None  # set once bound: later answers join it
+        self._identity: Identity | None = None
+        self._named: set[str] = set()  # the addresses the names have listed
+        self._from_names: set[str] = set()  # ... of which members
+        self._refused: set[str] = set()  # ... left out, asked again at each refresh
+        self._left_out: dict[str, str] = {}
+        started: list[tuple[Callable[..., None], tuple[object, ...]]] = []
+        try:
+            for index, spec in enumerate(specs):
+                if host_is_name(spec):
+                    started.append((self._look_up, (self._list((index, 0), spec), spec)))
+                else:
+                    transport = connect(spec)
+                    self._transports.append(transport)
+                    listed = self._list((index, 0), transport.name)
+                    started.append((self._ask, (listed, transport)))
+        except BaseException:
+            self.close(every=True)
+            raise
+        for run, args in started:
+            threading.Thread(target=run, args=args, name="loadax-startup", daemon=True).start()
+
+    @property
+    def left_out(self) -> dict[str, str]:
+        """The targets not used, and what they answered that left them out."""
+        with self._condition:
+            return dict(self._left_out)
+
+    def bind(self, min_workers: int, driver: Driver) -> Identity:
+        """The identity the most members answered once enough agree (see the module); its
+        members join `driver`, and so do later ones that serve it. Raises naming each target
+        when too few agree in time; then every transport is closed."""
+        agreed_at: float | None = None
+        with self._condition:
+            while True:
+                now = time.monotonic()
+                members = [listed.member for listed in self._listed if listed.member is not None]
+                agreeing = _agreeing(members)
+                if agreeing >= min_workers and agreed_at is None:
+                    agreed_at = now
+                settled = all(listed.settled for listed in self._listed)
+                if settled or now >= self._deadline:
+                    break
+                if agreed_at is not None and now >= agreed_at + GRACE:
+                    break
+                wake = self._deadline if agreed_at is None else agreed_at + GRACE
+                self._condition.wait(min(wake, self._deadline) - now)
+            if agreeing >= min_workers:
+                choice = choose(members, self._pipeline)
+                self._driver, self._identity = driver, choice.identity
+                self._request = self._handshake(choice.identity.num_records)
+                chosen = {member.name for member in choice.chosen}
+                self._from_names = self._named & chosen
+                self._refused = self._named - chosen
+                for member in choice.left_out:
+                    self._leave_out(member.name, choice.why_left_out(member))
+        if agreeing < min_workers:
+            self.close(every=True)
+            if settled and not agreeing and members:
+                choose(members, self._pipeline)  # raises what no member serving it calls for
+            raise self._failure(min_workers, agreeing)
+        for member in choice.left_out:
+            member.transport.close()
+        for member in choice.chosen:
+            driver.join(member)
+        return choice.identity
+
+    def add(self, spec: TargetSpec) -> None:
+        """Use another worker, after checking it serves the loader's identity: a ValueError
+        naming both identities if not, the worker's error if it cannot serve."""
+        transport = self._connect(spec)
+        try:
+            member = ask(transport, self._request, DEFAULT_TIMEOUT_S)
+            self._join(member)
+        except BaseException:
+            transport.close()
+            raise
+
+    def remove(self, name: str, members: list[str]) -> None:
+        """Stop using member `name` (one of `members`)."""
+        if name not in members:
+            raise ValueError(f"{name} is not a target; targets are {members}")
+        assert self._driver is not None
+        self._driver.leave(name)
+
+    def refresh(self, members: list[str]) -> None:
+        """Look the target names up again; add the addresses that appeared, drop those gone
+        (`members`: the members in use)."""
+        listed = {address for name in self._names for address in self._resolve(name)}
+        with self._condition:
+            gone, self._from_names = self._from_names - listed, self._from_names & listed
+            for name in self._refused - listed:
+                self._left_out.pop(name, None)
+            self._refused &= listed
+            new = sorted(listed - self._from_names)
+        for name in sorted(gone & set(members)):
+            self.remove(name, members)
+        for name in new:
+            if name not in members:
+                try:
+                    self.add(name)
+                except (ValueError, WorkerError) as error:
+                    if isinstance(error, WorkerError) and error.code not in LEAVES_OUT:
+                        raise
+                    with self._condition:
+                        self._refused.add(name)  # asked again at the next refresh
+                        self._leave_out(name, str(error))
+                    continue
+            with self._condition:
+                self._refused.discard(name)
+                self._from_names.add(name)
+
+    def refresh_every(self, seconds: float, members: Callable[[], list[str]]) -> None:
+        """Refresh on a thread of its own every `seconds` until closed (when names are listed)."""
+        if not self._names:
+            return
+
+        def run() -> None:
+            while not self._sleep(seconds):
+                try:
+                    self.refresh(members())
+                except Exception as error:  # a failed lookup must not stop training
+                    _log.warning("re-resolving %s failed: %s", self._names, error)
+
+        threading.Thread(target=run, name="loadax-refresh", daemon=True).start()
+
+    def close(self, every: bool = False) -> None:
+        """Stop asking; close the transports that have not answered (`every`: all of them)."""
+        with self._condition:
+            self._closed = True
+            answered = {id(listed.member.transport) for listed in self._listed if listed.member}
+            transports = [
+                transport
+                for transport in self._transports
+                if every or id(transport) not in answered
+            ]
+            self._condition.notify_all()
+        for transport in transports:
+            transport.close()
+
+    # Members that answer after the build.
+
+    def _join(self, member: Member) -> None:
+        assert self._driver is not None and self._identity is not None
+        require(member, self._identity, self._pipeline)
+        self._driver.join(member)
+        with self._condition:
+            self._left_out.pop(member.name, None)
+
+    def _arrived(self, member: Member) -> None:
+        """A member that answered after the build: used if it serves the loader's identity."""
+        name = member.name
+        try:
+            self._join(member)
+        except (ValueError, WorkerError) as error:
+            member.transport.close()
+            with self._condition:
+                if name in self._named:
+                    self._refused.add(name)
+                self._leave_out(name, str(error))
+            return
+        with self._condition:
+            if name in self._named:
+                self._from_names.add(name)
+        _log.info("%s answered after the build and joined", name)
+
+    def _leave_out(self, name: str, why: str) -> None:
+        _log.warning("left out %s, which cannot serve this loader: %s", name, why)
+        self._left_out[name] = why
+
+    # The start-up threads.
+
+    def _list(self, order: tuple[int, int], name: str) -> _Listed:
+        with self._condition:
+            listed = _Listed(order, name)
+            self._listed.append(listed)
+            self._listed.sort(key=lambda each: each.order)
+            return listed
+
+    def _look_up(self, listed: _Listed, spec: str) -> None:
+        """Ask each address `spec`'s host name lists, once it resolves (until the deadline)."""
+        while True:
+            try:
+                addresses = self._resolve(spec)
+                break
+            except OSError as error:
+                self._note(listed, f"the name does not resolve: {error}")
+                if time.monotonic() >= self._deadline or self._sleep(_RETRY_EVERY):
+                    return  # a refresh looks it up again later
+        asked: list[tuple[_Listed, Transport]] = []
+        for position, address in enumerate(addresses):
+            try:
+                transport = self._connect(address)
+            except ValueError as error:
+                self._note(listed, f"{address}: {error}", settled=True)
+                return
+            with self._condition:
+                if self._closed:
+                    transport.close()
+                    return
+                self._transports.append(transport)
+            asked.append((self._list((listed.order[0], position), transport.name), transport))
+        with self._condition:
+            self._listed.remove(listed)
+            self._condition.notify_all()
+        for each, transport in asked:
+            threading.Thread(
+                target=self._ask, args=(each, transport), name="loadax-startup", daemon=True
+            ).start()
+
+    def _ask(self, listed: _Listed, transport: Transport) -> None:
+        """Ask `transport`'s worker until it answers or refuses, or the membership closes."""
+        while True:
+            started = time.monotonic()
+            try:
+                timeout = max(self._deadline - started, _RETRY_EVERY)
+                member = ask(transport, self._request, timeout)
+            except WorkerError as error:
+                if error.code in UNREACHABLE:
+                    self._note(listed, str(error))
+                    if self._sleep(max(_RETRY_EVERY - (time.monotonic() - started), 0.0)):
+                        return
+                    continue
+                member = Member.refused(transport, error)
+            with self._condition:
+                listed.member, listed.settled, listed.said = member, True, str(member)
+                bound = not self._closed and self._driver is not None
+                self._condition.notify_all()
+            if bound:
+                self._arrived(member)
+            return
+
+    def _note(self, listed: _Listed, said: str, settled: bool = False) -> None:
+        with self._condition:
+            listed.said, listed.settled = said, settled
+            self._condition.notify_all()
+
+    def _sleep(self, seconds: float) -> bool:
+        """Sleep `seconds` unless closed first; whether closed."""
+        with self._condition:
+            return self._condition.wait_for(lambda: self._closed, seconds)
+
+    def _resolve(self, spec: str) -> list[str]:
+        """The addresses a spec with a host name stands for: one per address it lists."""
+        scheme, rest = spec.split("://", 1)
+        host, port = rest.rsplit(":", 1)
+        addresses = [
+            f"{scheme}://[{address}]:{port}" if ":" in address else f"{scheme}://{address}:{port}"
+            for address in self._resolver(host)
+        ]
+        with self._condition:
+            self._named.update(addresses)
+        return addresses
+
+    def _failure(self, min_workers: int, agreeing: int) -> WorkerError:
+        with self._condition:
+            said = "; ".join(f"{listed.name}: {listed.said}" for listed in self._listed)
+            count = len(self._listed)
+        return WorkerError(
+            "UNAVAILABLE",
+            f"{agreeing} of {count} targets agreed to serve pipeline {self._pipeline!r} within "
+            f"{self._timeout:g} s; {min_workers} needed (min_workers). {said}",
+        )
+
+
+def host_is_name(spec: TargetSpec) -> bool:
+    """Whether `spec` is an address whose host is a name (not an IP address)."""
+    if not isinstance(spec, str) or "://" not in spec:
+        return False
+    host = spec.split("://", 1)[1].rsplit(":", 1)[0].strip("[]")
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return True
+    return False
+
+
+def _agreeing(members: Sequence[Member]) -> int:
+    """How many members serve the identity that the most of them serve."""
+    counts: dict[object, int] = {}
+    for member in members:
+        if member.identity is not None:
+            counts[member.identity] = counts.get(member.identity, 0) + 1
+    return max(counts.values(), default=0)

@@ -1,0 +1,508 @@
+"""The fleet's placement policy: which member gets each request, hedges, hangs, back-off,
+quarantine and give-ups, as one state changed only by `Policy.decide(event, now) -> actions`.
+
+It holds no threads, locks, futures or clocks: time comes in as `now` (seconds), so the same
+code runs under the loader's driver, in tests on a virtual clock and in simulations. A batch is
+a pure function of (pipeline, plan, step, rows), so placement may follow load without changing
+a byte. The rules:
+
+- Depth: requests are admitted in order while fewer than `in_flight_per_worker` per member that
+  is up (within its limit) are outstanding, at least one.
+- Each attempt goes to the member expected to answer first: (outstanding + 1) x its recent
+  latency (an EWMA, at least the age of its oldest attempt). None holds more than it announced
+  it takes from one client; RESOURCE_EXHAUSTED is back-pressure: that member is sent less for a
+  while, and nothing counts as failed.
+- Tails: one of the `HEDGED_FRONT` oldest requests (those that block in-order delivery) is also
+  sent to another member once its attempt is `HEDGE_FACTOR` x the fleet's p95 latency old; an
+  attempt older than `HUNG_FACTOR` x p95 (at least `HUNG_FLOOR`) is given up as hung (it still
+  wins if it answers first). Hedges and re-issues of hung attempts add at most `EXTRA_SHARE` of
+  the requests. A member given up `HUNG_STRIKES` times in a row is quarantined.
+- A failed attempt is re-issued elsewhere at once and its member backs off, doubling; a member
+  wrong for this loader (another identity, no such pipeline, a bad reply) is quarantined, and
+  probed with one real request after a doubling back-off; an answer releases it.
+- Work that killed or stalled a worker's process (poison) is asked of at most `poison_retries`
+  other members; then the request fails with `PoisonedRecords`.
+- A request fails once the fleet has answered nothing, or every member has been failing it, for
+  `no_worker_timeout`, naming each member and its last error.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import heapq
+import itertools
+import logging
+from collections import deque
+from collections.abc import Iterable
+from typing import Any
+
+from loadax.client.fleet_events import (
+    Action,
+    Answered,
+    Cancel,
+    Event,
+    Fail,
+    Failed,
+    Joined,
+    Left,
+    Note,
+    Resolve,
+    Send,
+    Submit,
+    Tick,
+    Withdraw,
+)
+from loadax.client.fleet_options import FleetOptions
+from loadax.client.fleet_stats import MemberCounts
+from loadax.client.verdicts import Verdict, verdict
+from loadax.errors import WorkerError
+from loadax.iterators.stats import WorkerStats
+from loadax.wire.failures import PoisonFailed
+
+HEDGE_FACTOR = 1.5
+"""A request this many times the fleet's p95 latency old is also sent to another member."""
+HUNG_FACTOR = 8.0
+"""An attempt this many times the fleet's p95 latency old is given up as hung..."""
+HUNG_FLOOR = 1.0
+"""... but never one younger than this (seconds): scheduling noise is not a hang."""
+HUNG_STRIKES = 3
+"""A member whose attempts are given up this many times in a row is quarantined."""
+HEDGED_FRONT = 2
+"""The oldest requests outstanding that may be hedged: those that block in-order delivery."""
+EXTRA_SHARE = 0.1
+"""Hedges and re-issues of hung attempts add at most this share of the requests."""
+EXTRA_BURST = 4.0
+"""The most extra attempts saved up for a burst of slow requests."""
+LATENCY_SAMPLES = 4
+"""Answers the fleet must have given before its latency sets hedges and hang deadlines (until
+then an attempt may take `request_timeout` and no request is hedged)."""
+DEFAULT_LIMIT = 16
+"""The most requests a member is sent at once when it did not announce its own limit."""
+TICK = 0.02
+"""Seconds between ticks while requests are outstanding."""
+_RECENT = 256  # the fleet's answers whose latencies make its p95
+_EWMA_WEIGHT = 0.2  # of a member's newest answer in its latency estimate
+_STALE_AFTER = 10.0  # seconds without an answer after which a member's latency is forgotten
+
+
+@dataclasses.dataclass
+class _MemberState:
+    name: str
+    announced: int  # the most requests it takes from one client at once
+    limit: int  # what it is sent at most now: lowered by back-pressure, regrown by answers
+    sent: dict[int, float] = dataclasses.field(default_factory=dict)  # attempt -> when
+    latency: float | None = None  # EWMA of its answers, raised to the age of abandoned ones
+    latency_at: float = 0.0
+    down_until: float = 0.0
+    failures: int = 0  # in a row, since its last answer
+    hangs: int = 0  # attempts given up as hung, in a row
+    quarantines: int = 0  # in a row, since its last answer
+    quarantined: str | None = None  # why, until it answers again
+    last_error: str = "none"
+    counts: MemberCounts = dataclasses.field(default_factory=MemberCounts)
+
+    def expected_latency(self, now: float, typical: float) -> float:
+        """Its recent latency (`typical` when it has none or it is stale), but at least the age
+        of its oldest attempt outstanding: a member slow to answer is known to be slow before
+        it answers."""
+        latency = typical
+        if self.latency is not None and now - self.latency_at <= _STALE_AFTER:
+            latency = self.latency
+        return max(latency, now - min(self.sent.values())) if self.sent else latency
+
+
+@dataclasses.dataclass(eq=False)
+class _Attempt:
+    request: _Request
+    member: _MemberState
+    sent: float
+    given_up: bool = False  # judged hung: it may still answer, and wins if first
+
+
+@dataclasses.dataclass(eq=False)
+class _Request:
+    id: int
+    step: int
+    started: float = 0.0  # when it was admitted
+    attempts: dict[str, int] = dataclasses.field(default_factory=dict)  # member -> attempt
+    failing_since: float | None = None
+    poisoned: list[str] = dataclasses.field(default_factory=list)  # members that said poison
+
+
+class Policy:
+    """The fleet's state and rules (see the module). Not thread-safe: one owner calls `decide`.
+
+    >>> from loadax.client.fleet_events import Answered, Joined, Submit
+    >>> policy = Policy(FleetOptions())
+    >>> policy.decide(Joined("a", limit=4), now=0.0)
+    []
+    >>> policy.decide(Submit(request=1, step=0), now=0.0)
+    [Send(attempt=1, request=1, member='a')]
+    >>> policy.decide(Answered(attempt=1), now=0.5)
+    [Resolve(request=1, attempt=1)]
+    """
+
+    def __init__(self, options: FleetOptions) -> None:
+        self.options = options
+        self._members: dict[str, _MemberState] = {}
+        self._waiting: deque[_Request] = deque()  # submitted, beyond the depth
+        self._admitted: dict[int, _Request] = {}  # outstanding, in step order
+        self._attempts: dict[int, _Attempt] = {}
+        self._ids = itertools.count(1)
+        self._recent: deque[float] = deque(maxlen=_RECENT)
+        self._answers = 0
+        self._p95: float | None = None
+        self._extra_credit = EXTRA_BURST
+        self._answered_at = 0.0  # when the fleet last answered (or the first member joined)
+        self._actions: list[Action] = []
+        self._now = 0.0  # the time of the event being applied
+
+    # What others read.
+
+    @property
+    def members(self) -> list[str]:
+        return list(self._members)
+
+    def depth(self, now: float) -> int:
+        """How many requests to keep outstanding: `in_flight_per_worker` per member that is up,
+        within its limit (at least 1, so that requests still find out when none is)."""
+        per_member = self.options.in_flight_per_worker
+        total = sum(
+            min(member.limit, per_member)
+            for member in self._members.values()
+            if member.quarantined is None and member.down_until <= now
+        )
+        return max(total, 1)
+
+    def wake_at(self, now: float) -> float | None:
+        """When the policy next wants a `Tick` (None: not until another event)."""
+        return now + TICK if self._admitted or self._waiting else None
+
+    def member_stats(self) -> dict[str, WorkerStats]:
+        return {
+            name: member.counts.stats(member.quarantined) for name, member in self._members.items()
+        }
+
+    # The one door.
+
+    def decide(self, event: Event, now: float) -> list[Action]:
+        """Apply `event`, which happened at `now`; what the driver must do about it."""
+        self._actions, self._now = [], now
+        if isinstance(event, Submit):
+            self._waiting.append(_Request(event.request, event.step))
+        elif isinstance(event, Withdraw):
+            self._withdraw(event.request)
+        elif isinstance(event, Answered | Failed):
+            self._settle(event, now)
+        elif isinstance(event, Tick):
+            self._tick(now)
+        elif isinstance(event, Joined):
+            if event.member not in self._members:
+                if not self._members:
+                    self._answered_at = now
+                announced = event.limit or DEFAULT_LIMIT
+                self._members[event.member] = _MemberState(event.member, announced, announced)
+        elif isinstance(event, Left):
+            self._leave(event.member, now)
+        self._admit(now)
+        return self._actions
+
+    # Requests.
+
+    def _admit(self, now: float) -> None:
+        depth = self.depth(now)
+        while self._waiting and len(self._admitted) < depth:
+            request = self._waiting.popleft()
+            request.started = now
+            self._admitted[request.id] = request
+            # Each first attempt earns a share of an extra one.
+            self._extra_credit = min(self._extra_credit + EXTRA_SHARE, EXTRA_BURST)
+            self._dispatch(request, now)
+
+    def _withdraw(self, request_id: int) -> None:
+        for request in self._waiting:
+            if request.id == request_id:
+                self._waiting.remove(request)
+                return
+        request = self._admitted.get(request_id)
+        if request is not None:
+            self._finish(request, None)
+
+    def _finish(self, request: _Request, outcome: Resolve | Fail | None) -> None:
+        """`request` is over (`outcome` None: withdrawn); its other attempts are cancelled."""
+        del self._admitted[request.id]
+        for attempt_id in request.attempts.values():
+            attempt = self._attempts.pop(attempt_id, None)
+            if attempt is not None:
+                self._abandon(attempt_id, attempt)
+        if outcome is not None:
+            self._actions.append(outcome)
+
+    def _abandon(self, attempt_id: int, attempt: _Attempt) -> None:
+        """An attempt no longer needed: cancelled; its member is at least as slow as its age."""
+        member = attempt.member
+        member.sent.pop(attempt_id, None)
+        if member.name in self._members:
+            member.latency = max(member.latency or 0.0, self._now - attempt.sent)
+            member.latency_at = self._now
+        self._actions.append(Cancel(attempt_id))
+
+    def _dispatch(self, request: _Request, now: float, extra: bool = False) -> None:
+        """Send an attempt to the best member free for it; an `extra` one only within the share
+        of extra attempts."""
+        if self._gave_up(request, now):
+            return
+        if extra and self._extra_credit < 1.0:
+            return
+        if request.poisoned and (
+            len(request.poisoned) + len(request.attempts) > self.options.poison_retries
+        ):
+            return  # as many members as may have it are trying it, or have failed it
+        busy = set(request.attempts)
+        # Another member, if there is one, when one has failed it as poison.
+        member = self._choose(busy | set(request.poisoned), now)
+        if member is None and request.poisoned:
+            member = self._choose(busy, now)
+        if member is None:
+            return  # the next tick tries again
+        if extra:
+            self._extra_credit -= 1.0
+        attempt_id = next(self._ids)
+        self._attempts[attempt_id] = _Attempt(request, member, now)
+        request.attempts[member.name] = attempt_id
+        member.sent[attempt_id] = now
+        member.counts.sent()
+        self._actions.append(Send(attempt_id, request.id, member.name))
+
+    def _choose(self, busy: set[str], now: float) -> _MemberState | None:
+        """The member expected to answer first, not in `busy`, with room."""
+        members = [
+            member
+            for member in self._members.values()
+            if member.down_until <= now
+            and member.name not in busy
+            and len(member.sent) < member.limit
+        ]
+        if not members:
+            return None
+        known = [
+            member.latency
+            for member in members
+            if member.latency is not None and now - member.latency_at <= _STALE_AFTER
+        ]
+        typical = min(known, default=0.0)
+        chosen = min(
+            members,
+            key=lambda member: (
+                (len(member.sent) + 1) * member.expected_latency(now, typical),
+                len(member.sent),
+            ),
+        )
+        if chosen.quarantined is not None:
+            # This request probes it: the others keep away until it answers.
+            chosen.down_until = now + self._quarantine_backoff(chosen)
+        return chosen
+
+    def _gave_up(self, request: _Request, now: float) -> bool:
+        """Fail `request` once the fleet has answered nothing, or every member has been failing
+        it, for `no_worker_timeout`."""
+        limit = self.options.no_worker_timeout
+        silent = now - max(request.started, self._answered_at)
+        failing = 0.0 if request.failing_since is None else now - request.failing_since
+        if max(silent, failing) < limit:
+            return False
+        error = WorkerError(
+            "UNAVAILABLE",
+            f"no worker served step {request.step} within {limit:g} s; "
+            f"targets: {self._describe()}",
+        )
+        self._finish(request, Fail(request.id, error))
+        return True
+
+    def _describe(self) -> str:
+        return (
+            "; ".join(
+                f"{name} (last error: {member.last_error}"
+                f"{'; quarantined' if member.quarantined is not None else ''})"
+                for name, member in self._members.items()
+            )
+            or "no targets"
+        )
+
+    # Answers.
+
+    def _settle(self, event: Answered | Failed, now: float) -> None:
+        attempt = self._attempts.pop(event.attempt, None)
+        if attempt is None:
+            return  # cancelled, or its member left: the request does not wait for it
+        request, member = attempt.request, attempt.member
+        del request.attempts[member.name]
+        member.sent.pop(event.attempt, None)
+        if isinstance(event, Answered):
+            age = now - attempt.sent
+            member.latency = (
+                age
+                if member.latency is None
+                else (1 - _EWMA_WEIGHT) * member.latency + _EWMA_WEIGHT * age
+            )
+            member.latency_at = self._answered_at = now
+            member.limit = min(member.limit + 1, member.announced)
+            member.counts.answered(age)
+            self._note_latency(age)
+            self._succeeded(member)
+            # Even an attempt given up as hung wins if it answers first.
+            self._finish(request, Resolve(request.id, event.attempt))
+            return
+        self._failed_attempt(request, attempt, event.error, now)
+
+    def _failed_attempt(
+        self, request: _Request, attempt: _Attempt, error: BaseException, now: float
+    ) -> None:
+        member = attempt.member
+        judged = verdict(error)
+        if judged is Verdict.FATAL:
+            self._finish(request, Fail(request.id, error))
+            return
+        self._note_failure(request, now)
+        if isinstance(error, PoisonFailed):
+            request.poisoned.append(member.name)
+            if len(request.poisoned) > self.options.poison_retries:
+                self._finish(request, Fail(request.id, error.rebuild(request.poisoned)))
+                return
+            self._note(logging.WARNING, f"{member.name} answered: {error.message}")
+        if judged is Verdict.QUARANTINE:
+            self._quarantine(member, str(error), now)
+        elif judged is Verdict.PRESSURE:
+            member.limit = max(len(member.sent), 1)
+            self._back_off(member, str(error), now)
+        elif not attempt.given_up:  # a given-up attempt was counted when given up
+            self._back_off(member, str(error), now)
+            member.counts.failed(str(error))
+        if all(self._attempts[other].given_up for other in request.attempts.values()):
+            self._dispatch(request, now)  # at once: only this member is kept off
+
+    def _note_latency(self, seconds: float) -> None:
+        self._recent.append(seconds)
+        self._answers += 1
+        # Every answer while they are few, then every 16th.
+        if self._answers >= LATENCY_SAMPLES and (
+            self._answers < _RECENT or self._answers % 16 == 0
+        ):
+            ordered = sorted(self._recent)
+            self._p95 = ordered[int(0.95 * (len(ordered) - 1))]
+
+    def _note_failure(self, request: _Request, now: float) -> None:
+        if request.failing_since is None:
+            request.failing_since = now
+
+    # Members.
+
+    def _back_off(self, member: _MemberState, error: str, now: float) -> None:
+        """A transient failure: `member` backs off briefly (a quarantine stays until it answers)."""
+        member.failures += 1
+        backoff = self.options.backoff_initial * 2 ** (member.failures - 1)
+        member.down_until = now + min(backoff, self.options.backoff_max)
+        member.last_error = error
+
+    def _quarantine(self, member: _MemberState, error: str, now: float) -> None:
+        """`member` is wrong for this loader: kept off until a longer back-off, then probed."""
+        member.quarantines += 1
+        backoff = self._quarantine_backoff(member)
+        member.down_until = now + backoff
+        member.last_error = error
+        member.counts.failed(error)
+        if member.quarantined is None:
+            self._note(
+                logging.WARNING,
+                f"quarantined {member.name}: it is tried again after {backoff:g} s, up to every "
+                f"{self.options.quarantine_max:g} s until it answers; its requests go to the "
+                f"other workers. It answered: {error}",
+            )
+        member.quarantined = error
+
+    def _quarantine_backoff(self, member: _MemberState) -> float:
+        options = self.options
+        backoff = options.quarantine_initial * 2 ** max(member.quarantines - 1, 0)
+        return float(min(backoff, options.quarantine_max))
+
+    def _succeeded(self, member: _MemberState) -> None:
+        if member.quarantined is not None:
+            self._note(logging.INFO, f"{member.name} answered again: out of quarantine")
+        member.failures, member.hangs, member.quarantines, member.down_until = 0, 0, 0, 0.0
+        member.quarantined = None
+
+    def _leave(self, name: str, now: float) -> None:
+        member = self._members.pop(name, None)
+        if member is None:
+            return
+        for attempt_id in list(member.sent):
+            attempt = self._attempts.pop(attempt_id)
+            request = attempt.request
+            del request.attempts[name]
+            if all(self._attempts[other].given_up for other in request.attempts.values()):
+                self._dispatch(request, now)
+
+    # Time.
+
+    def _tick(self, now: float) -> None:
+        hung, hedge = self._thresholds()
+        # Requests go out in step order: the oldest ones outstanding block the in-order delivery
+        # of the others, and are the only ones worth hedging.
+        requests = list(self._admitted.values())
+        front = heapq.nsmallest(HEDGED_FRONT, requests, key=lambda request: request.started)
+        for request in requests:
+            if request.id in self._admitted:
+                self._check(request, now, hung, hedge if request in front else None)
+
+    def _thresholds(self) -> tuple[float, float | None]:
+        """(the age at which an attempt is hung, the age at which a request is hedged)."""
+        hung = self.options.request_timeout
+        if self._p95 is not None:
+            hung = min(hung, max(HUNG_FLOOR, HUNG_FACTOR * self._p95))
+        hedge = self.options.hedge_after
+        if hedge == "auto":
+            return hung, None if self._p95 is None else HEDGE_FACTOR * self._p95
+        return hung, hedge
+
+    def _check(self, request: _Request, now: float, hung: float, hedge: float | None) -> None:
+        """Give up hung attempts, re-issue or hedge the request, or fail it."""
+        if self._gave_up(request, now):
+            return
+        attempts = [self._attempts[attempt] for attempt in request.attempts.values()]
+        for attempt in attempts:
+            if not attempt.given_up and now - attempt.sent >= hung:
+                attempt.given_up = True
+                self._note_failure(request, now)
+                age = now - attempt.sent
+                self._hung(attempt.member, f"no answer within {hung:.3g} s (after {age:.3g} s)", now)
+        live = [attempt for attempt in attempts if not attempt.given_up]
+        if not live:
+            # Freely after failures, when a hung attempt's member is quarantined, or at
+            # `request_timeout`; else as an extra attempt.
+            timeout = self.options.request_timeout
+            free = any(
+                attempt.member.quarantined is not None or now - attempt.sent >= timeout
+                for attempt in attempts
+            )
+            self._dispatch(request, now, extra=bool(attempts) and not free)
+        elif len(live) == 1 and hedge is not None and now - live[0].sent >= hedge:
+            self._dispatch(request, now, extra=True)
+
+    def _hung(self, member: _MemberState, error: str, now: float) -> None:
+        """An attempt of `member` was given up: after `HUNG_STRIKES` in a row, quarantined."""
+        member.hangs += 1
+        if member.hangs >= HUNG_STRIKES:
+            self._quarantine(member, f"{error} ({member.hangs} times in a row)", now)
+        else:
+            self._back_off(member, error, now)
+            member.counts.failed(error)
+
+    def _note(self, level: int, message: str) -> None:
+        self._actions.append(Note(level, message))
+
+
+def replay(options: FleetOptions, recorded: Iterable[tuple[float, Event, Any]]) -> list[list[Action]]:
+    """The decisions a new policy makes from the events of a recorded run, at their times: the
+    run's own decisions, since the policy depends on nothing else."""
+    policy = Policy(options)
+    return [policy.decide(event, now) for now, event, _ in recorded]

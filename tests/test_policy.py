@@ -1,0 +1,327 @@
+"""The fleet's placement policy, rule by rule, on a virtual clock: every time is an argument, in
+seconds of test time, and nothing sleeps. Each test fails if its rule is taken out."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from typing import Any
+
+import pytest
+
+from loadax.client.fleet_events import (
+    Action,
+    Answered,
+    Cancel,
+    Event,
+    Fail,
+    Failed,
+    Joined,
+    Left,
+    Note,
+    Resolve,
+    Send,
+    Submit,
+    Tick,
+    Withdraw,
+)
+from loadax.client.fleet_options import FleetOptions
+from loadax.client.policy import (
+    EXTRA_BURST,
+    EXTRA_SHARE,
+    HEDGE_FACTOR,
+    HUNG_FLOOR,
+    HUNG_STRIKES,
+    LATENCY_SAMPLES,
+    TICK,
+    Policy,
+    replay,
+)
+from loadax.errors import PoisonedRecords, WorkerError
+from loadax.wire.failures import PoisonFailed
+
+
+@dataclasses.dataclass
+class Fleet:
+    """A policy under test, its clock, and what it decided."""
+
+    policy: Policy
+    now: float = 0.0
+    log: list[tuple[float, Event, list[Action]]] = dataclasses.field(default_factory=list)
+    requests: int = 0
+
+    def tell(self, event: Event) -> list[Action]:
+        actions = self.policy.decide(event, self.now)
+        self.log.append((self.now, event, actions))
+        return actions
+
+    def at(self, seconds: float) -> list[Action]:
+        """Move the clock to `seconds`, ticking every `TICK` on the way; every action."""
+        actions: list[Action] = []
+        while self.now + TICK <= seconds:
+            self.now += TICK
+            actions += self.tell(Tick())
+        self.now = seconds
+        return actions + self.tell(Tick())
+
+    def submit(self, count: int = 1) -> list[Action]:
+        actions: list[Action] = []
+        for _ in range(count):
+            self.requests += 1
+            actions += self.tell(Submit(self.requests, self.requests - 1))
+        return actions
+
+    def answer_all(self, sends: list[Action], after: float) -> list[Action]:
+        """Answer every `Send` of `sends` `after` seconds later."""
+        self.now += after
+        actions: list[Action] = []
+        for send in sends:
+            if isinstance(send, Send):
+                actions += self.tell(Answered(send.attempt))
+        return actions
+
+
+def fleet(members: dict[str, int], **options: Any) -> Fleet:
+    """A fleet of `members` (name -> announced limit) under `options`."""
+    made = Fleet(Policy(FleetOptions(**options)))
+    for name, limit in members.items():
+        made.tell(Joined(name, limit))
+    return made
+
+
+def sends(actions: list[Action]) -> list[Send]:
+    return [action for action in actions if isinstance(action, Send)]
+
+
+def warm_up(made: Fleet, latency: float, member: str | None = None) -> None:
+    """Enough answers of `latency` seconds for the fleet's p95 to be known."""
+    for _ in range(LATENCY_SAMPLES):
+        (send,) = sends(made.submit())
+        assert member is None or send.member == member
+        made.now += latency
+        assert made.tell(Answered(send.attempt)) == [Resolve(send.request, send.attempt)]
+
+
+def test_each_request_goes_to_the_member_expected_to_answer_first() -> None:
+    made = fleet({"slow": 16, "fast": 16}, in_flight_per_worker=16)
+    # Both answer once: "slow" in 1 s, "fast" in 0.1 s.
+    first = sends(made.submit(2))
+    assert {send.member for send in first} == {"slow", "fast"}
+    for send in sorted(first, key=lambda send: send.member != "fast"):
+        made.now += 0.1 if send.member == "fast" else 0.9
+        made.tell(Answered(send.attempt))
+    # With up to 9 outstanding, "fast" (0.1 s each) still beats "slow" with none (1 s).
+    chosen = [send.member for send in sends(made.submit(9))]
+    assert chosen == ["fast"] * 9
+    assert sends(made.submit())[0].member == "slow"
+
+
+def test_depth_is_in_flight_per_worker_within_each_announced_limit() -> None:
+    made = fleet({"a": 2, "b": 16}, in_flight_per_worker=8)
+    assert made.policy.depth(made.now) == 2 + 8
+    sent = sends(made.submit(20))
+    assert len(sent) == 10  # the others wait for answers
+    assert sum(send.member == "a" for send in sent) <= 2
+    # An answer lets the next request out.
+    assert len(sends(made.tell(Answered(sent[0].attempt)))) == 1
+
+
+def test_the_two_oldest_requests_are_hedged_at_one_and_a_half_p95() -> None:
+    made = fleet({"a": 16, "b": 16})
+    warm_up(made, 0.1)
+    started = made.now
+    first = sends(made.submit(3))
+    hedge_at = started + HEDGE_FACTOR * 0.1
+    assert sends(made.at(hedge_at - 2 * TICK)) == []
+    hedges = sends(made.at(hedge_at + TICK))
+    # The two oldest, each on the member it was not sent to; the third waits its turn.
+    assert sorted(send.request for send in hedges) == [first[0].request, first[1].request]
+    for hedge in hedges:
+        (original,) = [send for send in first if send.request == hedge.request]
+        assert hedge.member != original.member
+    # The first answer wins; the other attempt is cancelled.
+    actions = made.tell(Answered(hedges[0].attempt))
+    (original,) = [send for send in first if send.request == hedges[0].request]
+    assert actions[0] == Cancel(original.attempt)
+    assert Resolve(hedges[0].request, hedges[0].attempt) in actions
+
+
+def test_no_hedge_before_the_fleet_has_answered_enough() -> None:
+    made = fleet({"a": 16, "b": 16})
+    made.submit(2)
+    assert sends(made.at(30.0)) == []  # within request_timeout, nothing is known to be late
+
+
+def test_an_attempt_is_hung_at_eight_p95_but_never_under_a_second() -> None:
+    made = fleet({"a": 16, "b": 16}, hedge_after=None)
+    warm_up(made, 0.01)  # 8 x p95 = 0.08 s: the floor of 1 s applies
+    started = made.now
+    (first,) = sends(made.submit())
+    assert sends(made.at(started + HUNG_FLOOR - 2 * TICK)) == []
+    (again,) = sends(made.at(started + HUNG_FLOOR + TICK))
+    assert again.request == first.request and again.member != first.member
+    # The hung attempt still wins if it answers first.
+    made.now += 0.01
+    actions = made.tell(Answered(first.attempt))
+    assert Resolve(first.request, first.attempt) in actions
+    assert Cancel(again.attempt) in actions
+
+
+def test_extra_attempts_stay_within_a_tenth_of_the_requests() -> None:
+    made = fleet({"a": 64, "b": 64}, in_flight_per_worker=64)
+    warm_up(made, 0.1)
+    extra = 0
+    submitted = 0
+    for _ in range(50):  # every request is slow: each would be hedged without the cap
+        batch = sends(made.submit(4))
+        submitted += 4
+        later = made.at(made.now + 0.3)
+        extra += len(sends(later))
+        made.answer_all(batch + later, after=0.0)
+    assert 0 < extra <= EXTRA_BURST + EXTRA_SHARE * submitted
+
+
+def test_three_hangs_in_a_row_quarantine_a_member_until_a_probe() -> None:
+    made = fleet(
+        {"frozen": 16, "good": 16},
+        hedge_after=None,
+        quarantine_initial=1.0,
+        backoff_initial=5.0,
+        backoff_max=5.0,
+    )
+    warm_up(made, 0.01)
+    notes: list[Note] = []
+    for strike in range(HUNG_STRIKES):
+        made.now += 11.0  # latencies forgotten: the first-listed member is asked first
+        (send,) = sends(made.submit())
+        assert send.member == "frozen"
+        actions = made.at(made.now + HUNG_FLOOR + TICK)
+        notes += [action for action in actions if isinstance(action, Note)]
+        (retry,) = sends(actions)
+        assert retry.member == "good"
+        assert made.policy.member_stats()["frozen"].failures == strike + 1
+        made.tell(Answered(retry.attempt))
+    assert [note.level for note in notes] == [logging.WARNING]
+    assert notes[0].message.startswith("quarantined frozen: it is tried again after 1 s")
+    assert made.policy.member_stats()["frozen"].quarantined is not None
+    assert made.policy.depth(made.now) == 2  # only the healthy member counts
+    # Kept off for its back-off even when nothing else can take a request ...
+    quarantined_at = made.now - TICK
+    (send,) = sends(made.submit())
+    assert send.member == "good"
+    assert sends(made.tell(Failed(send.attempt, WorkerError("UNAVAILABLE", "reset")))) == []
+    assert sends(made.at(quarantined_at + 1.0 - TICK)) == []
+    # ... then one request probes it.
+    (probe,) = sends(made.at(quarantined_at + 1.0 + TICK))
+    assert probe.member == "frozen"
+
+
+def test_pressure_sends_a_member_less_and_counts_no_failure() -> None:
+    made = fleet({"full": 16, "other": 16}, in_flight_per_worker=4, backoff_initial=0.5)
+    sent = sends(made.submit(8))
+    pressed = [send for send in sent if send.member == "full"]
+    actions = made.tell(Failed(pressed[0].attempt, WorkerError("RESOURCE_EXHAUSTED", "full")))
+    (again,) = sends(actions)
+    assert again.member == "other"
+    stats = made.policy.member_stats()["full"]
+    assert (stats.failures, stats.quarantined) == (0, None)
+    # Down for its back-off, then sent no more than it held when it pushed back.
+    assert made.policy.depth(made.now) == 4
+    made.at(made.now + 0.6)
+    assert made.policy.depth(made.now) == 4 + len(pressed) - 1
+
+
+def test_a_failed_attempt_is_reissued_at_once_and_its_member_backs_off() -> None:
+    made = fleet({"a": 16, "b": 16}, backoff_initial=0.5, backoff_max=0.5)
+    (send,) = sends(made.submit())
+    (again,) = sends(made.tell(Failed(send.attempt, WorkerError("UNAVAILABLE", "reset"))))
+    assert again.member != send.member
+    assert made.policy.member_stats()[send.member].failures == 1
+    made.tell(Answered(again.attempt))
+    made.now += 0.4  # still backing off: everything goes to the other member
+    assert {s.member for s in sends(made.submit(3))} == {again.member}
+
+
+def test_a_wrong_member_is_quarantined_probed_and_released_by_an_answer() -> None:
+    made = fleet({"wrong": 16, "good": 16}, quarantine_initial=2.0)
+    sent = sends(made.submit(2))
+    (wrong,) = [send for send in sent if send.member == "wrong"]
+    error = WorkerError("FAILED_PRECONDITION", "another identity")
+    actions = made.tell(Failed(wrong.attempt, error))
+    assert sends(actions)[0].member == "good"
+    assert any(isinstance(action, Note) for action in actions)
+    made.answer_all(sent + actions, after=0.01)
+    made.now += 2.0
+    (probe,) = sends(made.submit())  # "wrong" expects no one: it is probed
+    assert probe.member == "wrong"
+    actions = made.tell(Answered(probe.attempt))
+    assert Note(logging.INFO, "wrong answered again: out of quarantine") in actions
+    assert made.policy.member_stats()["wrong"].quarantined is None
+
+
+@pytest.mark.parametrize("code", ["OUT_OF_RANGE", "INVALID_ARGUMENT"])
+def test_a_wrong_request_fails_at_once(code: str) -> None:
+    made = fleet({"a": 16, "b": 16})
+    (send,) = sends(made.submit())
+    error = WorkerError(code, "no such step")
+    assert made.tell(Failed(send.attempt, error)) == [Fail(send.request, error)]
+
+
+def test_poison_is_asked_of_poison_retries_more_members_then_fails() -> None:
+    made = fleet({"a": 16, "b": 16, "c": 16}, poison_retries=1)
+    (first,) = sends(made.submit())
+    poison = PoisonFailed.of("the batch of step 0", [0], [7], [0], "exited (-9)")
+    (second,) = sends(made.tell(Failed(first.attempt, poison)))
+    assert second.member != first.member
+    actions = made.tell(Failed(second.attempt, poison))
+    (fail,) = [action for action in actions if isinstance(action, Fail)]
+    assert isinstance(fail.error, PoisonedRecords)
+    assert sends(actions) == []  # the third member is never asked
+
+
+def test_a_request_fails_when_the_fleet_is_silent_for_no_worker_timeout() -> None:
+    made = fleet({"a": 16}, no_worker_timeout=5.0, request_timeout=100.0)
+    (send,) = sends(made.submit())
+    assert made.at(5.0 - TICK) == []
+    actions = made.at(5.0)
+    (fail,) = [action for action in actions if isinstance(action, Fail)]
+    assert isinstance(fail.error, WorkerError)
+    assert fail.error.message.startswith("no worker served step 0 within 5 s; targets: a")
+    assert Cancel(send.attempt) in actions
+
+
+def test_a_member_that_leaves_has_its_requests_reissued() -> None:
+    made = fleet({"a": 16, "b": 16})
+    sent = sends(made.submit(2))
+    (gone,) = [send for send in sent if send.member == "a"]
+    (again,) = sends(made.tell(Left("a")))
+    assert (again.request, again.member) == (gone.request, "b")
+    assert made.tell(Answered(gone.attempt)) == []  # a late answer of a member gone
+
+
+def test_a_withdrawn_request_cancels_its_attempt() -> None:
+    made = fleet({"a": 16})
+    (send,) = sends(made.submit())
+    assert made.tell(Withdraw(send.request)) == [Cancel(send.attempt)]
+    assert made.policy.wake_at(made.now) is None
+
+
+def test_a_recorded_run_replays_to_the_same_decisions() -> None:
+    made = fleet({"a": 4, "b": 4, "c": 4}, poison_retries=1)
+    warm_up(made, 0.05)
+    outstanding: list[Send] = []
+    for round_ in range(20):
+        outstanding += sends(made.submit(6))
+        if round_ % 5 == 0:
+            failed = outstanding.pop(0)
+            error = WorkerError("UNAVAILABLE", "reset")
+            outstanding += sends(made.tell(Failed(failed.attempt, error)))
+        outstanding += sends(made.at(made.now + 0.2))
+        made.now += 0.01
+        answering, outstanding = outstanding, []
+        for send in answering:
+            outstanding += sends(made.tell(Answered(send.attempt)))
+    decided = [repr(actions) for _, _, actions in made.log]
+    again = [repr(actions) for actions in replay(made.policy.options, made.log)]
+    assert again == decided
+    assert sum(len(actions) for _, _, actions in made.log) > 100
