@@ -21,10 +21,11 @@ import pytest
 from helpers import assert_batches_equal
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from verifying import Verifying
 
 import loadax
 from loadax.buffers import BufferPool
-from loadax.client.targets import GrpcTarget
+from loadax.client.transports.grpc import GrpcTransport
 from loadax.errors import WorkerError
 from loadax.plan.work import StepWork
 from loadax.server.grpc_server import GrpcServer
@@ -98,7 +99,7 @@ def test_a_batch_of_large_and_small_arrays_decodes_from_its_segments() -> None:
 class Crafted:
     """A gRPC server on loopback whose `STREAM_BATCH` sends `messages(request)` and whose
     `LOAD_BATCH_PAYLOAD` answers `reply(request)`, the methods called in `called`; and a client
-    target of it that streams every batch."""
+    transport to it that streams every batch, with its decoder."""
 
     address: str
     messages: Callable[[wire.BatchRequest], Iterable[bytes]] = lambda request: ()
@@ -107,12 +108,16 @@ class Crafted:
     ended: threading.Event = dataclasses.field(default_factory=threading.Event)
 
     def __post_init__(self) -> None:
-        self.target = GrpcTarget(f"grpc://{self.address}", stream_from_bytes=0)
+        self.target = Verifying(GrpcTransport(f"grpc://{self.address}", stream_from_bytes=0))
 
-    def load(self, request: wire.BatchRequest, target: GrpcTarget | None = None) -> Any:
-        return (target or self.target).load_batch(request).result(WAIT_S)
+    def load(
+        self, request: wire.BatchRequest, target: Verifying[GrpcTransport] | None = None
+    ) -> Any:
+        return (target or self.target).load(request, WAIT_S)
 
-    def refusal(self, request: wire.BatchRequest, target: GrpcTarget | None = None) -> str:
+    def refusal(
+        self, request: wire.BatchRequest, target: Verifying[GrpcTransport] | None = None
+    ) -> str:
         """The message of the DATA_LOSS error that refuses the reply."""
         with pytest.raises(WorkerError) as refused:
             self.load(request, target)
@@ -263,7 +268,9 @@ def test_a_pipelines_next_batch_is_streamed_as_its_last_ones_size_says(
     crafted: Crafted, large: bool
 ) -> None:
     asked, batch, size = true_replies(crafted)
-    target = GrpcTarget(crafted.target.name, stream_from_bytes=size if large else size + 1)
+    target = Verifying(
+        GrpcTransport(crafted.target.name, stream_from_bytes=size if large else size + 1)
+    )
     try:
         for _ in range(3):
             assert_batches_equal([crafted.load(asked, target)], [batch])
@@ -285,7 +292,8 @@ def test_a_malformed_reply_in_one_message_is_data_loss_naming_what_is_wrong(
     crafted: Crafted, reply: bytes, problem: str
 ) -> None:
     asked, batch, _ = true_replies(crafted)
-    target = GrpcTarget(crafted.target.name)  # streams the first batch, then asks in one reply
+    # Streams the first batch, then asks in one reply.
+    target = Verifying(GrpcTransport(crafted.target.name))
     try:
         assert_batches_equal([crafted.load(asked, target)], [batch])
         crafted.reply = lambda request: reply
@@ -305,7 +313,7 @@ def test_a_client_that_gives_up_on_a_hung_stream_ends_the_call(crafted: Crafted)
         hung.wait(WAIT_S)  # a worker that stops sending, as a frozen one does
 
     crafted.messages = hang
-    pending = crafted.target.load_batch(asked)
+    pending = crafted.target.transport.send(asked)
     assert started.wait(WAIT_S)
     assert pending.cancel()  # what the client does with a request to a hung worker
     assert crafted.ended.wait(WAIT_S)  # the worker's call ends with it
@@ -336,7 +344,7 @@ def blobs() -> Iterator[tuple[Worker, str]]:
         worker.close()
 
 
-def blob_request(target: GrpcTarget, step: int) -> wire.BatchRequest:
+def blob_request(target: Verifying[GrpcTransport], step: int) -> wire.BatchRequest:
     handshake = wire.HandshakeRequest(
         library_version=loadax.__version__, pipeline="blobs", plan=plan_to_wire(BLOBS)
     )
@@ -349,11 +357,11 @@ def test_a_large_batch_is_the_local_batch_and_its_buffer_is_reused(
 ) -> None:
     _, address = blobs
     pool = BufferPool()
-    target = GrpcTarget(f"grpc://{address}", buffers=pool)
+    target = Verifying(GrpcTransport(f"grpc://{address}", buffers=pool))
     local = pipelines.blobs(16, floats=BLOB_FLOATS)
     try:
         for step in range(2):
-            batch = target.load_batch(blob_request(target, step)).result(WAIT_S)
+            batch = target.load(blob_request(target, step), WAIT_S)
             assert batch["x"].nbytes >= STREAM_FROM_BYTES
             assert_batches_equal([batch], [local.load(BLOBS, step)])
             del batch  # its buffer is free again: the next batch is received into it
@@ -368,7 +376,7 @@ def test_a_cancelled_stream_frees_its_budget_and_its_place_at_once(
     worker, address = blobs
     budget = worker.memory_budget
     assert budget is not None
-    target = GrpcTarget(f"grpc://{address}")
+    target = Verifying(GrpcTransport(f"grpc://{address}"))
     requests = [blob_request(target, step) for step in range(2)]
     target.close()
     with grpc.insecure_channel(address) as channel:

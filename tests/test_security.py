@@ -25,12 +25,14 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from helpers import assert_batches_equal
+from verifying import Verifying
 from workers import WorkerProcess, worker_env, worker_with_settings
 
 import loadax
 from loadax.client.security import ClientSecurity
-from loadax.client.targets import GrpcTarget, Target, connect
-from loadax.client.zmq_transport import ZmqTarget
+from loadax.client.transports import Transport, connect
+from loadax.client.transports.grpc import GrpcTransport
+from loadax.client.transports.zmq import ZmqTransport
 from loadax.errors import WorkerError
 from loadax.plan.planner import Plan
 from loadax.server.config import load_config
@@ -223,11 +225,11 @@ def mutual(tmp_path_factory: pytest.TempPathFactory, pki: Pki) -> Iterator[Worke
 
 
 @pytest.fixture
-def open_target() -> Iterator[Callable[..., Target]]:
+def open_target() -> Iterator[Callable[..., Transport]]:
     """`connect(address, security)`, closed at the end of the test."""
-    targets: list[Target] = []
+    targets: list[Transport] = []
 
-    def open_one(address: str | None, security: ClientSecurity | None = None) -> Target:
+    def open_one(address: str | None, security: ClientSecurity | None = None) -> Transport:
         assert address is not None
         targets.append(connect(address, security))
         return targets[-1]
@@ -243,13 +245,14 @@ def handshake_request() -> wire.HandshakeRequest:
     )
 
 
-def loads_the_local_batch(target: Target) -> None:
-    """The target answers a handshake, and step 3 is what the pipeline loads locally."""
+def loads_the_local_batch(transport: Transport) -> None:
+    """The worker answers a handshake, and step 3 is what the pipeline loads locally."""
+    target = Verifying(transport)
     fingerprint = target.handshake(handshake_request(), timeout=TIMEOUT).fingerprint
     request = wire.BatchRequest(
         pipeline="numbers", fingerprint=fingerprint, plan=plan_to_wire(PLAN), step=3
     )
-    batch = target.load_batch(request).result(TIMEOUT)
+    batch = target.load(request, TIMEOUT)
     assert_batches_equal([batch], [pipelines.numbers(30).load(PLAN, 3, None)])
 
 
@@ -287,18 +290,18 @@ def curve(**changes: Any) -> ClientSecurity:
 
 
 def test_a_tls_client_loads_batches(
-    guarded: WorkerProcess, pki: Pki, open_target: Callable[..., Target]
+    guarded: WorkerProcess, pki: Pki, open_target: Callable[..., Transport]
 ) -> None:
     loads_the_local_batch(open_target(guarded.grpc, tls(pki)))
 
 
 def test_tls_server_name_is_the_name_the_certificate_must_have(
-    guarded: WorkerProcess, pki: Pki, open_target: Callable[..., Target]
+    guarded: WorkerProcess, pki: Pki, open_target: Callable[..., Transport]
 ) -> None:
     loads_the_local_batch(open_target(guarded.grpc, tls(pki, tls_server_name="localhost")))
     target = open_target(guarded.grpc, tls(pki, tls_server_name="elsewhere.example"))
     request = wire.BatchRequest(pipeline="numbers", plan=plan_to_wire(PLAN), step=0)
-    error = refusal(lambda: target.load_batch(request).result(REFUSED_WITHIN))
+    error = refusal(lambda: Verifying(target).load(request, REFUSED_WITHIN))
     assert error.code == "UNAVAILABLE"
 
 
@@ -318,7 +321,7 @@ def test_a_client_trusting_another_ca_refuses_the_worker(guarded: WorkerProcess,
 
 
 def test_a_handshake_that_waits_for_an_untrusted_worker_ends_at_its_deadline(
-    guarded: WorkerProcess, pki: Pki, open_target: Callable[..., Target]
+    guarded: WorkerProcess, pki: Pki, open_target: Callable[..., Transport]
 ) -> None:
     target = open_target(guarded.grpc, ClientSecurity(ca_cert=pki.other_ca, token=TOKEN))
     error = refusal(lambda: target.handshake(handshake_request(), timeout=0.5))
@@ -326,7 +329,7 @@ def test_a_handshake_that_waits_for_an_untrusted_worker_ends_at_its_deadline(
 
 
 def test_mutual_tls_admits_a_client_certificate_signed_by_client_ca(
-    mutual: WorkerProcess, pki: Pki, open_target: Callable[..., Target]
+    mutual: WorkerProcess, pki: Pki, open_target: Callable[..., Transport]
 ) -> None:
     security = ClientSecurity(
         ca_cert=pki.ca, client_cert=pki.client_cert, client_key=pki.client_key
@@ -336,7 +339,7 @@ def test_mutual_tls_admits_a_client_certificate_signed_by_client_ca(
 
 @pytest.mark.parametrize("certificate", ["none", "from another CA"])
 def test_mutual_tls_refuses_a_client_without_a_good_certificate(
-    mutual: WorkerProcess, pki: Pki, open_target: Callable[..., Target], certificate: str
+    mutual: WorkerProcess, pki: Pki, open_target: Callable[..., Transport], certificate: str
 ) -> None:
     security = ClientSecurity(ca_cert=pki.ca)
     if certificate != "none":
@@ -345,7 +348,7 @@ def test_mutual_tls_refuses_a_client_without_a_good_certificate(
         )
     target = open_target(mutual.grpc, security)
     request = wire.BatchRequest(pipeline="numbers", plan=plan_to_wire(PLAN), step=0)
-    error = refusal(lambda: target.load_batch(request).result(REFUSED_WITHIN))
+    error = refusal(lambda: Verifying(target).load(request, REFUSED_WITHIN))
     assert error.code == "UNAVAILABLE"
 
 
@@ -353,20 +356,20 @@ def test_mutual_tls_refuses_a_client_without_a_good_certificate(
 
 
 def test_a_curve_client_with_an_allowed_key_loads_batches(
-    guarded: WorkerProcess, open_target: Callable[..., Target]
+    guarded: WorkerProcess, open_target: Callable[..., Transport]
 ) -> None:
     loads_the_local_batch(open_target(guarded.zmq, curve()))
 
 
 def test_any_curve_client_that_knows_the_key_is_admitted_without_an_allow_list(
-    mutual: WorkerProcess, open_target: Callable[..., Target]
+    mutual: WorkerProcess, open_target: Callable[..., Transport]
 ) -> None:
     security = ClientSecurity(curve_server_key=SERVER_CURVE[0])  # a fresh client keypair
     loads_the_local_batch(open_target(mutual.zmq, security))
 
 
 def test_a_curve_key_not_on_the_allow_list_is_refused(
-    guarded: WorkerProcess, open_target: Callable[..., Target]
+    guarded: WorkerProcess, open_target: Callable[..., Transport]
 ) -> None:
     target = open_target(guarded.zmq, curve(curve_client_keypair=keypair()))
     error = refusal(lambda: target.handshake(handshake_request(), timeout=REFUSED_WITHIN))
@@ -379,7 +382,7 @@ def test_a_curve_key_not_on_the_allow_list_is_refused(
 
 @pytest.mark.parametrize("worker", ["guarded", "mutual"])
 def test_a_client_without_curve_is_refused(
-    request: pytest.FixtureRequest, open_target: Callable[..., Target], worker: str
+    request: pytest.FixtureRequest, open_target: Callable[..., Transport], worker: str
 ) -> None:
     served: WorkerProcess = request.getfixturevalue(worker)
     target = open_target(served.zmq, ClientSecurity(token=TOKEN))
@@ -396,7 +399,7 @@ def test_a_client_without_curve_is_refused(
 
 
 def test_a_client_with_the_wrong_server_key_gets_no_answer(
-    mutual: WorkerProcess, open_target: Callable[..., Target]
+    mutual: WorkerProcess, open_target: Callable[..., Transport]
 ) -> None:
     target = open_target(mutual.zmq, ClientSecurity(curve_server_key=keypair()[0]))
     error = refusal(lambda: target.handshake(handshake_request(), timeout=1.0))
@@ -405,7 +408,7 @@ def test_a_client_with_the_wrong_server_key_gets_no_answer(
 
 
 def test_a_curve_client_is_refused_by_a_plaintext_worker_that_warns_about_its_token(
-    tmp_path: Path, open_target: Callable[..., Target]
+    tmp_path: Path, open_target: Callable[..., Transport]
 ) -> None:
     (tmp_path / "token").write_text(TOKEN)
     with worker_with_settings(
@@ -471,24 +474,24 @@ def test_grpc_calls_without_the_right_token_are_unauthenticated(
 )
 def test_zeromq_requests_without_the_right_token_are_unauthenticated(
     guarded: WorkerProcess,
-    open_target: Callable[..., Target],
+    open_target: Callable[..., Transport],
     method: str,
     token: str | None,
     expected: str,
 ) -> None:
     target = open_target(guarded.zmq, curve(token=token))
-    assert isinstance(target, ZmqTarget)
+    assert isinstance(target, ZmqTransport)
     call = {
         "Handshake": lambda: target.handshake(_request(method), timeout=REFUSED_WITHIN),
         "Info": lambda: target.info(_request(method), timeout=REFUSED_WITHIN),
-        "LoadBatch": lambda: target.load_batch(_request(method)).result(REFUSED_WITHIN),
+        "LoadBatch": lambda: Verifying(target).load(_request(method), REFUSED_WITHIN),
     }[method]
     error = refusal(call)
     assert (error.code, error.message) == ("UNAUTHENTICATED", expected)
 
 
 def test_a_worker_without_a_token_accepts_requests_with_one(
-    mutual: WorkerProcess, pki: Pki, open_target: Callable[..., Target]
+    mutual: WorkerProcess, pki: Pki, open_target: Callable[..., Transport]
 ) -> None:
     security = ClientSecurity(
         ca_cert=pki.ca,
@@ -754,5 +757,5 @@ def test_client_security_errors_name_the_field(
 def test_connect_refuses_what_is_not_client_security(pki: Pki) -> None:
     with pytest.raises(ValueError, match="security must be a ClientSecurity, got dict"):
         connect("grpc://127.0.0.1:1", {"ca_cert": pki.ca})  # type: ignore[arg-type]
-    target = GrpcTarget("grpc://127.0.0.1:1", ClientSecurity(ca_cert=str(pki.ca)))  # type: ignore[arg-type]
+    target = GrpcTransport("grpc://127.0.0.1:1", ClientSecurity(ca_cert=str(pki.ca)))  # type: ignore[arg-type]
     target.close()

@@ -1,9 +1,9 @@
 """Every reply is verified before the training loop sees it, over gRPC, ZeroMQ and in-process;
 a failing record is a `RecordError` in every mode.
 
-Replies are corrupted between the transport and the client's check, by target subclasses that
-rewrite what a real worker sent (its real encoded frames): a flipped byte, another step's reply,
-a cut payload, junk, or a batch of the wrong shape sent with a header that matches it.
+Replies are corrupted between the transport and the client's check (`ReplyDecoder.verify`), by
+rewriting what a real worker sent (its real encoded frames): a flipped byte, another step's
+reply, a cut payload, junk, or a batch of the wrong shape sent with a header that matches it.
 """
 
 from __future__ import annotations
@@ -13,7 +13,8 @@ import json
 import re
 import subprocess
 import sys
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, wait
 from pathlib import Path
 from typing import Any
 
@@ -23,18 +24,22 @@ import pytest
 from helpers import assert_batches_equal
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from verifying import Verifying
 from workers import WorkerProcess, worker_process
 
 import loadax
 from loadax import Batcher, DataLoader, Plan, RecordError
 from loadax.client import RemoteDataLoader
 from loadax.client.replies import ReplyDecoder
-from loadax.client.targets import GrpcTarget, InProcessTarget, Target
-from loadax.client.zmq_transport import ZmqTarget
+from loadax.client.transports import Reply as Received
+from loadax.client.transports import Transport
+from loadax.client.transports.grpc import GrpcTransport
+from loadax.client.transports.in_process import InProcessTransport
+from loadax.client.transports.reply import bad_reply
+from loadax.client.transports.zmq import ZmqTransport
 from loadax.errors import RemoteCause, WorkerError
 from loadax.plan.work import StepWork, StreamWindow
 from loadax.server.worker import Worker
-from loadax.wire import zmq_frames
 from loadax.wire.checksum import payload_checksum
 from loadax.wire.codec import decode_frames, encode_frames
 from loadax.wire.payloads import (
@@ -66,56 +71,25 @@ Reply = tuple[wire.BatchResponse, list[bytes]]
 Tamper = Callable[[wire.BatchRequest, Reply], Reply]
 
 
-# --- targets that rewrite what the worker sent -------------------------------------------------
+# --- transports whose replies are rewritten before the check ------------------------------------
 
 
-class Tampering:
-    """Keeps the last reply as received (`seen`) and, with a `tamper`, hands the client's check
+class Tampering(Verifying[Transport]):
+    """Keeps the last reply as received (`seen`) and, with a `tamper`, hands the decoder's check
     `tamper(request, reply)` instead."""
 
     tamper: Tamper | None = None
     seen: Reply | None = None
 
-    def rewrite(self, request: wire.BatchRequest, reply: Reply) -> Reply | None:
-        self.seen = (reply[0], list(reply[1]))
-        return None if self.tamper is None else self.tamper(request, reply)
-
-
-class TamperingHeaderAndPayload(Tampering):
-    """For the targets whose `_batch` checks a reply's header and payload (gRPC, in-process)."""
-
-    def _batch(
-        self,
-        request: wire.BatchRequest,
-        header: wire.BatchResponse,
-        payload: Sequence[bytes | memoryview],
-    ) -> Any:
-        rewritten = self.rewrite(request, (header, [bytes(part) for part in payload]))
-        if rewritten is not None:
-            header, payload = rewritten
-        return super()._batch(request, header, payload)
-
-
-class TamperingGrpc(TamperingHeaderAndPayload, GrpcTarget):
-    pass
-
-
-class TamperingZmq(ZmqTarget, Tampering):
-    def _batch(self, request: wire.BatchRequest, frames: Sequence[memoryview]) -> Any:
-        parsed = zmq_frames.parse_batch_reply(frames)
-        rewritten = self.rewrite(request, (parsed.header, [bytes(f) for f in parsed.payload]))
-        if rewritten is not None:
-            header, payload = rewritten
-            frames = [
-                *frames[:2],
-                memoryview(header.SerializeToString()),
-                *map(memoryview, payload),
-            ]
-        return super()._batch(request, frames)
-
-
-class TamperingInProcess(TamperingHeaderAndPayload, InProcessTarget):
-    pass
+    def verify(self, request: wire.BatchRequest, reply: Future[Received], timeout: float) -> Any:
+        wait([reply], timeout)
+        if reply.done() and not reply.cancelled() and reply.exception() is None:
+            header, payload = reply.result()
+            self.seen = (header, [bytes(part) for part in payload])
+            if self.tamper is not None:
+                reply = Future()
+                reply.set_result(Received(*self.tamper(request, self.seen)))
+        return super().verify(request, reply, timeout)
 
 
 @pytest.fixture(scope="module")
@@ -138,40 +112,42 @@ TRANSPORTS = ["grpc", "zmq", "in-process"]
 def target(
     request: pytest.FixtureRequest, served: WorkerProcess, in_process: Worker
 ) -> Iterator[Any]:
-    """A tampering target of each transport, on the worker process or the worker object."""
-    made: Target
+    """A tampering transport of each kind, on the worker process or the worker object."""
+    made: Transport
     if request.param == "grpc":
         assert served.grpc is not None
-        made = TamperingGrpc(served.grpc)
+        made = GrpcTransport(served.grpc)
     elif request.param == "zmq":
         assert served.zmq is not None
-        made = TamperingZmq(served.zmq)
+        made = ZmqTransport(served.zmq)
     else:
-        made = TamperingInProcess(in_process)
+        made = InProcessTransport(in_process)
     try:
-        yield made
+        yield Tampering(made)
     finally:
         made.close()
 
 
-def handshake(target: Target, pipeline: str = "numbers") -> wire.HandshakeResponse:
+def handshake(target: Verifying[Any], pipeline: str = "numbers") -> wire.HandshakeResponse:
     request = wire.HandshakeRequest(
         library_version=loadax.__version__, pipeline=pipeline, plan=plan_to_wire(PLAN)
     )
     return target.handshake(request, timeout=WAIT_S)
 
 
-def request_of(target: Target, step: int, rows: list[int] | None = None) -> wire.BatchRequest:
+def request_of(
+    target: Verifying[Any], step: int, rows: list[int] | None = None
+) -> wire.BatchRequest:
     fingerprint = handshake(target).fingerprint
     work = StepWork(step, None if rows is None else np.array(rows))
     return batch_request("numbers", fingerprint, PLAN, work)
 
 
-def load(target: Target, request: wire.BatchRequest) -> Any:
-    return target.load_batch(request).result(WAIT_S)
+def load(target: Verifying[Any], request: wire.BatchRequest) -> Any:
+    return target.load(request, WAIT_S)
 
 
-def refusal(target: Target, request: wire.BatchRequest) -> WorkerError:
+def refusal(target: Verifying[Any], request: wire.BatchRequest) -> WorkerError:
     with pytest.raises(WorkerError) as refused:
         load(target, request)
     assert refused.value.code == "DATA_LOSS", refused.value
@@ -355,7 +331,7 @@ def test_the_request_digest_covers_every_field() -> None:
 
 
 def test_the_handshake_announces_the_schema_of_a_probe_batch(in_process: Worker) -> None:
-    target = InProcessTarget(in_process)
+    target = Verifying(InProcessTransport(in_process))
     try:
         schema = handshake(target).schema
     finally:
@@ -446,8 +422,8 @@ def _decoded(request: wire.BatchRequest, messages: list[bytes], streamed: bool) 
             header, view = parse_payload_reply(messages[0] if messages else b"")
             payload = [view]
         return replies.decode(request, header, payload)
-    except MalformedReply as error:
-        return replies.refusal(request, str(error))
+    except MalformedReply as error:  # as the gRPC transport refuses it
+        return bad_reply("worker-a", request, str(error))
     except WorkerError as error:
         return error
 
@@ -510,16 +486,16 @@ def test_a_failing_record_is_a_record_error_in_every_mode(
     assert "ValueError: record 7 is corrupt" in note
 
 
-def test_a_target_raises_the_record_error_itself(in_process: Worker) -> None:
+def test_verify_raises_the_record_error_itself(in_process: Worker) -> None:
     """So that the dispatcher can tell it apart (`isinstance(error, RecordError)`): no worker
     is asked again for a record that fails on every worker."""
-    target = InProcessTarget(in_process)
+    target = Verifying(InProcessTransport(in_process))
     try:
         fingerprint = handshake(target, "failing").fingerprint
         (step,) = [s for s in range(5) if 7 in FAILING_PLAN.indices(s).tolist()]
         request = batch_request("failing", fingerprint, FAILING_PLAN, StepWork(step))
         with pytest.raises(RecordError) as raised:
-            target.load_batch(request).result(WAIT_S)
+            target.load(request, WAIT_S)
     finally:
         target.close()
     assert (raised.value.index, raised.value.epoch) == (7, 0)

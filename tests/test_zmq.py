@@ -12,10 +12,11 @@ import numpy as np
 import pytest
 import zmq
 from helpers import assert_batches_equal
+from verifying import Verifying
 
 import loadax.wire.codec
 from loadax.buffers import BufferPool
-from loadax.client.zmq_transport import ZmqTarget
+from loadax.client.transports.zmq import ZmqTransport
 from loadax.dataset.ops import DatasetBase
 from loadax.errors import RecordError, WorkerError
 from loadax.plan.permutation import IndexArray
@@ -76,6 +77,8 @@ def worker(gated: GatedDataset) -> Iterator[Worker]:
 
 
 ServerFactory = Callable[..., str]
+Client = Verifying[ZmqTransport]
+"""A ZeroMQ transport and the decoder of its replies."""
 
 
 @pytest.fixture
@@ -101,11 +104,11 @@ def server(serve: ServerFactory) -> str:
 
 
 @pytest.fixture
-def connect() -> Iterator[Callable[[str], ZmqTarget]]:
-    targets: list[ZmqTarget] = []
+def connect() -> Iterator[Callable[[str], Client]]:
+    targets: list[Client] = []
 
-    def open_target(endpoint: str) -> ZmqTarget:
-        target = ZmqTarget(endpoint.replace("tcp://", "zmq://"))
+    def open_target(endpoint: str) -> Client:
+        target = Verifying(ZmqTransport(endpoint.replace("tcp://", "zmq://")))
         targets.append(target)
         return target
 
@@ -119,7 +122,7 @@ SocketFactory = Callable[[int], zmq.Socket[bytes]]
 
 @pytest.fixture
 def open_socket() -> Iterator[SocketFactory]:
-    """Raw sockets, for messages no ZmqTarget would send and for servers that never answer."""
+    """Raw sockets, for messages no ZmqTransport would send and for servers that never answer."""
     context: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
     sockets: list[zmq.Socket[bytes]] = []
 
@@ -143,9 +146,7 @@ def raw(open_socket: SocketFactory, server: str) -> zmq.Socket[bytes]:
     return socket
 
 
-def handshake(
-    target: ZmqTarget, pipeline: str = "numbers", **changes: Any
-) -> wire.HandshakeResponse:
+def handshake(target: Client, pipeline: str = "numbers", **changes: Any) -> wire.HandshakeResponse:
     request = wire.HandshakeRequest(
         library_version=loadax.__version__, pipeline=pipeline, plan=plan_to_wire(NUMBERS_PLAN)
     )
@@ -319,48 +320,51 @@ def test_request_ids_are_uint64() -> None:
 
 
 def test_handshake_answers_fingerprint_and_length(
-    server: str, connect: Callable[[str], ZmqTarget]
+    server: str, connect: Callable[[str], Client]
 ) -> None:
     target = connect(server)
     response = handshake(target, "numbers")
     assert (response.pipeline, response.num_records) == ("numbers", 100)
     assert response.library_version == loadax.__version__
-    info = target.info(wire.InfoRequest(), timeout=WAIT_S)
+    info = target.transport.info(wire.InfoRequest(), timeout=WAIT_S)
     assert {p.name: p.fingerprint for p in info.pipelines}["numbers"] == response.fingerprint
 
 
 @pytest.mark.parametrize("rows", [None, [0], [1, 3]])
 def test_batches_equal_local_loads(
-    server: str, connect: Callable[[str], ZmqTarget], rows: list[int] | None
+    server: str, connect: Callable[[str], Client], rows: list[int] | None
 ) -> None:
     target = connect(server)
     fingerprint = handshake(target, "numbers").fingerprint
     steps = [0, 5, 12, 24]  # 24: the short last batch of the second epoch
-    futures = [target.load_batch(batch_request(fingerprint, s, rows=rows)) for s in steps]
+    requests = [batch_request(fingerprint, s, rows=rows) for s in steps]
+    replies = [target.transport.send(request) for request in requests]
     assert_batches_equal(
-        [future.result(WAIT_S) for future in futures],
+        [target.verify(*sent, WAIT_S) for sent in zip(requests, replies, strict=True)],
         [NUMBERS.load(NUMBERS_PLAN, step, rows) for step in steps],
     )
 
 
 def test_many_concurrent_requests_resolve_to_their_steps(
-    server: str, connect: Callable[[str], ZmqTarget]
+    server: str, connect: Callable[[str], Client]
 ) -> None:
     target = connect(server)
     fingerprint = handshake(target, "numbers").fingerprint
     steps = [step % 26 for step in range(50)]
-    futures = [target.load_batch(batch_request(fingerprint, step)) for step in steps]
+    requests = [batch_request(fingerprint, step) for step in steps]
+    replies = [target.transport.send(request) for request in requests]
     assert_batches_equal(
-        [future.result(WAIT_S) for future in futures],
+        [target.verify(*sent, WAIT_S) for sent in zip(requests, replies, strict=True)],
         [NUMBERS.load(NUMBERS_PLAN, step) for step in steps],
     )
 
 
 def test_batches_are_read_only_views_of_a_pooled_receive_buffer(server: str) -> None:
     buffers = BufferPool()
-    with ZmqTarget(server.replace("tcp://", "zmq://"), buffers=buffers) as target:
+    with ZmqTransport(server.replace("tcp://", "zmq://"), buffers=buffers) as transport:
+        target = Verifying(transport)
         fingerprint = handshake(target, "numbers").fingerprint
-        array = target.load_batch(batch_request(fingerprint, 1)).result(WAIT_S)["x"]
+        array = target.load(batch_request(fingerprint, 1), WAIT_S)["x"]
     assert not array.flags.writeable
     base: Any = array
     while isinstance(base, np.ndarray):
@@ -384,7 +388,7 @@ def test_batches_are_read_only_views_of_a_pooled_receive_buffer(server: str) -> 
     ],
 )
 def test_batch_errors_map_to_worker_error_codes(
-    server: str, connect: Callable[[str], ZmqTarget], changes: dict[str, Any], code: str
+    server: str, connect: Callable[[str], Client], changes: dict[str, Any], code: str
 ) -> None:
     target = connect(server)
     request = batch_request(handshake(target, "numbers").fingerprint, 0)
@@ -393,7 +397,7 @@ def test_batch_errors_map_to_worker_error_codes(
             request.rows[:] = value
         else:
             setattr(request, name, value)
-    error = target.load_batch(request).exception(WAIT_S)
+    error = target.transport.send(request).exception(WAIT_S)
     assert isinstance(error, WorkerError)
     assert error.code == code
 
@@ -403,7 +407,7 @@ def test_batch_errors_map_to_worker_error_codes(
     [({"pipeline": "nope"}, "NOT_FOUND"), ({"library_version": "0.1.0"}, "FAILED_PRECONDITION")],
 )
 def test_handshake_errors_map_to_worker_error_codes(
-    server: str, connect: Callable[[str], ZmqTarget], changes: dict[str, Any], code: str
+    server: str, connect: Callable[[str], Client], changes: dict[str, Any], code: str
 ) -> None:
     target = connect(server)
     with pytest.raises(WorkerError) as caught:
@@ -424,7 +428,7 @@ def test_handshake_errors_map_to_worker_error_codes(
 def test_malformed_messages_get_invalid_argument(
     raw: zmq.Socket[bytes],
     server: str,
-    connect: Callable[[str], ZmqTarget],
+    connect: Callable[[str], Client],
     frames: list[bytes],
 ) -> None:
     raw.send_multipart(frames)
@@ -435,7 +439,7 @@ def test_malformed_messages_get_invalid_argument(
 
 
 def test_messages_without_a_request_id_are_dropped(
-    raw: zmq.Socket[bytes], server: str, connect: Callable[[str], ZmqTarget]
+    raw: zmq.Socket[bytes], server: str, connect: Callable[[str], Client]
 ) -> None:
     raw.send(b"")
     raw.send_multipart([b"short", b"Info", b""])
@@ -448,7 +452,7 @@ def test_messages_without_a_request_id_are_dropped(
 
 
 def test_oversized_messages_disconnect_only_their_sender(
-    open_socket: SocketFactory, serve: ServerFactory, connect: Callable[[str], ZmqTarget]
+    open_socket: SocketFactory, serve: ServerFactory, connect: Callable[[str], Client]
 ) -> None:
     endpoint = serve(max_request_bytes=1024)
     socket = open_socket(zmq.DEALER)
@@ -458,25 +462,26 @@ def test_oversized_messages_disconnect_only_their_sender(
 
 
 def test_requests_beyond_the_per_client_limit_are_refused(
-    serve: ServerFactory, connect: Callable[[str], ZmqTarget], gated: GatedDataset
+    serve: ServerFactory, connect: Callable[[str], Client], gated: GatedDataset
 ) -> None:
     endpoint = serve(max_in_flight_per_client=1)
     target = connect(endpoint)
     fingerprint = handshake(target, "slow").fingerprint
     plan = loadax.Plan(16, 4)
-    slow = target.load_batch(batch_request(fingerprint, 0, pipeline="slow", plan=plan))
+    asked = batch_request(fingerprint, 0, pipeline="slow", plan=plan)
+    slow = target.transport.send(asked)
     assert gated.started.wait(WAIT_S)
     with pytest.raises(WorkerError) as caught:
-        target.info(wire.InfoRequest(), timeout=WAIT_S)
+        target.transport.info(wire.InfoRequest(), timeout=WAIT_S)
     assert caught.value.code == "RESOURCE_EXHAUSTED"
     # The limit is per client: another one is served.
-    assert connect(endpoint).info(wire.InfoRequest(), timeout=WAIT_S).pipelines
+    assert connect(endpoint).transport.info(wire.InfoRequest(), timeout=WAIT_S).pipelines
     gated.gate.set()
-    np.testing.assert_array_equal(slow.result(WAIT_S), [0, 1, 2, 3])
+    np.testing.assert_array_equal(target.verify(asked, slow, WAIT_S), [0, 1, 2, 3])
 
 
 def test_stop_finishes_requests_in_flight_and_refuses_new_ones(
-    worker: Worker, connect: Callable[[str], ZmqTarget], gated: GatedDataset
+    worker: Worker, connect: Callable[[str], Client], gated: GatedDataset
 ) -> None:
     server = ZmqServer(worker, "tcp://127.0.0.1:0", threads=2, max_in_flight_per_client=8)
     target = connect(server.start())
@@ -484,14 +489,15 @@ def test_stop_finishes_requests_in_flight_and_refuses_new_ones(
     try:
         fingerprint = handshake(target, "slow").fingerprint
         plan = loadax.Plan(16, 4)
-        slow = target.load_batch(batch_request(fingerprint, 2, pipeline="slow", plan=plan))
+        asked = batch_request(fingerprint, 2, pipeline="slow", plan=plan)
+        slow = target.transport.send(asked)
         assert gated.started.wait(WAIT_S)
         stopper.start()
         # Requests are served until stop() takes effect, then refused; each waits for its reply.
         refused: WorkerError | None = None
         for _ in range(10_000):
             try:
-                target.info(wire.InfoRequest(), timeout=WAIT_S)
+                target.transport.info(wire.InfoRequest(), timeout=WAIT_S)
             except WorkerError as error:
                 refused = error
                 break
@@ -499,7 +505,7 @@ def test_stop_finishes_requests_in_flight_and_refuses_new_ones(
         assert refused.code == "UNAVAILABLE"
         assert stopper.is_alive()
         gated.gate.set()
-        np.testing.assert_array_equal(slow.result(WAIT_S), [8, 9, 10, 11])
+        np.testing.assert_array_equal(target.verify(asked, slow, WAIT_S), [8, 9, 10, 11])
         stopper.join(WAIT_S)
         assert not stopper.is_alive()
     finally:
@@ -508,33 +514,33 @@ def test_stop_finishes_requests_in_flight_and_refuses_new_ones(
 
 
 def test_close_fails_pending_requests_with_unavailable(
-    server: str, connect: Callable[[str], ZmqTarget], gated: GatedDataset
+    server: str, connect: Callable[[str], Client], gated: GatedDataset
 ) -> None:
     target = connect(server)
     fingerprint = handshake(target, "slow").fingerprint
     request = batch_request(fingerprint, 0, pipeline="slow", plan=loadax.Plan(16, 4))
-    pending = target.load_batch(request)
+    pending = target.transport.send(request)
     assert gated.started.wait(WAIT_S)
     target.close()
     error = pending.exception(WAIT_S)
     assert isinstance(error, WorkerError)
     assert error.code == "UNAVAILABLE"
-    late = target.load_batch(request).exception(WAIT_S)
+    late = target.transport.send(request).exception(WAIT_S)
     assert isinstance(late, WorkerError)
     assert late.code == "UNAVAILABLE"
     with pytest.raises(WorkerError, match="closed"):
-        target.info(wire.InfoRequest())
+        target.transport.info(wire.InfoRequest())
 
 
 def test_a_lost_connection_fails_its_pending_requests_with_unavailable(
-    worker: Worker, connect: Callable[[str], ZmqTarget], gated: GatedDataset
+    worker: Worker, connect: Callable[[str], Client], gated: GatedDataset
 ) -> None:
     server = ZmqServer(worker, "tcp://127.0.0.1:0", threads=2, max_in_flight_per_client=8)
     try:
         target = connect(server.start())
         fingerprint = handshake(target, "slow").fingerprint
         request = batch_request(fingerprint, 0, pipeline="slow", plan=loadax.Plan(16, 4))
-        pending = target.load_batch(request)
+        pending = target.transport.send(request)
         assert gated.started.wait(WAIT_S)
         server.stop(grace=0)  # the worker goes away with the request
         error = pending.exception(WAIT_S)
@@ -547,7 +553,7 @@ def test_a_lost_connection_fails_its_pending_requests_with_unavailable(
 
 
 def test_unanswered_handshake_exceeds_its_deadline(
-    open_socket: SocketFactory, connect: Callable[[str], ZmqTarget]
+    open_socket: SocketFactory, connect: Callable[[str], Client]
 ) -> None:
     silent = open_socket(zmq.ROUTER)
     port = silent.bind_to_random_port("tcp://127.0.0.1")
@@ -560,9 +566,9 @@ def test_unanswered_handshake_exceeds_its_deadline(
 
 def test_addresses_must_be_zmq_or_tcp() -> None:
     with pytest.raises(ValueError, match="zmq://host:port"):
-        ZmqTarget("grpc://127.0.0.1:1")
+        ZmqTransport("grpc://127.0.0.1:1")
     with pytest.raises(ValueError, match="invalid ZeroMQ address"):
-        ZmqTarget("zmq://no port")
+        ZmqTransport("zmq://no port")
 
 
 def test_a_client_that_keeps_misbehaving_gets_one_warning_line_per_interval(
@@ -607,7 +613,7 @@ def test_a_peer_that_keeps_closing_the_handshake_is_a_refusal_naming_curve() -> 
 
         closer = threading.Thread(target=close_every_connection, daemon=True)
         closer.start()
-        target = ZmqTarget(f"zmq://127.0.0.1:{listener.getsockname()[1]}")
+        target = ZmqTransport(f"zmq://127.0.0.1:{listener.getsockname()[1]}")
         try:
             with pytest.raises(WorkerError) as refused:
                 target.info(wire.InfoRequest(), timeout=WAIT_S)
