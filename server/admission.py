@@ -8,15 +8,13 @@ how a reply or a refusal travels.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import hmac
 import logging
-import threading
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Sequence
 from typing import TypeVar
 
 from loadax.errors import WorkerError
-from loadax.server.memory import at_most_once
+from loadax.server.ledger import Held, Ledger
 from loadax.server.metrics import WorkerMetrics
 from loadax.server.throttled_log import ThrottledLog
 from loadax.wire.credentials import bearer
@@ -29,7 +27,8 @@ R = TypeVar("R")
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Transport:
-    """What the policy words differently per transport: a client is told in its own terms."""
+    """What differs per transport in the policy: a client is told in its own terms, and each
+    transport bounds what it holds in its own way."""
 
     name: str
     """The transport's label in the metrics."""
@@ -37,33 +36,35 @@ class Transport:
     """How a client of this transport sends the token, told to one that sent none."""
     counted: str
     """What the in-flight limit counts, e.g. "LoadBatch calls"."""
+    batches_only: bool = False
+    """Whether only batch requests count against the in-flight limit (gRPC: its handshakes and
+    infos are bounded by its calls at once) or every request (ZeroMQ, whose handlers queue)."""
+    max_reply_bytes: int | None = None
+    """The largest reply this transport sends, headers included; None: no limit of its own."""
 
 
 class Admission:
     """The policy of one `transport` of a worker.
 
     With `token`, a request must carry the credential `Bearer <token>`. A client may have
-    `max_in_flight` of the requests the transport `admit`s in flight. Every refusal and failure
-    is counted in `metrics` and logged.
+    `max_in_flight` of the requests the transport counts in flight, as `ledger` holds them.
+    Every refusal and failure is counted in `metrics` and logged.
     """
 
     def __init__(
-        self, transport: Transport, metrics: WorkerMetrics, token: str | None, max_in_flight: int
+        self,
+        transport: Transport,
+        metrics: WorkerMetrics,
+        token: str | None,
+        max_in_flight: int,
+        ledger: Ledger,
     ) -> None:
         self._transport = transport
         self._metrics = metrics
         self._credential = None if token is None else bearer(token)
         self._limit = max_in_flight
+        self._ledger = ledger
         self._warnings = ThrottledLog(log)
-        # Handler threads admit and release concurrently under gRPC.
-        self._lock = threading.Lock()
-        self._in_flight: dict[Hashable, int] = {}
-        self._total = 0
-
-    @property
-    def in_flight(self) -> int:
-        """The requests admitted whose count has not ended, of every client."""
-        return self._total
 
     def announce(self, response: wire.HandshakeResponse) -> wire.HandshakeResponse:
         """`response` with this transport's in-flight limit, so that a client keeps within it."""
@@ -82,30 +83,27 @@ class Admission:
         if len(credentials) != 1 or not hmac.compare_digest(credentials[0], self._credential):
             raise WorkerError("UNAUTHENTICATED", "the token is wrong")
 
-    def admit(self, client: Hashable) -> Callable[[], None]:
-        """Count one more request of `client` in flight, or refuse it with RESOURCE_EXHAUSTED
-        when it has as many as it may; what ends the count (its first call only), which the
-        transport calls once the request's reply has left (or was dropped), not when it is
-        made: a reply waiting for a client that does not read still counts."""
-        with self._lock:
-            count = self._in_flight.get(client, 0)
-            if count >= self._limit:
-                raise WorkerError(
-                    "RESOURCE_EXHAUSTED",
-                    f"this client has {count} {self._transport.counted} in flight already, the "
-                    f"most this worker allows (max_in_flight_per_client = {self._limit}); retry "
-                    "when one has finished",
-                )
-            self._in_flight[client] = count + 1
-            self._total += 1
-        return at_most_once(functools.partial(self._release, client))
-
-    def _release(self, client: Hashable) -> None:
-        with self._lock:
-            count = self._in_flight.pop(client) - 1
-            if count:
-                self._in_flight[client] = count
-            self._total -= 1
+    def admit(
+        self, request: RequestMessage, held: Held, settle: Callable[[], None] | None = None
+    ) -> None:
+        """Count `request` (`held` in the ledger) among its client's in flight, if this
+        transport counts its kind, or refuse it with RESOURCE_EXHAUSTED when the client has as
+        many as it may, once `settle()` (the transport's chance to let go of replies already
+        sent) has not made room. It counts until the transport has let its reply go, not until
+        it is made: a reply waiting for a client that does not read still counts."""
+        if self._transport.batches_only and not isinstance(request, wire.BatchRequest):
+            return
+        count = self._ledger.admit(held, self._limit)
+        if count is not None and settle is not None:
+            settle()
+            count = self._ledger.admit(held, self._limit)
+        if count is not None:
+            raise WorkerError(
+                "RESOURCE_EXHAUSTED",
+                f"this client has {count} {self._transport.counted} in flight already, the "
+                f"most this worker allows (max_in_flight_per_client = {self._limit}); retry "
+                "when one has finished",
+            )
 
     def refuse(self, method: str, client: str, error: WorkerError) -> None:
         """Count and log a request refused on arrival, before it reached the worker (its

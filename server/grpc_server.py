@@ -10,6 +10,8 @@ health checks and reflection stay open to probes.
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import socket
 import threading
 from collections.abc import Callable, Iterator
@@ -24,7 +26,9 @@ from grpc_reflection.v1alpha import reflection
 from loadax.errors import WorkerError
 from loadax.server.admission import Admission, Transport
 from loadax.server.config_security import TlsConfig
+from loadax.server.ledger import Held, Ledger
 from loadax.server.metrics import WorkerMetrics
+from loadax.server.request_path import RequestPath
 from loadax.server.worker import Worker
 from loadax.validation import require_int
 from loadax.wire.failures import (
@@ -35,7 +39,7 @@ from loadax.wire.failures import (
     shorten,
 )
 from loadax.wire.limits import GRPC_MIN_PING_INTERVAL_MS, MAX_BATCH_BYTES, MAX_REQUEST_BYTES
-from loadax.wire.messages import LOAD_BATCH, RequestMessage
+from loadax.wire.messages import RequestMessage
 from loadax.wire.payloads import PAYLOAD_SERVICE, EncodedBatch, payload_reply, stream_messages
 from loadax.wire.v1 import worker_pb2 as wire
 
@@ -49,6 +53,8 @@ _TRANSPORT = Transport(
     "grpc",
     send_token="send the metadata 'authorization: Bearer <token>'",
     counted="LoadBatch calls",
+    batches_only=True,
+    max_reply_bytes=MAX_BATCH_BYTES,
 )
 
 R = TypeVar("R")
@@ -83,17 +89,18 @@ class GrpcServer:
         token: str | None = None,
         metrics: WorkerMetrics | None = None,
     ) -> None:
-        for name, value in (
-            ("threads", threads),
-            ("max_in_flight_per_client", max_in_flight_per_client),
-            ("max_concurrent_rpcs", max_concurrent_rpcs),
-        ):
-            require_int(name, value, minimum=1)
+        requests = RequestPath(
+            worker,
+            _TRANSPORT,
+            threads=threads,
+            max_in_flight_per_client=max_in_flight_per_client,
+            token=token,
+            metrics=metrics,
+        )
+        require_int("max_concurrent_rpcs", max_concurrent_rpcs, minimum=1)
         self._address = address
         self._tls = tls
-        admission = Admission(
-            _TRANSPORT, metrics or WorkerMetrics(), token, max_in_flight_per_client
-        )
+        self._requests = requests
         # One handler thread per admitted call, so that a call is counted against its client
         # as soon as it arrives rather than when a busy pool gets round to it.
         self._executor = futures.ThreadPoolExecutor(
@@ -101,7 +108,7 @@ class GrpcServer:
         )
         self._server = grpc.server(
             self._executor,
-            interceptors=[] if token is None else [_TokenCheck(admission)],
+            interceptors=[] if token is None else [_TokenCheck(requests.admission)],
             maximum_concurrent_rpcs=max_concurrent_rpcs,
             options=[
                 ("grpc.max_send_message_length", MAX_BATCH_BYTES),
@@ -119,7 +126,7 @@ class GrpcServer:
                 ("grpc.http2.min_ping_interval_without_data_ms", GRPC_MIN_PING_INTERVAL_MS),
             ],
         )
-        servicer = WorkerServicer(worker, threads, admission)
+        servicer = WorkerServicer(requests)
         methods = {
             "Handshake": _method(servicer.Handshake, wire.HandshakeRequest, wire.HandshakeResponse),
             "Info": _method(servicer.Info, wire.InfoRequest, wire.InfoResponse),
@@ -149,6 +156,11 @@ class GrpcServer:
         self._health_watch = threading.Thread(
             target=self._watch_health, name="loadax-grpc-health", daemon=True
         )
+
+    @property
+    def ledger(self) -> Ledger:
+        """What the server holds for its clients until their calls have ended."""
+        return self._requests.ledger
 
     def start(self) -> str:
         """Listen and serve; returns the bound "host:port" (with the port that was picked)."""
@@ -234,77 +246,71 @@ class _TokenCheck(grpc.ServerInterceptor):  # type: ignore[misc]
 
 
 class WorkerServicer:
-    """The `loadax.wire.v1.Worker` service: `Worker` calls, with errors mapped to statuses."""
+    """The `loadax.wire.v1.Worker` service: every call takes the request path and is held in its
+    ledger until the call has ended; an error becomes the call's status."""
 
-    def __init__(self, worker: Worker, threads: int, admission: Admission) -> None:
-        self._worker = worker
-        self._admission = admission
-        self._loading = threading.BoundedSemaphore(threads)
+    def __init__(self, requests: RequestPath) -> None:
+        self._requests = requests
 
     def Handshake(self, request: wire.HandshakeRequest, context: Any) -> wire.HandshakeResponse:
-        return self._reply(
-            request,
-            context,
-            lambda: self._admission.announce(self._worker.handshake(request)),
-        )
+        with self._held(context) as held:
+            self._admit(request, context, held)
+            return _replied(context, self._requests.answer(request, held))
 
     def Info(self, request: wire.InfoRequest, context: Any) -> wire.InfoResponse:
-        return self._reply(request, context, lambda: self._worker.info(request))
+        with self._held(context) as held:
+            self._admit(request, context, held)
+            return _replied(context, self._requests.answer(request, held))
 
     def LoadBatch(self, request: wire.BatchRequest, context: Any) -> wire.BatchResponse:
         """The schema's method: the header with the payload inside (one more copy)."""
-        with _Held(context) as held:
-            batch = self.load_payload(request, context, held)
+        with self._held(context) as held:
+            batch = self._batch(request, context, held)
             response = batch.header
             response.payload = batch.payload
             return response
 
     def load_raw(self, request: wire.BatchRequest, context: Any) -> bytes:
         """The raw unary reply: the header, then the payload (`payload_reply`)."""
-        with _Held(context) as held:
-            batch = self.load_payload(request, context, held)
+        with self._held(context) as held:
+            batch = self._batch(request, context, held)
             return payload_reply(batch.header, batch.frames)
 
     def stream_batch(self, request: wire.BatchRequest, context: Any) -> Iterator[bytes]:
         """The raw stream's messages: the header, then the payload (`stream_messages`). gRPC
         sends each before it asks for the next, and drops the rest when the call ends."""
-        with _Held(context) as held:
-            batch = self.load_payload(request, context, held)
+        with self._held(context) as held:
+            batch = self._batch(request, context, held)
             yield from stream_messages(batch)
 
-    def load_payload(self, request: wire.BatchRequest, context: Any, held: _Held) -> EncodedBatch:
-        """A batch request, within this client's in-flight limit and the loading threads; its
-        place in the in-flight count and the batch's share of the memory budget are `held`."""
+    def _batch(self, request: wire.BatchRequest, context: Any, held: Held) -> EncodedBatch:
+        """A batch, given up if the client stopped waiting while the call waited its turn."""
+        self._admit(request, context, held)
+        return _replied(context, self._requests.answer(request, held, context.is_active))
+
+    def _admit(self, request: RequestMessage, context: Any, held: Held) -> None:
+        refusal = self._requests.admit(request, held)
+        if refusal is not None:
+            _abort(context, refusal)
+
+    @contextlib.contextmanager
+    def _held(self, context: Any) -> Iterator[Held]:
+        """The call's entry in the ledger, let go of once the call has ended and its handler
+        has returned, whichever is last. gRPC keeps a unary reply after its handler returns,
+        until the client has taken it; a streaming handler returns once gRPC has sent its last
+        message, or dropped the rest. The call ends when its status has been sent after the
+        replies, or when it was cancelled (the client cancelled it, went away, or its
+        connection broke)."""
         peer = context.peer()
+        ledger = self._requests.ledger
+        held = self._requests.arrive(peer, peer, until=2)
+        # Run by gRPC once the call has ended; False when it has ended already.
+        if not context.add_callback(functools.partial(ledger.done, held)):
+            ledger.done(held)
         try:
-            held.add(self._admission.admit(peer))
-        except WorkerError as error:
-            self._admission.refuse(LOAD_BATCH, peer, error)
-            _abort(context, error)
-        batch = self._reply(request, context, lambda: self._load(request, context))
-        held.add(batch.release)
-        return batch
-
-    def _reply(self, request: RequestMessage, context: Any, call: Callable[[], R]) -> R:
-        """`call()`, the reply to `request`; an error becomes the call's status instead."""
-        reply = self._admission.answer(request, context.peer(), call)
-        if isinstance(reply, WorkerError):
-            _abort(context, reply)
-        return reply
-
-    def _load(self, request: wire.BatchRequest, context: Any) -> EncodedBatch:
-        with self._loading:
-            if not context.is_active():  # the client gave up while the call waited its turn
-                raise WorkerError("CANCELLED", f"step {request.step} was cancelled by the client")
-            response = self._worker.load_batch(request)
-        if response.size > MAX_BATCH_BYTES - 1024:
-            response.release()
-            raise WorkerError(
-                "RESOURCE_EXHAUSTED",
-                f"the batch of step {request.step} encodes to {response.size} bytes, "
-                f"more than the {MAX_BATCH_BYTES} a reply may hold; ask for fewer rows",
-            )
-        return response
+            yield held
+        finally:
+            ledger.done(held)
 
 
 def _method(
@@ -334,40 +340,11 @@ def _parsing(handler: Callable[[Q, Any], R], request: type[Q]) -> Callable[[byte
     return parsed
 
 
-class _Held:
-    """What a call holds for its client (its place in the in-flight count, its batch's share of
-    the memory budget), let go once the call has ended and its handler has returned, whichever
-    is last. gRPC keeps a unary reply after its handler returns, until the client has taken it; a
-    streaming handler returns once gRPC has sent its last message, or dropped the rest. The call
-    ends when its status has been sent after the replies, or when it was cancelled (the client
-    cancelled it, went away, or its connection broke)."""
-
-    def __init__(self, context: Any) -> None:
-        self._lock = threading.Lock()
-        self._releases: list[Callable[[], None]] = []
-        self._waiting = 2  # for the handler and for the call
-        if not context.add_callback(self._done):  # run by gRPC once the call has ended
-            self._waiting = 1  # it has ended already
-
-    def add(self, release: Callable[[], None]) -> None:
-        """Hold what `release` lets go of too."""
-        with self._lock:
-            self._releases.append(release)
-
-    def __enter__(self) -> _Held:
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self._done()
-
-    def _done(self) -> None:
-        with self._lock:
-            self._waiting -= 1
-            if self._waiting:
-                return
-            releases, self._releases = self._releases, []
-        for release in releases:
-            release()
+def _replied(context: Any, reply: R | WorkerError) -> R:
+    """`reply`; an error ends the call with it as its status instead."""
+    if isinstance(reply, WorkerError):
+        _abort(context, reply)
+    return reply
 
 
 def _abort(context: Any, error: WorkerError) -> NoReturn:

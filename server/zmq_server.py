@@ -19,31 +19,29 @@ allow-list keeps unknown peers from connecting at all.
 
 from __future__ import annotations
 
-import dataclasses
-import functools
 import logging
 import math
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 import zmq
 from zmq.auth.thread import ThreadAuthenticator
 
 from loadax.errors import WorkerError
-from loadax.server.admission import Admission, Transport
+from loadax.server.admission import Transport
 from loadax.server.config_security import CurveConfig
+from loadax.server.ledger import Held, Ledger
 from loadax.server.metrics import WorkerMetrics
+from loadax.server.request_path import RequestPath
 from loadax.server.throttled_log import ThrottledLog
 from loadax.server.worker import Worker
+from loadax.server.zmq_outbox import Outbox, tracked_frames
 from loadax.validation import require_int
 from loadax.wire import zmq_frames
 from loadax.wire.credentials import BEARER
 from loadax.wire.limits import MAX_REQUEST_BYTES, ZMQ_HEARTBEAT_MS, ZMQ_HEARTBEAT_TIMEOUT_MS
-from loadax.wire.messages import RequestMessage, ResponseMessage
-from loadax.wire.payloads import EncodedBatch
-from loadax.wire.v1 import worker_pb2 as wire
 
 log = logging.getLogger(__name__)
 
@@ -85,21 +83,20 @@ class ZmqServer:
         token: str | None = None,
         metrics: WorkerMetrics | None = None,
     ) -> None:
-        for name, value in (
-            ("threads", threads),
-            ("max_in_flight_per_client", max_in_flight_per_client),
-            ("max_request_bytes", max_request_bytes),
-        ):
-            require_int(name, value, minimum=1)
-        self._worker = worker
+        self._requests = RequestPath(
+            worker,
+            _TRANSPORT,
+            threads=threads,
+            max_in_flight_per_client=max_in_flight_per_client,
+            token=token,
+            metrics=metrics,
+        )
+        require_int("max_request_bytes", max_request_bytes, minimum=1)
         self._endpoint = endpoint.replace("zmq://", "tcp://", 1)
         self._max_in_flight = max_in_flight_per_client
         self._max_request_bytes = max_request_bytes
         self._curve = curve
         self._warnings = ThrottledLog(log)
-        self._admission = Admission(
-            _TRANSPORT, metrics or WorkerMetrics(), token, max_in_flight_per_client
-        )
         self._authenticator: ThreadAuthenticator | None = None
         self._stopping = threading.Event()
         self._stop_lock = threading.Lock()  # a second stop() waits for the first
@@ -112,7 +109,12 @@ class ZmqServer:
         # Handler threads share one PUSH socket; the lock is what makes that safe.
         self._push_lock = threading.Lock()
         self._push: zmq.Socket[bytes] | None = None
-        self._sending = _Sending()
+        self._outbox = Outbox(self._requests.ledger)
+
+    @property
+    def ledger(self) -> Ledger:
+        """What the server holds for its clients until libzmq is done with their replies."""
+        return self._requests.ledger
 
     def start(self) -> str:
         """Bind and start serving; returns the bound endpoint, e.g. "tcp://127.0.0.1:40123"."""
@@ -198,10 +200,10 @@ class ZmqServer:
                     self._push.close(linger=0)
                     self._push = None
             # Past the grace, handlers may still run: their replies are dropped, not awaited.
-            self._pool.shutdown(wait=self._admission.in_flight == 0, cancel_futures=True)
+            self._pool.shutdown(wait=self.ledger.in_flight == 0, cancel_futures=True)
             self._stop_authenticator()
             self._context.term()
-            self._sending.release_all()  # libzmq has let go of every reply now
+            self._outbox.release_all()  # libzmq has let go of every reply now
             self._thread = self._context = None
 
     def _wake(self) -> None:
@@ -223,7 +225,7 @@ class ZmqServer:
                 if (
                     closing is None
                     and deadline is not None
-                    and (self._admission.in_flight == 0 or now >= deadline)
+                    and (self.ledger.in_flight == 0 or now >= deadline)
                 ):
                     closing = now + _FAREWELL_S
                 if closing is not None and now >= closing:
@@ -234,10 +236,10 @@ class ZmqServer:
                 timeout_ms = None
                 if wake_at is not None:
                     timeout_ms = max(math.ceil(1000 * (wake_at - now)), 0)
-                if self._sending.pending:
+                if self._outbox.pending:
                     timeout_ms = min(timeout_ms, _REAP_MS) if timeout_ms is not None else _REAP_MS
                 ready = dict(poller.poll(timeout_ms))
-                self._sending.reap()
+                self._outbox.reap()
                 if replies in ready:
                     self._forward_replies(replies, router)
                 if router in ready:
@@ -249,7 +251,7 @@ class ZmqServer:
             router.close(linger=int(1000 * max(remaining, _MIN_FLUSH_S)))
             replies.close(linger=0)
             # No client is served any more: what their replies hold is no longer theirs.
-            self._sending.release_all()
+            self._outbox.release_all()
 
     def _receive_requests(self, router: zmq.Socket[bytes]) -> None:
         for _ in range(_BURST):
@@ -278,70 +280,67 @@ class ZmqServer:
                 _client(identity),
             )
             return
+        client = _client(identity)
         try:
             # The token first: a request without the right one is refused unparsed.
             token = zmq_frames.request_token(frames)
-            self._admission.authenticate([] if token is None else [BEARER + token])
+            self._requests.admission.authenticate([] if token is None else [BEARER + token])
             request = zmq_frames.parse_request(frames)
             if self._stopping.is_set():
                 raise WorkerError("UNAVAILABLE", "the worker is shutting down")
-            release = self._admit_within_limit(identity)
         except WorkerError as error:
             # The method frame as sent: the metrics count unknown ones as such.
             method = bytes(frames[1][:64]).decode("ascii", "replace") if len(frames) > 1 else ""
-            self._admission.refuse(method, _client(identity), error)
+            self._requests.admission.refuse(method, client, error)
             self._send(router, [identity, *zmq_frames.error_frames(request_id, error)])
             return
-        self._pool.submit(self._handle, identity, request, release)
-
-    def _admit_within_limit(self, identity: bytes) -> Callable[[], None]:
-        """`Admission.admit`; a client at its limit is refused only once its oldest reply has
-        had a moment to be counted out (`_Sending.settle`)."""
-        try:
-            return self._admission.admit(identity)
-        except WorkerError:
-            self._sending.settle(identity, _SETTLE_S)
-        return self._admission.admit(identity)
-
-    def _handle(
-        self, identity: bytes, request: zmq_frames.Request, admitted: Callable[[], None]
-    ) -> None:
-        """Runs on a handler thread: the worker's answer goes back to the I/O thread. The
-        request stays in flight (`admitted`), and a batch keeps its share of the memory budget,
-        until libzmq is done with the reply: sent, or dropped."""
-        request_id = request.request_id
-        answer = self._admission.answer(
-            request.message, _client(identity), lambda: self._call(request.message)
+        held = self._requests.arrive(identity, client)
+        # A client at its limit is refused only once its oldest reply has had a moment to be
+        # let go of (`Outbox.settle`).
+        refusal = self._requests.admit(
+            request.message, held, settle=lambda: self._outbox.settle(identity, _SETTLE_S)
         )
-        releases = [admitted]
+        if refusal is not None:
+            self.ledger.done(held)
+            self._send(router, [identity, *zmq_frames.error_frames(request_id, refusal)])
+            return
+        self._pool.submit(self._handle, identity, held, request)
+
+    def _handle(self, identity: bytes, held: Held, request: zmq_frames.Request) -> None:
+        """Runs on a handler thread: the worker's answer goes back to the I/O thread. The
+        request stays `held`, and a batch keeps its share of the memory budget, until libzmq
+        is done with the reply: sent, or dropped."""
+        request_id = request.request_id
+        answer = self._requests.answer(request.message, held)
         if isinstance(answer, WorkerError):
-            reply = zmq_frames.error_frames(request_id, answer)
+            self._push_reply(
+                identity, held, request_id, zmq_frames.error_frames(request_id, answer)
+            )
         else:
-            reply = zmq_frames.reply_frames(request_id, answer)
-            if isinstance(answer, EncodedBatch):
-                releases.append(answer.release)
-        release = functools.partial(_release_all, releases)
-        frames, tracker = _tracked(reply)
+            self._push_reply(
+                identity, held, request_id, zmq_frames.reply_frames(request_id, answer)
+            )
+
+    def _push_reply(
+        self, identity: bytes, held: Held, request_id: int, reply: list[zmq_frames.Buffer]
+    ) -> None:
+        """Hand `reply` to the I/O thread. Its tracked frames live in this frame only: libzmq
+        is done with them once they are sent and freed, and an error answered keeps the frames
+        of its traceback (`_handle`'s among them) alive until the garbage collector runs."""
+        frames, tracker = tracked_frames(reply)
         with self._push_lock:
             if self._push is None:
-                release()
+                self.ledger.done(held)
                 log.warning("dropped the reply to request %d: the server stopped", request_id)
                 return
-            # Counted before it is sent, so that the I/O thread, which forwards it, looks for
+            # Watched before it is sent, so that the I/O thread, which forwards it, looks for
             # it until libzmq is done with it.
-            self._sending.add(_Sent(identity, tracker, release))
+            self._outbox.add(held, tracker)
             try:
                 self._push.send_multipart([identity, *frames], copy=False)
             except zmq.ZMQError:
-                release()
+                self.ledger.done(held)
                 log.exception("dropped the reply to request %d", request_id)
-
-    def _call(self, message: RequestMessage) -> ResponseMessage:
-        if isinstance(message, wire.BatchRequest):
-            return self._worker.load_batch(message)
-        if isinstance(message, wire.HandshakeRequest):
-            return self._admission.announce(self._worker.handshake(message))
-        return self._worker.info(message)
 
     def _forward_replies(self, replies: zmq.Socket[bytes], router: zmq.Socket[bytes]) -> None:
         for _ in range(_BURST):
@@ -367,98 +366,6 @@ class ZmqServer:
             if error.errno != zmq.EHOSTUNREACH:
                 raise
             log.debug("dropped a reply to %s: it disconnected", _peer(message))
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class _Sent:
-    """A reply handed to libzmq: to whom, what tells when libzmq is done with it, and what
-    releases what it holds for its client."""
-
-    identity: bytes
-    tracker: zmq.MessageTracker
-    release: Callable[[], None]
-
-
-class _Sending:
-    """The replies handed to libzmq that it has not finished with yet (sent, or dropped). The
-    I/O thread `reap`s them."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._replies: list[_Sent] = []
-        # Clients whose oldest reply was waited for in vain, not waited for again until one of
-        # their replies is done: a client that does not read costs the I/O thread one wait.
-        self._stalled: set[bytes] = set()
-
-    @property
-    def pending(self) -> int:
-        return len(self._replies)
-
-    def add(self, reply: _Sent) -> None:
-        with self._lock:
-            self._replies.append(reply)
-
-    def reap(self) -> None:
-        """Release what the replies libzmq has finished with hold."""
-        if not self._replies:
-            return
-        done: list[_Sent] = []
-        pending: list[_Sent] = []
-        with self._lock:
-            for reply in self._replies:
-                (done if reply.tracker.done else pending).append(reply)
-            self._replies = pending
-            self._stalled.difference_update(reply.identity for reply in done)
-        for reply in done:
-            reply.release()
-
-    def settle(self, identity: bytes, timeout: float) -> None:
-        """Give the oldest reply to `identity` still out up to `timeout` to be done, then
-        `reap`. libzmq lets go of a reply as soon as it is written, but pyzmq tells so from a
-        thread of its own: a client that has read its reply may ask again before it has."""
-        with self._lock:
-            oldest = next((reply for reply in self._replies if reply.identity == identity), None)
-            if identity in self._stalled:
-                oldest = None
-        if oldest is not None:
-            try:
-                oldest.tracker.wait(timeout)
-            except zmq.NotDone:
-                with self._lock:
-                    self._stalled.add(identity)
-        self.reap()
-
-    def release_all(self) -> None:
-        with self._lock:
-            replies, self._replies = self._replies, []
-            self._stalled.clear()
-        for reply in replies:
-            reply.release()
-
-
-def _tracked(
-    parts: Sequence[bytes | memoryview],
-) -> tuple[list[zmq.Frame | bytes | memoryview], zmq.MessageTracker]:
-    """`parts` as frames to send, and what tells when libzmq is done with them (sent, or
-    dropped). Parts of `zmq.COPY_THRESHOLD` bytes or more (a batch's payload frames, views of
-    its arrays) are sent from their own buffers and tracked (copying them costs more: 0.46
-    against 0.26 s/GB at 1 MiB); smaller ones are copied, except the last, which is tracked
-    too: libzmq lets go of a message's frames in order, so once it has let go of the last, it
-    holds none of the others."""
-    last = len(parts) - 1
-    frames: list[zmq.Frame | bytes | memoryview] = [
-        zmq.Frame(part, copy=False, track=True)
-        if index == last or len(part) >= zmq.COPY_THRESHOLD
-        else part
-        for index, part in enumerate(parts)
-    ]
-    tracker = zmq.MessageTracker(*(frame for frame in frames if isinstance(frame, zmq.Frame)))
-    return frames, tracker
-
-
-def _release_all(releases: Sequence[Callable[[], None]]) -> None:
-    for release in releases:
-        release()
 
 
 class _AllowList:
