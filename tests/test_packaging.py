@@ -115,7 +115,8 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> Built:
 
 def test_the_wheel_holds_the_server_and_the_client_inside_loadax(built: Built) -> None:
     for folder, package in MAPPED.items():
-        expected = {f"{package}/{path.name}" for path in (built.source / folder).glob("*.py")}
+        modules = (built.source / folder).rglob("*.py")
+        expected = {f"{package}/{path.relative_to(built.source / folder)}" for path in modules}
         shipped = {name for name in built.wheel if name.startswith(f"{package}/")}
         assert f"{package}/__init__.py" in expected
         assert shipped == expected, f"{folder}/ should ship as {package}/"
