@@ -14,7 +14,6 @@ import decimal
 import enum
 import fractions
 import functools
-import hashlib
 import operator
 import os
 import pickle
@@ -28,10 +27,10 @@ from typing import Any
 
 import numpy as np
 
+from loadax.server.digests import hashed, leaf_digest, plain, text
+
 LARGE = 256
 """A list, tuple, dict or set with more items than this is data: hashed by type and length."""
-LARGE_BYTES = 1 << 20
-"""A str or bytes longer than this is data: hashed by type and length."""
 SMALL_ARRAY_BYTES = 4096
 """A numpy array up to this size is hashed by content too (a larger one is the probe's job)."""
 MAX_DEPTH = 64
@@ -50,19 +49,6 @@ _BUILTIN_CALLABLES = (
 _REDUCED_CALLABLES = (operator.itemgetter, operator.attrgetter, operator.methodcaller)
 
 
-def hashed(*parts: bytes) -> bytes:
-    """The sha256 of `parts`, each length-prefixed so that no two sequences of parts collide."""
-    digest = hashlib.sha256()
-    for part in parts:
-        digest.update(len(part).to_bytes(8, "little"))
-        digest.update(part)
-    return digest.digest()
-
-
-def text(value: str) -> bytes:
-    return value.encode("utf-8", "surrogatepass")
-
-
 @functools.cache
 def _library_roots() -> tuple[str, ...]:
     """Where the standard library and installed packages live."""
@@ -76,26 +62,6 @@ def _library_roots() -> tuple[str, ...]:
 @functools.lru_cache(maxsize=4096)
 def _installed(file: str) -> bool:
     return os.path.realpath(file).startswith(_library_roots())
-
-
-def _leaf(value: Any) -> bytes | None:
-    """The digest of a plain value (None: not a plain value). Large ones are data: by length."""
-    kind = type(value)
-    if value is None or value is Ellipsis:
-        return hashed(b"const", text(repr(value)))
-    if kind is bool:
-        return hashed(b"bool", b"1" if value else b"0")
-    if kind is int:
-        return hashed(b"int", value.to_bytes((value.bit_length() + 8) // 8, "little", signed=True))
-    if kind is float:
-        return hashed(b"float", text(value.hex()))
-    if kind is complex:
-        return hashed(b"complex", text(value.real.hex()), text(value.imag.hex()))
-    if kind is str or kind is bytes:
-        if len(value) > LARGE_BYTES:
-            return hashed(b"large", text(kind.__name__), text(str(len(value))))
-        return hashed(text(kind.__name__), text(value) if kind is str else value)
-    return None
 
 
 class Walker:
@@ -117,7 +83,7 @@ class Walker:
         self._library: dict[str, bool] = {}
 
     def digest(self, value: Any) -> bytes:
-        leaf = _leaf(value)
+        leaf = leaf_digest(value)
         if leaf is not None:
             return leaf
         key = id(value)
@@ -165,7 +131,7 @@ class Walker:
         if isinstance(value, range | slice):
             return hashed(b"range", self.digest((value.start, value.stop, value.step)))
         if isinstance(value, str | bytes | bytearray | int | float):  # their subclasses
-            return hashed(b"value", self.digest(type(value)), self.digest(_plain(value)))
+            return hashed(b"value", self.digest(type(value)), self.digest(plain(value)))
         if isinstance(value, PurePath | datetime.date | datetime.time | datetime.timedelta):
             return hashed(b"text", self.digest(type(value)), text(str(value)))
         if isinstance(value, decimal.Decimal | fractions.Fraction | complex):
@@ -385,19 +351,6 @@ class Walker:
             module = f"{owner.__module__}.{owner.__qualname__}"
         qualname = getattr(value, "__qualname__", None) or getattr(value, "__name__", None)
         return text(f"{module}:{qualname}")
-
-
-def _plain(value: str | bytes | bytearray | int | float) -> Any:
-    """The builtin value of an instance of a subclass of a builtin scalar type."""
-    if isinstance(value, str):
-        return str(value)
-    if isinstance(value, bool):
-        return bool(value)
-    if isinstance(value, int):
-        return int(value)
-    if isinstance(value, float):
-        return float(value)
-    return bytes(value)
 
 
 def _names(code: types.CodeType) -> set[str]:

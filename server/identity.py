@@ -22,7 +22,8 @@ from loadax.execution.executor import Executor
 from loadax.execution.pipeline import Pipeline
 from loadax.plan.planner import Plan
 from loadax.plan.work import StepWork, StreamWindow, Work
-from loadax.server.code_walk import Walker, hashed
+from loadax.server.code_walk import Walker
+from loadax.server.digests import hashed
 from loadax.wire.codec import encode_frames
 
 log = logging.getLogger(__name__)
