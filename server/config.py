@@ -9,7 +9,6 @@ import contextlib
 import dataclasses
 import importlib
 import re
-import socket
 import sys
 import tomllib
 from collections.abc import Callable, Iterator, Mapping
@@ -17,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from loadax.execution.pipeline import Pipeline
+from loadax.server.config_addresses import listen_address, zmq_endpoint
 from loadax.server.config_checks import ConfigError, check_keys, show, show_name
 from loadax.server.config_security import (
     CurveConfig,
@@ -44,7 +44,6 @@ _SERVER_KEYS = (
 )
 _PIPELINE_KEYS = ("factory", "args")
 _FACTORY = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
-_HOST = re.compile(r"^(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.-]+)$")
 LOG_FORMATS = ("text", "json")
 
 
@@ -247,15 +246,15 @@ def _parse(
         raise fail(f"[server] must be a table, got {show(server)}")
     check_keys(source, server, _SERVER_KEYS, "[server].")
 
-    grpc = _address(source, "--grpc", grpc) if grpc is not None else None
-    zmq = _zmq_endpoint(source, "--zmq", zmq) if zmq is not None else None
+    grpc = listen_address(source, "--grpc", grpc) if grpc is not None else None
+    zmq = zmq_endpoint(source, "--zmq", zmq) if zmq is not None else None
     if grpc is None and "grpc" in server:
-        grpc = _address(source, "[server].grpc", server["grpc"])
+        grpc = listen_address(source, "[server].grpc", server["grpc"])
     if zmq is None and "zmq" in server:
-        zmq = _zmq_endpoint(source, "[server].zmq", server["zmq"])
-    metrics = _address(source, "--metrics", metrics) if metrics is not None else None
+        zmq = zmq_endpoint(source, "[server].zmq", server["zmq"])
+    metrics = listen_address(source, "--metrics", metrics) if metrics is not None else None
     if metrics is None and "metrics" in server:
-        metrics = _address(source, "[server].metrics", server["metrics"])
+        metrics = listen_address(source, "[server].metrics", server["metrics"])
     if grpc is None and zmq is None:
         raise fail("[server] needs grpc (a host:port) or zmq (a tcp://host:port), or both")
 
@@ -369,51 +368,3 @@ def _seconds(source: str, server: Mapping[str, Any], key: str, default: float) -
             f"{source}: [server].{key} must be a number of seconds > 0, got {show(value)}"
         )
     return float(value)
-
-
-def _address(source: str, key: str, value: Any) -> str:
-    """A "host:port" (gRPC's, the metrics exporter's) whose host resolves."""
-    if not isinstance(value, str) or not _host_port(value):
-        raise ConfigError(
-            f'{source}: {key} must be "host:port" (port 0: any free port), got {show(value)}'
-        )
-    _check_resolves(source, key, value)
-    return value
-
-
-def _zmq_endpoint(source: str, key: str, value: Any) -> str:
-    if (
-        isinstance(value, str)
-        and value.startswith("tcp://")
-        and _host_port(value.removeprefix("tcp://"), wildcard=True)
-    ):
-        _check_resolves(source, key, value.removeprefix("tcp://"))
-        return value
-    raise ConfigError(
-        f'{source}: {key} must be "tcp://host:port" (port 0: any free port), got {show(value)}'
-    )
-
-
-def _check_resolves(source: str, key: str, address: str) -> None:
-    """A ConfigError unless the host of `address` ("host:port") names an address to listen on."""
-    host = address.rpartition(":")[0].strip("[]")
-    if host in ("*", ""):
-        return
-    try:
-        socket.getaddrinfo(host, None, flags=socket.AI_PASSIVE)
-    except (socket.gaierror, UnicodeError) as error:
-        raise ConfigError(
-            f"{source}: {key}: the host {host!r} does not resolve ({error}); listen on an "
-            'address of this machine, e.g. "0.0.0.0" for all of them'
-        ) from None
-
-
-def _host_port(address: str, *, wildcard: bool = False) -> bool:
-    host, separator, port = address.rpartition(":")
-    return (
-        bool(separator)
-        and (bool(_HOST.match(host)) or (wildcard and host == "*"))
-        and port.isdigit()
-        and port.isascii()
-        and int(port) <= 65535
-    )
