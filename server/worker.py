@@ -22,26 +22,25 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 import loadax
 from loadax.errors import RecordError, WorkerError
 from loadax.execution.executor import Executor, Pending
 from loadax.execution.pickled import PickledPipeline
 from loadax.execution.pipeline import Pipeline
-from loadax.execution.processes import ProcessExecutor, WorkerProcessLost
+from loadax.execution.process_errors import WorkerProcessLost
+from loadax.execution.processes import ProcessExecutor
 from loadax.execution.threads import ThreadExecutor
 from loadax.plan.planner import Plan
-from loadax.plan.work import StepWork, StreamWindow, Work
+from loadax.plan.work import Work
 from loadax.server.config import Rebuild, WorkerConfig, build_pipelines, load_config
 from loadax.server.identity import pipeline_identity
 from loadax.server.memory import MemoryBudget
+from loadax.server.probes import probe_batches
 from loadax.validation import is_int, require_int, require_positive
-from loadax.wire.codec import decode_frames, encode_frames
+from loadax.wire.codec import encode_frames
 from loadax.wire.failures import PoisonFailed, RecordFailed
 from loadax.wire.payloads import EncodedBatch
 from loadax.wire.plans import compatible_versions, plan_from_wire, work_from_wire
-from loadax.wire.schema import batch_schema
 from loadax.wire.v1 import worker_pb2 as wire
 
 log = logging.getLogger(__name__)
@@ -130,7 +129,7 @@ class Worker:
         # whose sizes tell the budget the bytes per row.
         self._schemas: dict[str, wire.BatchSchema | None] = {}
         for name, pipeline in pipelines.items():
-            self._schemas[name], sizes = _probe(name, pipeline)
+            self._schemas[name], sizes = probe_batches(name, pipeline)
             for rows, size in sizes:
                 if self._budget is not None:
                     self._budget.learn((name, rows), size)
@@ -371,42 +370,3 @@ def _running(pending: Pending[Any]) -> bool:
     except BaseException:
         return False
     return False
-
-
-def _probe(
-    name: str, pipeline: Pipeline[Any, Any]
-) -> tuple[wire.BatchSchema | None, list[tuple[int, int]]]:
-    """The schema of the pipeline's batches, from probes that go through the codec as replies
-    do (the first row and the first two rows of a batch, window 0 of a stream), and the encoded
-    bytes of each batch probe by its rows. No schema, logged, when the pipeline cannot make a
-    probe: clients then check batches without one."""
-    num_records = pipeline.num_records
-    if not num_records:
-        return None, []  # no batch to check
-    sizes: list[tuple[int, int]] = []
-    try:
-        if pipeline.stream is not None:
-            plan = Plan(num_records, batch_size=1)
-            window = _round_trip(pipeline.run(plan, StreamWindow(shards=1, shard=0, index=0)))
-            if window is None:
-                raise ValueError("no row of window 0 survives")
-            probes: list[tuple[Any, int | None]] = [(window, None)]
-        else:
-            plan = Plan(num_records, batch_size=min(num_records, 2))
-            probes = []
-            for rows in sorted({1, plan.batch_length(0)}):
-                frames = encode_frames(pipeline.run(plan, StepWork(0, np.arange(rows))))
-                sizes.append((rows, sum(len(frame) for frame in frames)))
-                probes.append((decode_frames(frames), rows))
-    except Exception as error:
-        log.warning("pipeline %r has no batch schema: its probe batch failed: %r", name, error)
-        return None, []
-    schema = batch_schema(probes)
-    if schema is None:
-        log.warning("pipeline %r has no batch schema: its probe batches differ in tree", name)
-    return schema, sizes
-
-
-def _round_trip(batch: Any) -> Any:
-    """`batch` as a client decodes it."""
-    return decode_frames(encode_frames(batch))
