@@ -18,6 +18,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Sequence
+from typing import TypeGuard
 
 from loadax.client.driver import Driver
 from loadax.client.identity import choose, require
@@ -145,7 +146,12 @@ class Membership:
             raise self._failure(min_workers, agreeing)
         for member in choice.left_out:
             member.transport.close()
+        joined: set[str] = set()
         for member in choice.chosen:
+            if member.name in joined:  # worker objects of one class share their name
+                member.transport.close()
+                continue
+            joined.add(member.name)
             driver.join(member)
         return choice.identity
 
@@ -225,7 +231,8 @@ class Membership:
     # Members that answer after the build.
 
     def _join(self, member: Member) -> None:
-        assert self._driver is not None and self._identity is not None
+        assert self._driver is not None
+        assert self._identity is not None
         require(member, self._identity, self._pipeline)
         self._driver.join(member)
         with self._condition:
@@ -347,7 +354,7 @@ class Membership:
         )
 
 
-def host_is_name(spec: TargetSpec) -> bool:
+def host_is_name(spec: TargetSpec) -> TypeGuard[str]:
     """Whether `spec` is an address whose host is a name (not an IP address)."""
     if not isinstance(spec, str) or "://" not in spec:
         return False

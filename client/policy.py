@@ -53,7 +53,7 @@ from loadax.client.fleet_events import (
     Withdraw,
 )
 from loadax.client.fleet_options import FleetOptions
-from loadax.client.fleet_stats import MemberCounts
+from loadax.client.member_health import FleetLatency, MemberHealth
 from loadax.client.verdicts import Verdict, verdict
 from loadax.errors import WorkerError
 from loadax.iterators.stats import WorkerStats
@@ -65,56 +65,22 @@ HUNG_FACTOR = 8.0
 """An attempt this many times the fleet's p95 latency old is given up as hung..."""
 HUNG_FLOOR = 1.0
 """... but never one younger than this (seconds): scheduling noise is not a hang."""
-HUNG_STRIKES = 3
-"""A member whose attempts are given up this many times in a row is quarantined."""
 HEDGED_FRONT = 2
 """The oldest requests outstanding that may be hedged: those that block in-order delivery."""
 EXTRA_SHARE = 0.1
 """Hedges and re-issues of hung attempts add at most this share of the requests."""
 EXTRA_BURST = 4.0
 """The most extra attempts saved up for a burst of slow requests."""
-LATENCY_SAMPLES = 4
-"""Answers the fleet must have given before its latency sets hedges and hang deadlines (until
-then an attempt may take `request_timeout` and no request is hedged)."""
 DEFAULT_LIMIT = 16
 """The most requests a member is sent at once when it did not announce its own limit."""
 TICK = 0.02
 """Seconds between ticks while requests are outstanding."""
-_RECENT = 256  # the fleet's answers whose latencies make its p95
-_EWMA_WEIGHT = 0.2  # of a member's newest answer in its latency estimate
-_STALE_AFTER = 10.0  # seconds without an answer after which a member's latency is forgotten
-
-
-@dataclasses.dataclass
-class _MemberState:
-    name: str
-    announced: int  # the most requests it takes from one client at once
-    limit: int  # what it is sent at most now: lowered by back-pressure, regrown by answers
-    sent: dict[int, float] = dataclasses.field(default_factory=dict)  # attempt -> when
-    latency: float | None = None  # EWMA of its answers, raised to the age of abandoned ones
-    latency_at: float = 0.0
-    down_until: float = 0.0
-    failures: int = 0  # in a row, since its last answer
-    hangs: int = 0  # attempts given up as hung, in a row
-    quarantines: int = 0  # in a row, since its last answer
-    quarantined: str | None = None  # why, until it answers again
-    last_error: str = "none"
-    counts: MemberCounts = dataclasses.field(default_factory=MemberCounts)
-
-    def expected_latency(self, now: float, typical: float) -> float:
-        """Its recent latency (`typical` when it has none or it is stale), but at least the age
-        of its oldest attempt outstanding: a member slow to answer is known to be slow before
-        it answers."""
-        latency = typical
-        if self.latency is not None and now - self.latency_at <= _STALE_AFTER:
-            latency = self.latency
-        return max(latency, now - min(self.sent.values())) if self.sent else latency
 
 
 @dataclasses.dataclass(eq=False)
 class _Attempt:
     request: _Request
-    member: _MemberState
+    member: MemberHealth
     sent: float
     given_up: bool = False  # judged hung: it may still answer, and wins if first
 
@@ -144,14 +110,12 @@ class Policy:
 
     def __init__(self, options: FleetOptions) -> None:
         self.options = options
-        self._members: dict[str, _MemberState] = {}
+        self._members: dict[str, MemberHealth] = {}
         self._waiting: deque[_Request] = deque()  # submitted, beyond the depth
         self._admitted: dict[int, _Request] = {}  # outstanding, in step order
         self._attempts: dict[int, _Attempt] = {}
         self._ids = itertools.count(1)
-        self._recent: deque[float] = deque(maxlen=_RECENT)
-        self._answers = 0
-        self._p95: float | None = None
+        self._latency = FleetLatency()
         self._extra_credit = EXTRA_BURST
         self._answered_at = 0.0  # when the fleet last answered (or the first member joined)
         self._actions: list[Action] = []
@@ -179,9 +143,7 @@ class Policy:
         return now + TICK if self._admitted or self._waiting else None
 
     def member_stats(self) -> dict[str, WorkerStats]:
-        return {
-            name: member.counts.stats(member.quarantined) for name, member in self._members.items()
-        }
+        return {name: member.stats() for name, member in self._members.items()}
 
     # The one door.
 
@@ -201,7 +163,7 @@ class Policy:
                 if not self._members:
                     self._answered_at = now
                 announced = event.limit or DEFAULT_LIMIT
-                self._members[event.member] = _MemberState(event.member, announced, announced)
+                self._members[event.member] = MemberHealth(event.member, announced, self.options)
         elif isinstance(event, Left):
             self._leave(event.member, now)
         self._admit(now)
@@ -220,13 +182,13 @@ class Policy:
             self._dispatch(request, now)
 
     def _withdraw(self, request_id: int) -> None:
-        for request in self._waiting:
-            if request.id == request_id:
-                self._waiting.remove(request)
+        for waiting in self._waiting:
+            if waiting.id == request_id:
+                self._waiting.remove(waiting)
                 return
-        request = self._admitted.get(request_id)
-        if request is not None:
-            self._finish(request, None)
+        admitted = self._admitted.get(request_id)
+        if admitted is not None:
+            self._finish(admitted, None)
 
     def _finish(self, request: _Request, outcome: Resolve | Fail | None) -> None:
         """`request` is over (`outcome` None: withdrawn); its other attempts are cancelled."""
@@ -240,11 +202,7 @@ class Policy:
 
     def _abandon(self, attempt_id: int, attempt: _Attempt) -> None:
         """An attempt no longer needed: cancelled; its member is at least as slow as its age."""
-        member = attempt.member
-        member.sent.pop(attempt_id, None)
-        if member.name in self._members:
-            member.latency = max(member.latency or 0.0, self._now - attempt.sent)
-            member.latency_at = self._now
+        attempt.member.abandoned(attempt_id, self._now)
         self._actions.append(Cancel(attempt_id))
 
     def _dispatch(self, request: _Request, now: float, extra: bool = False) -> None:
@@ -270,38 +228,23 @@ class Policy:
         attempt_id = next(self._ids)
         self._attempts[attempt_id] = _Attempt(request, member, now)
         request.attempts[member.name] = attempt_id
-        member.sent[attempt_id] = now
-        member.counts.sent()
+        member.send(attempt_id, now)
         self._actions.append(Send(attempt_id, request.id, member.name))
 
-    def _choose(self, busy: set[str], now: float) -> _MemberState | None:
+    def _choose(self, busy: set[str], now: float) -> MemberHealth | None:
         """The member expected to answer first, not in `busy`, with room."""
-        members = [
-            member
-            for member in self._members.values()
-            if member.down_until <= now
-            and member.name not in busy
-            and len(member.sent) < member.limit
-        ]
+        members = [m for m in self._members.values() if m.name not in busy and m.free(now)]
         if not members:
             return None
-        known = [
-            member.latency
-            for member in members
-            if member.latency is not None and now - member.latency_at <= _STALE_AFTER
-        ]
-        typical = min(known, default=0.0)
-        chosen = min(
+        known = [m.fresh_latency(now) for m in members]
+        typical = min((latency for latency in known if latency is not None), default=0.0)
+        return min(
             members,
             key=lambda member: (
                 (len(member.sent) + 1) * member.expected_latency(now, typical),
                 len(member.sent),
             ),
         )
-        if chosen.quarantined is not None:
-            # This request probes it: the others keep away until it answers.
-            chosen.down_until = now + self._quarantine_backoff(chosen)
-        return chosen
 
     def _gave_up(self, request: _Request, now: float) -> bool:
         """Fail `request` once the fleet has answered nothing, or every member has been failing
@@ -313,8 +256,7 @@ class Policy:
             return False
         error = WorkerError(
             "UNAVAILABLE",
-            f"no worker served step {request.step} within {limit:g} s; "
-            f"targets: {self._describe()}",
+            f"no worker served step {request.step} within {limit:g} s; targets: {self._describe()}",
         )
         self._finish(request, Fail(request.id, error))
         return True
@@ -337,22 +279,15 @@ class Policy:
             return  # cancelled, or its member left: the request does not wait for it
         request, member = attempt.request, attempt.member
         del request.attempts[member.name]
-        member.sent.pop(event.attempt, None)
         if isinstance(event, Answered):
-            age = now - attempt.sent
-            member.latency = (
-                age
-                if member.latency is None
-                else (1 - _EWMA_WEIGHT) * member.latency + _EWMA_WEIGHT * age
-            )
-            member.latency_at = self._answered_at = now
-            member.limit = min(member.limit + 1, member.announced)
-            member.counts.answered(age)
-            self._note_latency(age)
-            self._succeeded(member)
+            self._answered_at = now
+            self._latency.add(now - attempt.sent)
+            if member.answered(event.attempt, now):
+                self._note(logging.INFO, f"{member.name} answered again: out of quarantine")
             # Even an attempt given up as hung wins if it answers first.
             self._finish(request, Resolve(request.id, event.attempt))
             return
+        member.sent.pop(event.attempt)
         self._failed_attempt(request, attempt, event.error, now)
 
     def _failed_attempt(
@@ -371,65 +306,19 @@ class Policy:
                 return
             self._note(logging.WARNING, f"{member.name} answered: {error.message}")
         if judged is Verdict.QUARANTINE:
-            self._quarantine(member, str(error), now)
+            self._note_entering(member.quarantine(str(error), now))
         elif judged is Verdict.PRESSURE:
-            member.limit = max(len(member.sent), 1)
-            self._back_off(member, str(error), now)
+            member.pressed(str(error), now)
         elif not attempt.given_up:  # a given-up attempt was counted when given up
-            self._back_off(member, str(error), now)
-            member.counts.failed(str(error))
+            member.back_off(str(error), now)
         if all(self._attempts[other].given_up for other in request.attempts.values()):
             self._dispatch(request, now)  # at once: only this member is kept off
-
-    def _note_latency(self, seconds: float) -> None:
-        self._recent.append(seconds)
-        self._answers += 1
-        # Every answer while they are few, then every 16th.
-        if self._answers >= LATENCY_SAMPLES and (
-            self._answers < _RECENT or self._answers % 16 == 0
-        ):
-            ordered = sorted(self._recent)
-            self._p95 = ordered[int(0.95 * (len(ordered) - 1))]
 
     def _note_failure(self, request: _Request, now: float) -> None:
         if request.failing_since is None:
             request.failing_since = now
 
     # Members.
-
-    def _back_off(self, member: _MemberState, error: str, now: float) -> None:
-        """A transient failure: `member` backs off briefly (a quarantine stays until it answers)."""
-        member.failures += 1
-        backoff = self.options.backoff_initial * 2 ** (member.failures - 1)
-        member.down_until = now + min(backoff, self.options.backoff_max)
-        member.last_error = error
-
-    def _quarantine(self, member: _MemberState, error: str, now: float) -> None:
-        """`member` is wrong for this loader: kept off until a longer back-off, then probed."""
-        member.quarantines += 1
-        backoff = self._quarantine_backoff(member)
-        member.down_until = now + backoff
-        member.last_error = error
-        member.counts.failed(error)
-        if member.quarantined is None:
-            self._note(
-                logging.WARNING,
-                f"quarantined {member.name}: it is tried again after {backoff:g} s, up to every "
-                f"{self.options.quarantine_max:g} s until it answers; its requests go to the "
-                f"other workers. It answered: {error}",
-            )
-        member.quarantined = error
-
-    def _quarantine_backoff(self, member: _MemberState) -> float:
-        options = self.options
-        backoff = options.quarantine_initial * 2 ** max(member.quarantines - 1, 0)
-        return float(min(backoff, options.quarantine_max))
-
-    def _succeeded(self, member: _MemberState) -> None:
-        if member.quarantined is not None:
-            self._note(logging.INFO, f"{member.name} answered again: out of quarantine")
-        member.failures, member.hangs, member.quarantines, member.down_until = 0, 0, 0, 0.0
-        member.quarantined = None
 
     def _leave(self, name: str, now: float) -> None:
         member = self._members.pop(name, None)
@@ -456,12 +345,12 @@ class Policy:
 
     def _thresholds(self) -> tuple[float, float | None]:
         """(the age at which an attempt is hung, the age at which a request is hedged)."""
-        hung = self.options.request_timeout
-        if self._p95 is not None:
-            hung = min(hung, max(HUNG_FLOOR, HUNG_FACTOR * self._p95))
+        p95, hung = self._latency.p95, self.options.request_timeout
+        if p95 is not None:
+            hung = min(hung, max(HUNG_FLOOR, HUNG_FACTOR * p95))
         hedge = self.options.hedge_after
         if hedge == "auto":
-            return hung, None if self._p95 is None else HEDGE_FACTOR * self._p95
+            return hung, None if p95 is None else HEDGE_FACTOR * p95
         return hung, hedge
 
     def _check(self, request: _Request, now: float, hung: float, hedge: float | None) -> None:
@@ -474,7 +363,8 @@ class Policy:
                 attempt.given_up = True
                 self._note_failure(request, now)
                 age = now - attempt.sent
-                self._hung(attempt.member, f"no answer within {hung:.3g} s (after {age:.3g} s)", now)
+                error = f"no answer within {hung:.3g} s (after {age:.3g} s)"
+                self._note_entering(attempt.member.hung(error, now))
         live = [attempt for attempt in attempts if not attempt.given_up]
         if not live:
             # Freely after failures, when a hung attempt's member is quarantined, or at
@@ -488,20 +378,18 @@ class Policy:
         elif len(live) == 1 and hedge is not None and now - live[0].sent >= hedge:
             self._dispatch(request, now, extra=True)
 
-    def _hung(self, member: _MemberState, error: str, now: float) -> None:
-        """An attempt of `member` was given up: after `HUNG_STRIKES` in a row, quarantined."""
-        member.hangs += 1
-        if member.hangs >= HUNG_STRIKES:
-            self._quarantine(member, f"{error} ({member.hangs} times in a row)", now)
-        else:
-            self._back_off(member, error, now)
-            member.counts.failed(error)
-
     def _note(self, level: int, message: str) -> None:
         self._actions.append(Note(level, message))
 
+    def _note_entering(self, quarantined: str | None) -> None:
+        """Log a member entering quarantine (`quarantined`: what to say; None: it did not)."""
+        if quarantined is not None:
+            self._note(logging.WARNING, quarantined)
 
-def replay(options: FleetOptions, recorded: Iterable[tuple[float, Event, Any]]) -> list[list[Action]]:
+
+def replay(
+    options: FleetOptions, recorded: Iterable[tuple[float, Event, Any]]
+) -> list[list[Action]]:
     """The decisions a new policy makes from the events of a recorded run, at their times: the
     run's own decisions, since the policy depends on nothing else."""
     policy = Policy(options)

@@ -256,7 +256,7 @@ class Loader(Generic[B]):
         >>> stats.bytes, stats.batches_per_second > 0, 0 <= stats.wait_fraction <= 1
         (80, True, True)
         """
-        return self._recorder.snapshot(())
+        return self._recorder.snapshot()
 
     def __len__(self) -> int:
         """The number of batches an iterator yields."""

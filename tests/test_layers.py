@@ -161,6 +161,19 @@ def test_the_client_never_imports_the_server() -> None:
     assert not found, f"loadax.client must not import loadax.server:\n{found}"
 
 
+def test_the_placement_policy_has_no_threads_and_reads_no_clock() -> None:
+    # Time is an argument of the policy: tests and simulations drive it on a virtual clock.
+    pure = ("loadax.client.policy", "loadax.client.member_health", "loadax.client.fleet_events")
+    found = [
+        str(found)
+        for found in ALL_IMPORTS
+        if found.importer in pure
+        and found.imported.partition(".")[0] in ("threading", "time", "concurrent", "asyncio")
+    ]
+    assert all(module in MODULES for module in pure)
+    assert not found, "the placement policy must not import threads or clocks:\n" + "\n".join(found)
+
+
 def test_no_module_imports_the_top_level_folders() -> None:
     found = [
         str(found)

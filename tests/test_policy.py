@@ -26,13 +26,12 @@ from loadax.client.fleet_events import (
     Withdraw,
 )
 from loadax.client.fleet_options import FleetOptions
+from loadax.client.member_health import HUNG_STRIKES, LATENCY_SAMPLES
 from loadax.client.policy import (
     EXTRA_BURST,
     EXTRA_SHARE,
     HEDGE_FACTOR,
     HUNG_FLOOR,
-    HUNG_STRIKES,
-    LATENCY_SAMPLES,
     TICK,
     Policy,
     replay,
@@ -154,12 +153,12 @@ def test_no_hedge_before_the_fleet_has_answered_enough() -> None:
 
 def test_an_attempt_is_hung_at_eight_p95_but_never_under_a_second() -> None:
     made = fleet({"a": 16, "b": 16}, hedge_after=None)
-    warm_up(made, 0.01)  # 8 x p95 = 0.08 s: the floor of 1 s applies
+    warm_up(made, 0.01, member="a")  # 8 x p95 = 0.08 s: the floor of 1 s applies
     started = made.now
     (first,) = sends(made.submit())
     assert sends(made.at(started + HUNG_FLOOR - 2 * TICK)) == []
     (again,) = sends(made.at(started + HUNG_FLOOR + TICK))
-    assert again.request == first.request and again.member != first.member
+    assert (again.request, again.member) == (first.request, "b")
     # The hung attempt still wins if it answers first.
     made.now += 0.01
     actions = made.tell(Answered(first.attempt))
@@ -168,7 +167,7 @@ def test_an_attempt_is_hung_at_eight_p95_but_never_under_a_second() -> None:
 
 
 def test_extra_attempts_stay_within_a_tenth_of_the_requests() -> None:
-    made = fleet({"a": 64, "b": 64}, in_flight_per_worker=64)
+    made = fleet({"a": 64, "b": 64}, in_flight_per_worker=64, hedge_after=0.1)
     warm_up(made, 0.1)
     extra = 0
     submitted = 0
@@ -243,7 +242,7 @@ def test_a_failed_attempt_is_reissued_at_once_and_its_member_backs_off() -> None
 
 
 def test_a_wrong_member_is_quarantined_probed_and_released_by_an_answer() -> None:
-    made = fleet({"wrong": 16, "good": 16}, quarantine_initial=2.0)
+    made = fleet({"wrong": 16, "good": 16}, quarantine_initial=2.0, in_flight_per_worker=8)
     sent = sends(made.submit(2))
     (wrong,) = [send for send in sent if send.member == "wrong"]
     error = WorkerError("FAILED_PRECONDITION", "another identity")
@@ -254,6 +253,8 @@ def test_a_wrong_member_is_quarantined_probed_and_released_by_an_answer() -> Non
     made.now += 2.0
     (probe,) = sends(made.submit())  # "wrong" expects no one: it is probed
     assert probe.member == "wrong"
+    # While the probe is out, the other requests keep away from it.
+    assert [send.member for send in sends(made.submit(3))] == ["good"] * 3
     actions = made.tell(Answered(probe.attempt))
     assert Note(logging.INFO, "wrong answered again: out of quarantine") in actions
     assert made.policy.member_stats()["wrong"].quarantined is None

@@ -8,12 +8,12 @@ import pipelines
 from prometheus_client import CollectorRegistry
 
 from loadax.client import LoaderStats, RemoteDataLoader, WorkerStats
-from loadax.client.prometheus import LoaderCollector
-from loadax.errors import WorkerError
 from loadax.client.fleet_events import Answered, Joined, Left, Send, Submit
 from loadax.client.fleet_options import FleetOptions
 from loadax.client.fleet_stats import LATENCY_WINDOW, MemberCounts
 from loadax.client.policy import Policy
+from loadax.client.prometheus import LoaderCollector
+from loadax.errors import WorkerError
 from loadax.server.worker import Worker
 from loadax.wire.v1 import worker_pb2 as wire
 

@@ -18,6 +18,7 @@ from typing import Any
 import jax
 import numpy as np
 
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class WorkerStats:
     """One worker's requests since a remote loader started using it (counted by the client).
