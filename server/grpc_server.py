@@ -1,11 +1,12 @@
 """The worker over gRPC: the `loadax.wire.v1.Worker` service, health checks and reflection.
 
-Every refused or failed request becomes a gRPC status naming what is wrong (a failed record also
-its `ErrorReply`, in the trailing metadata `loadax-error-bin`); the server keeps serving. Memory
-stays bounded: few batches load at once, each client has few calls in flight, and a call counts
-until its reply has left (gRPC holds a reply its client does not read). Optionally TLS (mutual,
-with a client CA) secures the connection and a shared token must come with every Worker call;
-health checks and reflection stay open to probes.
+It keeps sockets and framing: every call goes to its `RequestPath`, and its `Ledger` holds the
+call until it has ended. Every refused or failed request becomes a gRPC status naming what is
+wrong (a failed record also its `ErrorReply`, in the trailing metadata `loadax-error-bin`); the
+server keeps serving. Memory stays bounded: few batches load at once, each client has few calls
+in flight, and a call counts until its reply has left (gRPC holds a reply its client does not
+read). Optionally TLS (mutual, with a client CA) secures the connection and a shared token must
+come with every Worker call; health checks and reflection stay open to probes.
 """
 
 from __future__ import annotations

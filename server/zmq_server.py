@@ -1,9 +1,10 @@
-"""The worker's ZeroMQ server: a ROUTER socket in front of a `Worker`.
+"""The worker's ZeroMQ server: a ROUTER socket in front of the worker's request path.
 
-Framing is `loadax.wire.zmq_frames`. One I/O thread owns every socket it polls; a thread pool
-handles requests and hands the replies back to it over an inproc PUSH/PULL pair. Optionally
-CURVE encrypts and authenticates connections (with a ZAP allow-list of client keys), and a
-shared token must come with every request.
+It keeps sockets and framing (`loadax.wire.zmq_frames`): every request goes to its
+`RequestPath`, and its `Ledger` holds it until libzmq is done with the reply. One I/O thread
+owns every socket it polls; a thread pool handles requests and hands the replies back to it over
+an inproc PUSH/PULL pair. Optionally CURVE encrypts and authenticates connections (with a ZAP
+allow-list of client keys), and a shared token must come with every request.
 
 Memory: a request counts against its client's in-flight limit, and a batch keeps its share of
 the memory budget, until libzmq is done with the reply (written to the socket, or dropped: its
@@ -324,9 +325,10 @@ class ZmqServer:
     def _push_reply(
         self, identity: bytes, held: Held, request_id: int, reply: list[zmq_frames.Buffer]
     ) -> None:
-        """Hand `reply` to the I/O thread. Its tracked frames live in this frame only: libzmq
-        is done with them once they are sent and freed, and an error answered keeps the frames
-        of its traceback (`_handle`'s among them) alive until the garbage collector runs."""
+        """Hand `reply` to the I/O thread. Its tracked frames are referred to from this call's
+        frame only: the tracker is done once libzmq has sent them and they are freed, and an
+        error answered holds the frames its traceback passed through (`_handle`'s among them)
+        in a reference cycle until the garbage collector runs, with the client's slot."""
         frames, tracker = tracked_frames(reply)
         with self._push_lock:
             if self._push is None:
