@@ -375,7 +375,9 @@ class StatsView:
 
 
 @contextlib.contextmanager
-def dispatcher(targets: list[InProcessTransport], **options: float) -> Iterator[tuple[Fleet, Fleet]]:
+def dispatcher(
+    targets: list[InProcessTransport], **options: float
+) -> Iterator[tuple[Fleet, Fleet]]:
     failover = FleetOptions(**{"request_timeout": 30.0, "no_worker_timeout": 30.0, **options})
     driver = Driver(failover)
     for transport in targets:
