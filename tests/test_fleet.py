@@ -27,9 +27,11 @@ import loadax.client.verdicts
 import loadax.server.throttled_log
 from loadax import DataLoader, RecordError, WorkerError
 from loadax.client import RemoteDataLoader
-from loadax.client.driver import Driver
+from loadax.client.driver import Driver, Recorded
+from loadax.client.fleet_events import Send
 from loadax.client.fleet_options import FleetOptions
 from loadax.client.member import Member, handshake_request
+from loadax.client.policy import replay
 from loadax.client.replies import ReplyDecoder
 from loadax.client.transports.in_process import InProcessTransport
 from loadax.client.verdicts import Verdict, verdict
@@ -579,3 +581,25 @@ def test_a_target_that_raises_when_asked_fails_its_attempt_not_the_dispatcher() 
     assert numbers["closed"].failures >= 1
     assert numbers["closed"].last_error is not None
     assert "could not be asked" in numbers["closed"].last_error
+
+
+def test_a_driven_run_is_recorded_and_replays_to_the_same_decisions() -> None:
+    good = numbers_worker()
+    recorded: list[Recorded] = []
+    options = FleetOptions(request_timeout=30.0, no_worker_timeout=30.0)
+    driver = Driver(options, record=recorded)
+    for name in ("first", "second"):
+        transport = named(numbers_worker(), name)
+        driver.join(Member(transport, ReplyDecoder(name), None))
+    try:
+        batches = [
+            driver.submit(step, functools.partial(request, good, step % 4)) for step in range(8)
+        ]
+        for step, batch in enumerate(batches):
+            assert np.array_equal(batch.result(timeout=10)["x"], local_batch(step % 4)["x"])
+    finally:
+        driver.close()
+    sends = [action for _, _, actions in recorded for action in actions if isinstance(action, Send)]
+    assert len(sends) >= 8
+    replayed = replay(options, recorded)
+    assert [repr(actions) for actions in replayed] == [repr(actions) for _, _, actions in recorded]
