@@ -51,6 +51,10 @@ class DatasetBase(Records[T]):
     Squares(<5 records>).map(str).slice(1, 3)
     """
 
+    def __repr__(self) -> str:
+        """How the dataset was written: its source, then each op as a method call."""
+        return f"{type(self).__name__}(<{len(self)} records>)"
+
     def map(self, fn: Callable[[T], U]) -> MappedDataset[U]:
         """Apply `fn` to every record, lazily.
 

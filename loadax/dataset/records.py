@@ -74,10 +74,6 @@ class Records(Dataset[T], abc.ABC):
     def __iter__(self) -> Iterator[T]:
         return (self[index] for index in range(len(self)))
 
-    def __repr__(self) -> str:
-        """How the dataset was written: its source, then each op as a method call."""
-        return f"{type(self).__name__}(<{len(self)} records>)"
-
     def _parents(self) -> tuple[Dataset[Any], ...]:
         """The datasets this one reads its records from (none for a source)."""
         return ()
