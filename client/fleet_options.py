@@ -15,7 +15,8 @@ class FleetOptions:
     - `request_timeout`: the most one attempt may take; below it, an attempt is given up as hung
       once it is `HUNG_FACTOR` x the fleet's p95 latency old.
     - `hedge_after`: "auto" hedges at `HEDGE_FACTOR` x p95; a number, at that age; None, never.
-    - `no_worker_timeout`: how long the fleet may answer nothing before a request fails.
+    - `no_worker_timeout`: how long the fleet may answer nothing (or fail one request) before
+      iteration raises.
     - `in_flight_per_worker`: requests kept outstanding per healthy worker (within its limit).
     - `memory_budget_mb`: the most batch bytes an iterator holds, outstanding and ready.
     - `startup_timeout`: how long `build()` waits for `min_workers` targets to agree.
@@ -26,7 +27,7 @@ class FleetOptions:
 
     request_timeout: float = 60.0
     hedge_after: float | Literal["auto"] | None = "auto"
-    no_worker_timeout: float = 120.0
+    no_worker_timeout: float = 60.0
     in_flight_per_worker: int = 2
     memory_budget_mb: int = 1024
     startup_timeout: float = 30.0

@@ -1,8 +1,9 @@
 """The pipeline identity a `RemoteLoader` binds to, chosen at build from its members' handshakes.
 
 A loader never mixes batches of two identities. At build every target is asked; the identity the
-most members answer wins, a tie going to the member listed first. A member that answers another
-identity, does not serve the pipeline or runs an incompatible loadax is left out, not fatal.
+most members answer wins, or the one pinned. A tie between identities is an error naming both
+groups: which code to train on is the user's choice, never the list order. A member that answers
+another identity, does not serve the pipeline or runs an incompatible loadax is left out.
 """
 
 from __future__ import annotations
@@ -30,9 +31,11 @@ class Choice:
         return f"another pipeline identity: {member.identity}; the loader's is {self.identity}"
 
 
-def choose(members: Sequence[Member], pipeline: str) -> Choice:
-    """The identity the most `members` agree on (a tie goes to the one answered first), or the
-    error of a lone member, or a `WorkerError` naming every member and its refusal."""
+def choose(members: Sequence[Member], pipeline: str, pinned: str | None = None) -> Choice:
+    """The identity the most `members` agree on, or the one whose fingerprint starts with
+    `pinned`; the error of a lone member, or a `WorkerError` naming every member and its refusal
+    when none serves; a ValueError naming each group when two identities tie, or when no member
+    serves the pinned one."""
     counts = collections.Counter(m.identity for m in members if m.identity is not None)
     if not counts:
         refusals = [member.refusal for member in members if member.refusal is not None]
@@ -44,12 +47,44 @@ def choose(members: Sequence[Member], pipeline: str) -> Choice:
             f"no target serves pipeline {pipeline!r} to this client: "
             + "; ".join(f"{member.name} answered {member}" for member in members),
         )
-    # A Counter keeps first-answered order, and max() returns the first of equals.
-    identity = max(counts, key=counts.__getitem__)
+    if pinned is not None:
+        matching = [identity for identity in counts if identity.fingerprint.startswith(pinned)]
+        if not matching:
+            raise ValueError(
+                f"no target serves pipeline {pipeline!r} with the pinned fingerprint {pinned}: "
+                + _groups(members, counts)
+            )
+        identity = matching[0]
+    else:
+        (identity, most), *others = counts.most_common()
+        if others and others[0][1] == most:
+            raise ValueError(
+                f"the targets of pipeline {pipeline!r} are split evenly between pipeline "
+                f"identities: {_groups(members, counts)}. Pin the one to use with "
+                "RemoteDataLoader(...).fingerprint(...), or point the loader at one version"
+            )
     return Choice(
         identity,
         [member for member in members if member.identity == identity],
         [member for member in members if member.identity != identity],
+    )
+
+
+def agreeing(members: Sequence[Member], pinned: str | None = None) -> int:
+    """How many members serve the identity that the most of them serve (or the pinned one)."""
+    counts = collections.Counter(
+        member.identity
+        for member in members
+        if member.identity is not None
+        and (pinned is None or member.identity.fingerprint.startswith(pinned))
+    )
+    return max(counts.values(), default=0)
+
+
+def _groups(members: Sequence[Member], counts: collections.Counter[Identity]) -> str:
+    return "; ".join(
+        f"{identity} from {[m.name for m in members if m.identity == identity]}"
+        for identity in counts
     )
 
 

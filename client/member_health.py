@@ -34,6 +34,9 @@ class MemberHealth:
         self.hangs = 0  # attempts given up as hung, in a row
         self.quarantines = 0  # in a row, since its last answer
         self.quarantined: str | None = None  # why, until it answers again
+        self.wrong = False  # quarantined for serving another pipeline identity
+        self.failing = False  # its last attempt failed (back-pressure aside) or hung
+        self.answers = 0  # 0: cold, not judged hung before `request_timeout`
         self.last_error = "none"
         self.counts = MemberCounts()
 
@@ -74,6 +77,8 @@ class MemberHealth:
         self.limit = min(self.limit + 1, self.announced)
         self.counts.answered(age)
         released = self.quarantined is not None
+        self.answers += 1
+        self.wrong = self.failing = False
         self.failures = self.hangs = self.quarantines = 0
         self.down_until, self.quarantined = 0.0, None
         return released
@@ -91,6 +96,7 @@ class MemberHealth:
         self.down_until = now + min(backoff, self._options.backoff_max)
         self.last_error = error
         if counted:
+            self.failing = True
             self.counts.failed(error)
 
     def pressed(self, error: str, now: float) -> None:
@@ -107,10 +113,11 @@ class MemberHealth:
         self.back_off(error, now)
         return None
 
-    def quarantine(self, error: str, now: float) -> str | None:
-        """Wrong for this loader: kept off for a longer back-off, then probed; what to log when
-        it enters quarantine."""
+    def quarantine(self, error: str, now: float, wrong: bool = False) -> str | None:
+        """Wrong for this loader (`wrong`: it serves another pipeline identity): kept off for a
+        longer back-off, then probed; what to log when it enters quarantine."""
         self.quarantines += 1
+        self.wrong, self.failing = wrong, True
         backoff = self._quarantine_backoff()
         self.down_until, self.last_error = now + backoff, error
         self.counts.failed(error)

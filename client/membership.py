@@ -21,7 +21,7 @@ from collections.abc import Callable, Sequence
 from typing import TypeGuard
 
 from loadax.client.driver import Driver
-from loadax.client.identity import choose, require
+from loadax.client.identity import agreeing, choose, require
 from loadax.client.member import LEAVES_OUT, Identity, Member, ask
 from loadax.client.transports import TargetSpec, Transport
 from loadax.errors import WorkerError
@@ -111,17 +111,18 @@ class Membership:
         with self._condition:
             return dict(self._left_out)
 
-    def bind(self, min_workers: int, driver: Driver) -> Identity:
-        """The identity the most members answered once enough agree (see the module); its
-        members join `driver`, and so do later ones that serve it. Raises naming each target
-        when too few agree in time; then every transport is closed."""
+    def bind(self, min_workers: int, driver: Driver, pinned: str | None = None) -> Identity:
+        """The identity the most members answered (or the `pinned` fingerprint) once enough
+        agree (see the module); its members join `driver`, and so do later ones that serve it.
+        Raises naming each target when too few agree in time, or when identities tie; then
+        every transport is closed."""
         agreed_at: float | None = None
         with self._condition:
             while True:
                 now = time.monotonic()
                 members = [listed.member for listed in self._listed if listed.member is not None]
-                agreeing = _agreeing(members)
-                if agreeing >= min_workers and agreed_at is None:
+                agreed = agreeing(members, pinned)
+                if agreed >= min_workers and agreed_at is None:
                     agreed_at = now
                 settled = all(listed.settled for listed in self._listed)
                 if settled or now >= self._deadline:
@@ -130,8 +131,13 @@ class Membership:
                     break
                 wake = self._deadline if agreed_at is None else agreed_at + GRACE
                 self._condition.wait(min(wake, self._deadline) - now)
-            if agreeing >= min_workers:
-                choice = choose(members, self._pipeline)
+            choice, split = None, None
+            if agreed >= min_workers:
+                try:
+                    choice = choose(members, self._pipeline, pinned)
+                except ValueError as error:  # identities tie, or none is the pinned one
+                    split = error
+            if choice is not None:
                 self._driver, self._identity = driver, choice.identity
                 self._request = self._handshake(choice.identity.num_records)
                 chosen = {member.name for member in choice.chosen}
@@ -139,11 +145,13 @@ class Membership:
                 self._refused = self._named - chosen
                 for member in choice.left_out:
                     self._leave_out(member.name, choice.why_left_out(member))
-        if agreeing < min_workers:
+        if choice is None:
             self.close(every=True)
-            if settled and not agreeing and members:
-                choose(members, self._pipeline)  # raises what no member serving it calls for
-            raise self._failure(min_workers, agreeing)
+            if split is not None:
+                raise split
+            if settled and not agreed and members:
+                choose(members, self._pipeline, pinned)  # raises why no member serves
+            raise self._failure(min_workers, agreed)
         for member in choice.left_out:
             member.transport.close()
         joined: set[str] = set()
@@ -364,12 +372,3 @@ def host_is_name(spec: TargetSpec) -> TypeGuard[str]:
     except ValueError:
         return True
     return False
-
-
-def _agreeing(members: Sequence[Member]) -> int:
-    """How many members serve the identity that the most of them serve."""
-    counts: dict[object, int] = {}
-    for member in members:
-        if member.identity is not None:
-            counts[member.identity] = counts.get(member.identity, 0) + 1
-    return max(counts.values(), default=0)

@@ -22,8 +22,14 @@ a byte. The rules:
   probed with one real request after a doubling back-off; an answer releases it.
 - Work that killed or stalled a worker's process (poison) is asked of at most `poison_retries`
   other members; then the request fails with `PoisonedRecords`.
-- A request fails once the fleet has answered nothing, or every member has been failing it, for
-  `no_worker_timeout`, naming each member and its last error.
+- A member that has not answered yet is cold (starting processes, importing, faulting in its
+  first batch): its attempts are given up only at `request_timeout`, never as hung; hedges
+  cover the wait.
+- A fleet that has answered nothing for `no_worker_timeout` while it had requests is dead: every
+  request outstanding or waiting fails at once, naming each member and its last error. While
+  every member is failing, a warning says so at once and then every `WARN_EVERY` seconds.
+- A request every member has been failing for `no_worker_timeout` fails alone. When every
+  member serves another pipeline identity (a rolling update), every request fails at once.
 """
 
 from __future__ import annotations
@@ -54,7 +60,7 @@ from loadax.client.fleet_events import (
 )
 from loadax.client.fleet_options import FleetOptions
 from loadax.client.member_health import FleetLatency, MemberHealth
-from loadax.client.verdicts import Verdict, verdict
+from loadax.client.verdicts import Verdict, serves_another, verdict
 from loadax.errors import WorkerError
 from loadax.iterators.stats import WorkerStats
 from loadax.wire.failures import PoisonFailed
@@ -75,6 +81,9 @@ DEFAULT_LIMIT = 16
 """The most requests a member is sent at once when it did not announce its own limit."""
 TICK = 0.02
 """Seconds between ticks while requests are outstanding."""
+WARN_EVERY = 10.0
+"""Seconds between warnings while every member is failing."""
+_ERROR_CHARS = 200  # of one member's last error in a message naming every member
 
 
 @dataclasses.dataclass(eq=False)
@@ -117,7 +126,8 @@ class Policy:
         self._ids = itertools.count(1)
         self._latency = FleetLatency()
         self._extra_credit = EXTRA_BURST
-        self._answered_at = 0.0  # when the fleet last answered (or the first member joined)
+        self._answered_at = 0.0  # when the fleet last answered, joined or was last idle
+        self._warned_at: float | None = None  # the last warning that every member is failing
         self._actions: list[Action] = []
         self._now = 0.0  # the time of the event being applied
 
@@ -172,6 +182,8 @@ class Policy:
     # Requests.
 
     def _admit(self, now: float) -> None:
+        if self._waiting and not self._admitted:  # idle until now: silence counts from here
+            self._answered_at = max(self._answered_at, now)
         depth = self.depth(now)
         while self._waiting and len(self._admitted) < depth:
             request = self._waiting.popleft()
@@ -247,28 +259,44 @@ class Policy:
         )
 
     def _gave_up(self, request: _Request, now: float) -> bool:
-        """Fail `request` once the fleet has answered nothing, or every member has been failing
-        it, for `no_worker_timeout`."""
+        """Fail every request once the fleet has answered nothing for `no_worker_timeout`, or
+        `request` alone once every member has been failing it that long."""
         limit = self.options.no_worker_timeout
-        silent = now - max(request.started, self._answered_at)
-        failing = 0.0 if request.failing_since is None else now - request.failing_since
-        if max(silent, failing) < limit:
+        if now - self._answered_at >= limit:
+            self._fail_all(
+                WorkerError(
+                    "UNAVAILABLE",
+                    f"no worker answered for {limit:g} s (no_worker_timeout), from step "
+                    f"{request.step} on; workers: {self._describe()}",
+                )
+            )
+            return True
+        if request.failing_since is None or now - request.failing_since < limit:
             return False
         error = WorkerError(
             "UNAVAILABLE",
-            f"no worker served step {request.step} within {limit:g} s; targets: {self._describe()}",
+            f"every worker failed step {request.step} for {limit:g} s (no_worker_timeout); "
+            f"workers: {self._describe()}",
         )
         self._finish(request, Fail(request.id, error))
         return True
 
+    def _fail_all(self, error: WorkerError) -> None:
+        """Fail every request outstanding or waiting with `error`: the fleet cannot serve."""
+        for admitted in list(self._admitted.values()):
+            self._finish(admitted, Fail(admitted.id, error))
+        self._actions += [Fail(waiting.id, error) for waiting in self._waiting]
+        self._waiting.clear()
+
     def _describe(self) -> str:
+        """Each member and the first line of its last error, for one message."""
         return (
             "; ".join(
-                f"{name} (last error: {member.last_error}"
+                f"{name} ({_first_line(member.last_error)}"
                 f"{'; quarantined' if member.quarantined is not None else ''})"
                 for name, member in self._members.items()
             )
-            or "no targets"
+            or "none in use"
         )
 
     # Answers.
@@ -306,7 +334,17 @@ class Policy:
                 return
             self._note(logging.WARNING, f"{member.name} answered: {error.message}")
         if judged is Verdict.QUARANTINE:
-            self._note_entering(member.quarantine(str(error), now))
+            self._note_entering(member.quarantine(str(error), now, wrong=serves_another(error)))
+            if all(other.wrong for other in self._members.values()):
+                self._fail_all(
+                    WorkerError(
+                        "FAILED_PRECONDITION",
+                        "no worker serves this loader's pipeline identity any more: the fleet "
+                        "now serves another (restart the job to use it); workers: "
+                        f"{self._describe()}",
+                    )
+                )
+                return
         elif judged is Verdict.PRESSURE:
             member.pressed(str(error), now)
         elif not attempt.given_up:  # a given-up attempt was counted when given up
@@ -334,6 +372,7 @@ class Policy:
     # Time.
 
     def _tick(self, now: float) -> None:
+        self._warn_if_failing(now)
         hung, hedge = self._thresholds()
         # Requests go out in step order: the oldest ones outstanding block the in-order delivery
         # of the others, and are the only ones worth hedging.
@@ -359,11 +398,13 @@ class Policy:
             return
         attempts = [self._attempts[attempt] for attempt in request.attempts.values()]
         for attempt in attempts:
-            if not attempt.given_up and now - attempt.sent >= hung:
+            # A cold member (no answer yet) is slow to start, not hung.
+            limit = hung if attempt.member.answers else self.options.request_timeout
+            if not attempt.given_up and now - attempt.sent >= limit:
                 attempt.given_up = True
                 self._note_failure(request, now)
                 age = now - attempt.sent
-                error = f"no answer within {hung:.3g} s (after {age:.3g} s)"
+                error = f"no answer within {limit:.3g} s (after {age:.3g} s)"
                 self._note_entering(attempt.member.hung(error, now))
         live = [attempt for attempt in attempts if not attempt.given_up]
         if not live:
@@ -378,6 +419,23 @@ class Policy:
         elif len(live) == 1 and hedge is not None and now - live[0].sent >= hedge:
             self._dispatch(request, now, extra=True)
 
+    def _warn_if_failing(self, now: float) -> None:
+        """Warn at once, then every `WARN_EVERY` seconds, while requests wait and every member
+        is failing."""
+        members = self._members.values()
+        if not self._admitted or not all(member.failing for member in members):
+            self._warned_at = None
+            return
+        if self._warned_at is not None and now - self._warned_at < WARN_EVERY:
+            return
+        self._warned_at = now
+        self._note(
+            logging.WARNING,
+            f"every worker is failing: none answered for {now - self._answered_at:.3g} s; "
+            f"iteration raises at {self.options.no_worker_timeout:g} s (no_worker_timeout). "
+            f"Workers: {self._describe()}",
+        )
+
     def _note(self, level: int, message: str) -> None:
         self._actions.append(Note(level, message))
 
@@ -385,6 +443,11 @@ class Policy:
         """Log a member entering quarantine (`quarantined`: what to say; None: it did not)."""
         if quarantined is not None:
             self._note(logging.WARNING, quarantined)
+
+
+def _first_line(text: str) -> str:
+    line = text.partition("\n")[0]
+    return line if len(line) <= _ERROR_CHARS else f"{line[: _ERROR_CHARS - 3]}..."
 
 
 def replay(

@@ -23,6 +23,7 @@ from typing import Any, Self
 from loadax.buffers import BufferPool
 from loadax.client.driver import Driver
 from loadax.client.fleet_options import FleetOptions
+from loadax.client.job import agree, mesh_processes
 from loadax.client.member import Identity, handshake_request
 from loadax.client.membership import Membership, Resolver, resolve_host
 from loadax.client.security import ClientSecurity
@@ -77,6 +78,7 @@ class RemoteDataLoader(LoaderBuilder):
         self._resolver, self._resolve_every = resolver, resolve_every
         self._security = security
         self._failover = FleetOptions()
+        self._pinned: str | None = None
 
     def prefetch(self, batches: int) -> Self:
         """Batches kept ready ahead of the training loop, on top of the requests in flight at
@@ -113,8 +115,10 @@ class RemoteDataLoader(LoaderBuilder):
         return self._with_failover(hedge_after=seconds)
 
     def no_worker_timeout(self, seconds: float) -> Self:
-        """How long every worker may be failing or quarantined before iteration raises, naming
-        each worker and its last error. Default 120."""
+        """How long the fleet may answer nothing while it has requests (or every worker fail
+        one request) before iteration raises, naming each worker and its last error: the loop
+        first gets every batch already received, then the error, `seconds` after the fleet's
+        last answer. Every worker failing is logged at once and every 10 s. Default 60."""
         return self._with_failover(no_worker_timeout=seconds)
 
     def poison_retries(self, workers: int) -> Self:
@@ -129,15 +133,32 @@ class RemoteDataLoader(LoaderBuilder):
         `initial` seconds, doubling at each failed probe up to `longest`. Default 1 and 4."""
         return self._with_failover(quarantine_initial=initial, quarantine_max=longest)
 
+    def fingerprint(self, fingerprint: str) -> Self:
+        """Bind to the pipeline identity whose fingerprint is (or starts with) `fingerprint`,
+        whatever most targets serve: targets serving another are left out."""
+        if (
+            not isinstance(fingerprint, str)
+            or len(fingerprint) < 8
+            or fingerprint.strip("0123456789abcdef")
+        ):
+            raise ValueError(
+                "fingerprint must be a pipeline fingerprint (lowercase hex digits, at least "
+                f"the first 8), got {fingerprint!r}"
+            )
+        copy = self._with()
+        copy._pinned = fingerprint
+        return copy
+
     def build(self) -> RemoteLoader:
         """Connect and handshake with every target at once; the dataset's length comes from them.
 
         The loader binds to the pipeline identity (fingerprint, records, stream window) that the
-        most targets answer by then; a tie goes to the target listed first (the addresses a host
-        name lists take its place in the list, in sorted order). A target that answers another
-        identity, does not serve the pipeline or runs an incompatible loadax is left out: logged
-        and named in `stats().left_out`. When no target can serve, the error names each one
-        and what it said (see `startup`).
+        most targets answer by then, or the pinned one (`fingerprint`); a tie is a ValueError
+        naming both groups. A target that answers another identity, does not serve the pipeline
+        or runs an incompatible loadax is left out: logged and named in `stats().left_out`.
+        When no target can serve, the error names each one and what it said (see `startup`).
+        When the loader is sharded over a mesh of several JAX processes, every process checks
+        that all bound to the same identity (a ValueError naming each process's if not).
         """
         return RemoteLoader(
             self._targets,
@@ -147,6 +168,7 @@ class RemoteDataLoader(LoaderBuilder):
             resolver=self._resolver,
             resolve_every=self._resolve_every,
             security=self._security,
+            pinned=self._pinned,
         )
 
     def _with_failover(self, **changes: Any) -> Self:
@@ -183,6 +205,7 @@ class RemoteLoader(Loader[Any]):
         resolver: Resolver = resolve_host,
         resolve_every: float = 30.0,
         security: ClientSecurity | None = None,
+        pinned: str | None = None,
     ) -> None:
         self._stats = stats = StatsRecorder()
         buffers = BufferPool()  # the members' batches are received into these
@@ -196,8 +219,16 @@ class RemoteLoader(Loader[Any]):
         )
         self._driver = driver = Driver(failover)
         try:
-            self._identity = identity = membership.bind(failover.min_workers, driver)
+            self._identity = identity = membership.bind(failover.min_workers, driver, pinned)
+            agree(
+                pipeline,
+                identity,
+                driver.members,
+                mesh_processes(options.mesh),
+                failover.startup_timeout,
+            )
         except BaseException:
+            membership.close(every=True)
             driver.close()
             raise
         fingerprint, budget = identity.fingerprint, failover.memory_budget_mb << 20

@@ -15,7 +15,8 @@ PRESSURE = "RESOURCE_EXHAUSTED"
 # Codes that say the worker is wrong for this loader, not the request: another pipeline identity
 # (FAILED_PRECONDITION), no such pipeline (NOT_FOUND), a reply that fails to decode or to verify
 # (DATA_LOSS). Another worker will serve the request; this one may be restarted right.
-QUARANTINING = frozenset({"FAILED_PRECONDITION", "NOT_FOUND", "DATA_LOSS"})
+ANOTHER_PIPELINE = frozenset({"FAILED_PRECONDITION", "NOT_FOUND"})
+QUARANTINING = ANOTHER_PIPELINE | {"DATA_LOSS"}
 
 
 class Verdict(enum.Enum):
@@ -32,6 +33,16 @@ class Verdict(enum.Enum):
     the worker itself is fine."""
     FATAL = "fatal"
     """The request itself is wrong (or one of its records fails): every worker would repeat it."""
+
+
+def serves_another(error: BaseException) -> bool:
+    """Whether `error` says its worker serves another pipeline identity, or none for this
+    loader (a rolling update replaced its code): no request of this loader will succeed there.
+
+    >>> [serves_another(WorkerError(code, "")) for code in ("FAILED_PRECONDITION", "DATA_LOSS")]
+    [True, False]
+    """
+    return isinstance(error, WorkerError) and error.code in ANOTHER_PIPELINE
 
 
 def verdict(error: BaseException) -> Verdict:

@@ -287,8 +287,100 @@ def test_a_request_fails_when_the_fleet_is_silent_for_no_worker_timeout() -> Non
     actions = made.at(5.0)
     (fail,) = [action for action in actions if isinstance(action, Fail)]
     assert isinstance(fail.error, WorkerError)
-    assert fail.error.message.startswith("no worker served step 0 within 5 s; targets: a")
+    assert fail.error.message.startswith("no worker answered for 5 s (no_worker_timeout)")
+    assert "workers: a (none)" in fail.error.message
     assert Cancel(send.attempt) in actions
+
+
+def test_a_dead_fleet_fails_every_request_at_once_from_its_last_answer() -> None:
+    # Requests admitted after the fleet's last answer, and those waiting beyond the depth, fail
+    # together at last answer + no_worker_timeout: never one timeout after another.
+    made = fleet({"a": 2}, no_worker_timeout=5.0, request_timeout=100.0, in_flight_per_worker=2)
+    first = sends(made.submit(2))
+    made.now = 1.0
+    made.tell(Answered(first[0].attempt))  # the fleet's last answer, at 1 s
+    made.now = 3.0
+    made.submit(3)  # one admitted at 3 s, two waiting
+    assert [a for a in made.at(6.0 - TICK) if isinstance(a, Fail)] == []
+    failed = [action for action in made.at(6.0) if isinstance(action, Fail)]
+    assert sorted(fail.request for fail in failed) == [2, 3, 4, 5]
+    assert made.at(30.0) == []  # nothing left to fail later
+
+
+def test_an_idle_fleet_is_not_silent() -> None:
+    made = fleet({"a": 2}, no_worker_timeout=5.0)
+    (send,) = sends(made.submit())
+    made.now = 0.5
+    made.tell(Answered(send.attempt))
+    made.now = 100.0  # the training loop did something else for a while
+    assert len(sends(made.submit())) == 1
+    assert [a for a in made.at(104.0) if isinstance(a, Fail)] == []
+
+
+def failing_notes(actions: list[Action]) -> list[Note]:
+    return [
+        action
+        for action in actions
+        if isinstance(action, Note) and action.message.startswith("every worker is failing")
+    ]
+
+
+def test_every_member_failing_is_warned_at_once_then_every_ten_seconds() -> None:
+    made = fleet({"a": 16, "b": 16}, no_worker_timeout=60.0, backoff_max=0.1)
+    (send,) = sends(made.submit())
+    other = "b" if send.member == "a" else "a"
+    (again,) = sends(made.tell(Failed(send.attempt, WorkerError("UNAVAILABLE", "refused"))))
+    assert failing_notes(made.at(1.0)) == []  # one member still answers
+    made.tell(Failed(again.attempt, WorkerError("UNAVAILABLE", "reset\ntraceback")))
+    made.now += TICK
+    actions = made.tell(Tick())
+    (note,) = failing_notes(actions)
+    assert note.level == logging.WARNING
+    assert f"{send.member} (UNAVAILABLE: refused)" in note.message
+    assert f"{other} (UNAVAILABLE: reset)" in note.message
+    warned = made.now
+    later: list[Action] = []
+    while made.now < warned + 25.0:  # every attempt keeps failing
+        for each in sends(later):
+            made.tell(Failed(each.attempt, WorkerError("UNAVAILABLE", "refused")))
+        made.now += TICK
+        later = made.tell(Tick())
+        if failing_notes(later):
+            assert made.now - warned == pytest.approx(10.0, abs=2 * TICK)
+            warned = made.now
+    assert warned > 20.0  # warned twice more
+
+
+def test_a_cold_member_is_not_given_up_as_hung() -> None:
+    made = fleet({"warm": 1}, hedge_after=None, request_timeout=30.0)
+    warm_up(made, 0.01, member="warm")  # hung at the floor: 1 s
+    made.tell(Joined("cold", 16))
+    for cold_so_far in (True, False):
+        started = made.now
+        to_warm, to_cold = sends(made.submit(2))  # "warm" takes one at a time
+        assert (to_warm.member, to_cold.member) == ("warm", "cold")
+        made.tell(Answered(to_warm.attempt))
+        if cold_so_far:  # starting up, not hung
+            assert sends(made.at(started + 10 * HUNG_FLOOR)) == []
+            made.tell(Answered(to_cold.attempt))
+        else:  # it has answered once: hung at the floor like any other
+            (again,) = sends(made.at(started + HUNG_FLOOR + TICK))
+            assert (again.request, again.member) == (to_cold.request, "warm")
+            made.tell(Answered(again.attempt))
+
+
+def test_a_fleet_that_serves_another_identity_fails_every_request_at_once() -> None:
+    made = fleet({"a": 16, "b": 16}, no_worker_timeout=60.0)
+    sent = sends(made.submit(2))
+    error = WorkerError("FAILED_PRECONDITION", "pipeline 'p' has fingerprint 1234 on this worker")
+    actions = made.tell(Failed(sent[0].attempt, error))
+    assert [a for a in actions if isinstance(a, Fail)] == []  # the other member still serves
+    actions = made.tell(Failed(sent[1].attempt, error))
+    failed = [action for action in actions if isinstance(action, Fail)]
+    assert sorted(fail.request for fail in failed) == [1, 2]
+    assert all(fail.error.code == "FAILED_PRECONDITION" for fail in failed)  # type: ignore[attr-defined]
+    assert "the fleet now serves another" in str(failed[0].error)
+    assert "fingerprint 1234" in str(failed[0].error)
 
 
 def test_a_member_that_leaves_has_its_requests_reissued() -> None:
