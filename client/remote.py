@@ -257,6 +257,10 @@ class RemoteLoader(Loader[Any]):
         """The pipeline identity the loader is bound to: no other's batch is ever used."""
         return self._identity
 
+    def fingerprint(self) -> str:
+        """The fingerprint of the bound identity: a local loader of the same pipeline has it."""
+        return self.identity.fingerprint
+
     def stats(self) -> LoaderStats:
         """Batches, bytes and rates since the first request, the share of that time the
         training loop waited for data, each worker in use's requests, failures, latency and

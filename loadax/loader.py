@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from typing import Any, Generic, Self
 
@@ -20,8 +21,10 @@ from loadax.execution.pickled import PickledPipeline
 from loadax.execution.pipeline import Pipeline
 from loadax.execution.processes import ProcessExecutor
 from loadax.execution.threads import ThreadExecutor
+from loadax.identity.fingerprint import pipeline_fingerprint
 from loadax.iterators.base import LoaderIterator
 from loadax.iterators.batches import BatchIterator
+from loadax.iterators.determinism import check_determinism
 from loadax.iterators.passes import Passes
 from loadax.iterators.stats import LoaderStats, StatsRecorder
 from loadax.iterators.streams import StreamIterator
@@ -138,6 +141,7 @@ class Loader(Generic[B]):
     `iter(loader)` yields the whole plan (every epoch of `num_epochs`); `loader.epoch(e)` yields
     epoch `e` alone. With `stream_window`, the batches are cut from the windows of a stream of
     that size. `stats` counts what the loop got and waited for, over all the loader's iterators.
+    Its iterators' states record its pipeline's `fingerprint()`, and refuse a state of another.
 
     >>> from loadax import Batcher, DataLoader, RangeDataset
     >>> loader = DataLoader(Batcher()).batch_size(2).build(RangeDataset(0, 5))
@@ -176,29 +180,47 @@ class Loader(Generic[B]):
         self._recorder = StatsRecorder() if stats is None else stats
         varies = plan.shuffle or (pipeline is not None and varies_by_epoch(pipeline.dataset))
         self._passes = Passes(varies)
+        self._fingerprint: str | None = None
+        self._fingerprint_lock = threading.Lock()
 
     def __iter__(self) -> LoaderIterator[B]:
-        host_batches: LoaderIterator[B]
-        if self.stream_window is None:
-            host_batches = BatchIterator(
-                self._executor(),
-                self.plan,
-                self.sharding_strategy,
-                prefetch=self._prefetch,
-                stats=self._recorder,
-                passes=self._passes,
-            )
-        else:
-            host_batches = StreamIterator(
-                self._executor(),
-                self.plan,
-                self.sharding_strategy,
-                self.stream_window,
-                prefetch=self._prefetch,
-                stats=self._recorder,
-                passes=self._passes,
-            )
-        return self._delivered(host_batches)
+        return self._delivered(self._host_batches(self._passes, **self._host_role()))
+
+    def fingerprint(self) -> str:
+        """The fingerprint (64 hex digits) of the loader's pipeline: a digest of its code and
+        of a probe batch, the same a worker announces for the same pipeline.
+
+        Computed on the first call (it runs the probe) and kept. Iterator states record it, and
+        `set_state` refuses a state of another unless `allow_new_pipeline=True`.
+
+        >>> from loadax import Batcher, DataLoader, RangeDataset
+        >>> builder = DataLoader(Batcher()).batch_size(2)
+        >>> loader = builder.build(RangeDataset(0, 6).map(lambda x: 2 * x))
+        >>> len(loader.fingerprint()), loader.fingerprint() == loader.fingerprint()
+        (64, True)
+        >>> tripled = builder.build(RangeDataset(0, 6).map(lambda x: 3 * x))
+        >>> loader.fingerprint() == tripled.fingerprint()
+        False
+        """
+        with self._fingerprint_lock:
+            if self._fingerprint is None:
+                if self.pipeline is None:
+                    raise TypeError(f"{self!r} was built without a pipeline to fingerprint")
+                self._fingerprint = pipeline_fingerprint(self.pipeline)
+            return self._fingerprint
+
+    def check_determinism(self, steps: int = 2) -> None:
+        """Load the first `steps` batches twice, from two fresh iterators, and compare them byte
+        for byte: a ValueError ("the pipeline is not deterministic: step S, leaf L differs ...")
+        naming the first that differ. Checkpoints and workers need each batch to be a function of
+        its step alone; a map that draws from `np.random` or `random` without a seed is not (use
+        `random_map`). The loads do not count in `stats()`.
+
+        >>> from loadax import Batcher, DataLoader, RangeDataset
+        >>> loader = DataLoader(Batcher()).batch_size(2).build(RangeDataset(0, 6))
+        >>> loader.check_determinism(steps=3)
+        """
+        check_determinism(lambda: self._host_batches(passes=None), steps)
 
     def epoch(self, epoch: int) -> LoaderIterator[B]:
         """An iterator of the batches of epoch `epoch` alone, in a new order for each epoch.
@@ -240,7 +262,7 @@ class Loader(Generic[B]):
             self.sharding_strategy,
             prefetch=self._prefetch,
             epoch=epoch,
-            stats=self._recorder,
+            **self._host_role(),
         )
         return self._delivered(host_batches)
 
@@ -276,7 +298,41 @@ class Loader(Generic[B]):
         settings = self._options.calls().lstrip(".")
         return f"<{type(self).__name__} of {self.plan.num_records} records: {settings}>"
 
+    def _host_batches(self, passes: Passes | None, **role: Any) -> LoaderIterator[B]:
+        """A new iterator of the plan's host batches, counting and recording as `role` says."""
+        if self.stream_window is None:
+            return BatchIterator(
+                self._executor(),
+                self.plan,
+                self.sharding_strategy,
+                prefetch=self._prefetch,
+                passes=passes,
+                **role,
+            )
+        return StreamIterator(
+            self._executor(),
+            self.plan,
+            self.sharding_strategy,
+            self.stream_window,
+            prefetch=self._prefetch,
+            passes=passes,
+            **role,
+        )
+
+    def _host_role(self) -> dict[str, Any]:
+        """What the training loop's host iterator counts and records: what the loop takes and
+        the fingerprint, or under device prefetch (whose iterator does both) its batches' sizes."""
+        if self._device_prefetch is None:
+            return {"stats": self._recorder, "fingerprint": self.fingerprint}
+        return {"stats": self._recorder, "counts_loop": False}
+
     def _delivered(self, host_batches: LoaderIterator[B]) -> LoaderIterator[B]:
         if self._device_prefetch is None:
             return host_batches
-        return DeviceIterator(host_batches, self.sharding_strategy, self._device_prefetch)
+        return DeviceIterator(
+            host_batches,
+            self.sharding_strategy,
+            self._device_prefetch,
+            stats=self._recorder,
+            fingerprint=self.fingerprint,
+        )

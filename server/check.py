@@ -1,4 +1,6 @@
-"""What a valid worker config serves, as `loadax-worker --check` reports it.
+"""What a valid worker config serves, as `loadax-worker --check` reports it, and the problems of
+its pipelines that would fail every request or break checkpoints: a probe batch that fails, and
+a pipeline whose batches are not a function of their step (two builds probe differently).
 
 Needs only the worker's core (no gRPC server extras): a config checks where it cannot be served.
 """
@@ -10,7 +12,10 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from loadax.server.config import WorkerConfig
+from loadax.execution.pipeline import Pipeline
+from loadax.identity.fingerprint import SHORT_FINGERPRINT, pipeline_fingerprint, probe_frames
+from loadax.iterators.determinism import HINT
+from loadax.server.config import WorkerConfig, build_pipelines
 from loadax.server.worker import Worker
 from loadax.wire.v1 import worker_pb2 as wire
 
@@ -35,7 +40,8 @@ class CheckedPipeline:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class CheckReport:
-    """A config's listen addresses, its pipelines and its security settings."""
+    """A config's listen addresses, its pipelines, its security settings, the worker's memory
+    budget (None: unbounded) and the problems of its pipelines (none: it is fit to serve)."""
 
     config: str
     grpc: str | None
@@ -43,6 +49,8 @@ class CheckReport:
     metrics: str | None
     pipelines: tuple[CheckedPipeline, ...]
     security: tuple[str, ...]
+    memory_budget_bytes: int | None
+    problems: tuple[str, ...]
 
     def lines(self) -> list[str]:
         """One line per pipeline and per security setting."""
@@ -55,8 +63,11 @@ class CheckReport:
 
 
 def check_report(config: WorkerConfig, worker: Worker) -> CheckReport:
-    """What `config` serves, once `worker` (built from it) has built every pipeline."""
+    """What `config` serves, once `worker` (built from it) has built every pipeline; each
+    pipeline is built and probed once more for its problems."""
     served = {pipeline.name: pipeline for pipeline in worker.info(wire.InfoRequest()).pipelines}
+    rebuilt = build_pipelines(config)
+    budget = worker.memory_budget
     return CheckReport(
         config=config.source,
         grpc=config.grpc,
@@ -73,7 +84,33 @@ def check_report(config: WorkerConfig, worker: Worker) -> CheckReport:
             for pipeline in config.pipelines
         ),
         security=tuple(security_lines(config)),
+        memory_budget_bytes=None if budget is None else budget.limit,
+        problems=tuple(
+            problem
+            for name, pipeline in rebuilt.items()
+            if (problem := pipeline_problem(name, pipeline, served[name].fingerprint))
+        ),
     )
+
+
+def pipeline_problem(name: str, pipeline: Pipeline[Any, Any], served: str) -> str | None:
+    """Why pipeline `name`, built anew, is unfit to serve: its probe batch fails, or its
+    fingerprint is not `served`, the one the worker computed from another build and probe."""
+    try:
+        probe_frames(pipeline)
+    except Exception as error:
+        return (
+            f"pipeline {name!r}: its probe batch (the first rows of step 0, or window 0 of a "
+            f"stream) fails, so would every request: {error!r}"
+        )
+    fingerprint = pipeline_fingerprint(pipeline)
+    if fingerprint != served:
+        one, other = served[:SHORT_FINGERPRINT], fingerprint[:SHORT_FINGERPRINT]
+        return (
+            f"pipeline {name!r}: the pipeline is not deterministic: two builds and probes of it "
+            f"give fingerprints {one} and {other} ({HINT})"
+        )
+    return None
 
 
 def security_lines(config: WorkerConfig) -> list[str]:

@@ -75,9 +75,13 @@ def main(argv: Sequence[str] | None = None) -> None:
         finally:
             worker.close()
         if args.json:
-            print(json.dumps({"valid": True, **report.to_json()}))
+            print(json.dumps({"valid": not report.problems, **report.to_json()}))
         else:
             print("\n".join(report.lines()))
+            for problem in report.problems:
+                print(f"loadax-worker: {config.source}: {problem}", file=sys.stderr)
+        if report.problems:
+            raise SystemExit(EXIT_CONFIG)
         return
     _serve(config, worker, args.grace)
 
@@ -105,7 +109,8 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="validate the config (parse it, read the TLS, CURVE and token files, import and "
         "call every factory), print one line per pipeline and per security setting and exit 0; "
-        "exit 2 on an error",
+        "exit 2 on an error, or when a pipeline's probe batch fails or two probes of it differ "
+        "(it is not deterministic)",
     )
     parser.add_argument(
         "--json",

@@ -30,10 +30,10 @@ from loadax.execution.pipeline import Pipeline
 from loadax.execution.process_errors import WorkerProcessLost
 from loadax.execution.processes import ProcessExecutor
 from loadax.execution.threads import ThreadExecutor
+from loadax.identity.fingerprint import pipeline_fingerprint
 from loadax.plan.planner import Plan
 from loadax.plan.work import Work
 from loadax.server.config import Rebuild, WorkerConfig, build_pipelines, load_config
-from loadax.server.identity import pipeline_identity
 from loadax.server.memory import MemoryBudget
 from loadax.server.probes import probe_batches
 from loadax.validation import is_int, require_int, require_positive
@@ -109,14 +109,11 @@ class Worker:
         # Requests past their deadline whose threads are still stuck in them.
         self._wedged: list[Pending[Any]] = []
         self._wedged_lock = threading.Lock()
-        # Each pipeline's identity (see loadax.server.identity): its probe runs on its threads,
+        # Each pipeline's fingerprint (see loadax.identity): its probe runs on its threads,
         # or here when children load its batches (they hand out encodings, not batches).
         self._fingerprints = {
-            name: pipeline_identity(
-                name,
-                pipeline,
-                (origins or {}).get(name),
-                executor=None if processes else self._executors[name],
+            name: pipeline_fingerprint(
+                pipeline, executor=None if processes else self._executors[name]
             )
             for name, pipeline in pipelines.items()
         }

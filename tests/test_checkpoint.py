@@ -20,7 +20,7 @@ from jax.sharding import Mesh
 from processes import run_jax_processes
 from workers import WorkerProcess, worker_processes
 
-from loadax import DataLoader, Loader
+from loadax import Batcher, DataLoader, Loader, RangeDataset
 from loadax.client import RemoteDataLoader
 from loadax.state.checkpoint import LoaderCheckpointHandler, LoaderRestore, LoaderSave
 
@@ -149,7 +149,8 @@ def test_restore_without_an_iterator_returns_the_saved_state(tmp_path: pathlib.P
     train_and_save(loader, tmp_path, [4])
     with ocp.CheckpointManager(tmp_path) as manager:
         state = manager.restore(4, args=ocp.args.Composite(loader=LoaderRestore())).loader
-    assert state == {"version": 1, "step": 4, "plan": loader.plan.describe()}
+    expected = {"step": 4, "plan": loader.plan.describe(), "fingerprint": loader.fingerprint()}
+    assert state == {"version": 2, **expected}
 
 
 def test_a_state_of_another_plan_is_rejected(tmp_path: pathlib.Path) -> None:
@@ -158,6 +159,53 @@ def test_a_state_of_another_plan_is_rejected(tmp_path: pathlib.Path) -> None:
         args = ocp.args.Composite(loader=LoaderRestore(other))
         with pytest.raises(ValueError, match="another plan: seed is 5 in the state but 9"):
             manager.restore(2, args=args)
+
+
+def doubling_loader(factor: int, device_prefetch: int | None = None) -> Loader[Any]:
+    """Batches of 2 records, each `factor` times its index: its code changes with `factor`."""
+    scale = (lambda x: 2 * x) if factor == 2 else (lambda x: 3 * x)
+    builder = DataLoader(Batcher()).batch_size(2)
+    if device_prefetch is not None:
+        builder = builder.device_prefetch(device_prefetch)
+    return builder.build(RangeDataset(0, 8).map(scale))
+
+
+@pytest.mark.parametrize("device_prefetch", [None, 2])
+def test_a_state_of_another_pipeline_is_refused_unless_allowed(
+    device_prefetch: int | None,
+) -> None:
+    doubled = doubling_loader(2, device_prefetch)
+    tripled = doubling_loader(3, device_prefetch)
+    with iter(doubled) as iterator:
+        next(iterator)
+        state = json.loads(json.dumps(iterator.get_state()))
+    assert state["fingerprint"] == doubled.fingerprint() != tripled.fingerprint()
+    with iter(tripled) as resumed:
+        short = (doubled.fingerprint()[:12], tripled.fingerprint()[:12])
+        expected = rf"pipeline {short[0]}\.\.\., .* is {short[1]}\.\.\. .*allow_new_pipeline=True"
+        with pytest.raises(ValueError, match=expected):
+            resumed.set_state(state)
+        assert resumed.step == 0  # nothing moved
+        resumed.set_state(state, allow_new_pipeline=True)
+        assert [np.asarray(batch).tolist() for batch in resumed] == [[6, 9], [12, 15], [18, 21]]
+    # A state saved before fingerprints (version 1) restores into any pipeline.
+    old = {key: state[key] for key in ("step", "plan")}
+    with iter(tripled) as resumed:
+        resumed.set_state({"version": 1, **old})
+        assert resumed.step == 1
+
+
+def test_orbax_refuses_a_state_of_another_pipeline_unless_allowed(tmp_path: pathlib.Path) -> None:
+    with iter(doubling_loader(2)) as iterator:
+        next(iterator)
+        LoaderCheckpointHandler().save(tmp_path, LoaderSave(iterator))
+    handler, tripled = LoaderCheckpointHandler(), doubling_loader(3)
+    with pytest.raises(ValueError, match="allow_new_pipeline=True"):
+        handler.restore(tmp_path, LoaderRestore(iter(tripled)))
+    resumed = handler.restore(tmp_path, LoaderRestore(iter(tripled), allow_new_pipeline=True))
+    assert [np.asarray(batch).tolist() for batch in resumed] == [[6, 9], [12, 15], [18, 21]]
+    with pytest.raises(ValueError, match="LoaderRestore's allow_new_pipeline must be a bool"):
+        LoaderRestore(iter(tripled), allow_new_pipeline="yes")  # type: ignore[arg-type]
 
 
 def test_a_missing_directory_or_file_is_named(tmp_path: pathlib.Path) -> None:

@@ -1,5 +1,6 @@
-"""A pipeline's identity covers its config, its code and its data, and nothing else: not where
-its objects live in memory, the hash seed, the process or the host."""
+"""A pipeline's identity (its fingerprint) covers its code and its data, and nothing else: not
+its name or config, where its objects live in memory, the hash seed, the process or the host. A
+local loader and a worker compute the same one for the same pipeline."""
 
 from __future__ import annotations
 
@@ -23,13 +24,13 @@ from equivalence import digests
 from workers import TESTS, WorkerProcess, pinned, worker_env, worker_process
 
 import loadax
-import loadax.server.identity
+import loadax.identity.fingerprint
 from loadax import Batcher, DataLoader, InMemoryDataset, NumpyDataset, Pipeline, Plan, RangeDataset
 from loadax.client import RemoteDataLoader
 from loadax.dataset.stream import Stream
 from loadax.errors import WorkerError
-from loadax.server.code_walk import Walker
-from loadax.server.identity import pipeline_identity, probe_digest
+from loadax.identity.code_walk import Walker
+from loadax.identity.fingerprint import pipeline_fingerprint, probe_digest
 from loadax.server.worker import Worker
 from loadax.wire.plans import plan_to_wire
 from loadax.wire.v1 import worker_pb2 as wire
@@ -71,7 +72,7 @@ args = { window = 8 }
 
 
 def identity(pipeline: Pipeline[Any, Any]) -> str:
-    return pipeline_identity("p", pipeline)
+    return pipeline_fingerprint(pipeline)
 
 
 def mapped(fn: Callable[[int], Any], records: int = RECORDS) -> Pipeline[Any, Any]:
@@ -116,8 +117,9 @@ def test_workers_whose_factory_code_differs_serve_different_identities(
         one, other = served(first), served(second)
         assert one["crops"] != other["crops"]  # same config, other code
         assert (one["partials"], one["stream"]) == (other["partials"], other["stream"])
-        # A client given both binds to one identity and never takes the other's batches.
+        # A client given both binds to the one it pins and never takes the other's batches.
         builder = RemoteDataLoader([first.grpc, second.grpc], pipeline="crops").batch_size(4)
+        builder = builder.fingerprint(one["crops"])
         with builder.build() as loader:
             assert loader.targets == [first.grpc]
             assert list(loader.stats().left_out) == [second.grpc]
@@ -191,7 +193,7 @@ CODE_CHANGES: dict[str, Callable[[int], Pipeline[Any, Any]]] = {
 @pytest.mark.parametrize("change", sorted(CODE_CHANGES))
 def test_a_change_of_code_the_probe_cannot_see_changes_the_identity(change: str) -> None:
     make = CODE_CHANGES[change]
-    assert probe_digest("p", make(1)) == probe_digest("p", make(0))
+    assert probe_digest(make(1)) == probe_digest(make(0))
     assert identity(make(1)) == identity(make(1))
     assert identity(make(1)) != identity(make(0))
 
@@ -227,21 +229,20 @@ def test_a_pipeline_whose_probe_fails_still_has_a_stable_identity(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     first = identity(pipelines.failing(records=20, bad=2))
-    assert "the probe of its identity failed: RecordError" in caplog.text
+    assert "the probe of its fingerprint failed: RecordError" in caplog.text
     assert identity(pipelines.failing(records=20, bad=2)) == first
     assert identity(pipelines.failing(records=20, bad=3)) != first
 
 
-def test_config_name_and_factory_source_are_part_of_the_identity() -> None:
-    pipeline = pipelines.numbers(30)
-    origin = {"factory": "pipelines:numbers", "args": {"records": 30}}
-    base = pipeline_identity("numbers", pipeline, origin)
-    assert pipeline_identity("numbers", pipelines.numbers(30), origin) == base
-    assert pipeline_identity("numbers", pipeline, {**origin, "args": {"records": 31}}) != base
-    assert pipeline_identity("numbers", pipeline, {**origin, "factory": "pipelines:slow"}) != base
-    assert pipeline_identity("other", pipeline, origin) != base
-    with pytest.raises(ValueError, match="names factory 'pipelines:nope', which cannot be"):
-        pipeline_identity("numbers", pipeline, {"factory": "pipelines:nope"})
+def test_a_worker_announces_what_its_pipeline_does_whatever_its_name() -> None:
+    # The name and the config are not part of it; what the factory's args build is.
+    worker = Worker({"numbers": pipelines.numbers(30), "other": pipelines.numbers(30)}, threads=1)
+    try:
+        announced = {p.name: p.fingerprint for p in worker.info(wire.InfoRequest()).pipelines}
+    finally:
+        worker.close()
+    assert announced == dict.fromkeys(announced, identity(pipelines.numbers(30)))
+    assert identity(pipelines.numbers(31)) != announced["numbers"]
 
 
 class Node:
@@ -282,20 +283,15 @@ def test_equal_pipelines_built_twice_have_one_identity() -> None:
 
 IN_A_SUBPROCESS = """
 import identity_pipelines
-from loadax.server.identity import pipeline_identity
+from loadax.identity.fingerprint import pipeline_fingerprint
 for name in ("partials", "stream_of_partials"):
-    origin = {"factory": f"identity_pipelines:{name}", "args": {}}
-    print(pipeline_identity(name, getattr(identity_pipelines, name)(), origin))
+    print(pipeline_fingerprint(getattr(identity_pipelines, name)()))
 """
 
 
 def test_the_identity_holds_no_address_nor_hash_seed() -> None:
     expected = [
-        pipeline_identity(name, getattr(identity_pipelines, name)(), origin)
-        for name, origin in (
-            (name, {"factory": f"identity_pipelines:{name}", "args": {}})
-            for name in ("partials", "stream_of_partials")
-        )
+        identity(getattr(identity_pipelines, name)()) for name in ("partials", "stream_of_partials")
     ]
     for seed in ("0", "1"):
         result = subprocess.run(
@@ -351,8 +347,8 @@ def test_a_worker_refuses_a_request_made_for_another_identity() -> None:
         other.close()
 
 
-def test_the_examples_of_the_identity_module_run() -> None:
-    failed, attempted = doctest.testmod(loadax.server.identity)
+def test_the_examples_of_the_fingerprint_module_run() -> None:
+    failed, attempted = doctest.testmod(loadax.identity.fingerprint)
     assert (failed, attempted > 0) == (0, True)
 
 
@@ -385,3 +381,58 @@ def test_the_only_worker_restarted_mid_run_serves_partials_and_callable_objects_
                 fleet.restart(0, PARTIALS)  # kill -9, then the same code and config again
                 seen += list(iterator)
             assert digests(seen) == expected, name
+
+
+def handshake_fingerprint(worker: Worker, plan: Plan) -> str:
+    request = wire.HandshakeRequest(
+        library_version=loadax.__version__, pipeline="p", plan=plan_to_wire(plan)
+    )
+    return worker.handshake(request).fingerprint
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        identity_pipelines.partials,
+        functools.partial(identity_pipelines.stream_of_partials, window=8),
+    ],
+)
+def test_a_local_loader_and_a_worker_have_one_fingerprint_and_share_checkpoints(
+    make: Callable[[], Pipeline[Any, Any]],
+) -> None:
+    pipeline = make()
+    local = DataLoader(pipeline.batcher).batch_size(4).shuffle(seed=3).build(pipeline.dataset)
+    worker = Worker({"p": make()}, threads=2)
+    remote_builder = RemoteDataLoader([worker], pipeline="p").batch_size(4).shuffle(seed=3)
+    try:
+        with remote_builder.build() as remote:
+            fingerprint = local.fingerprint()
+            assert handshake_fingerprint(worker, local.plan) == fingerprint
+            assert remote.fingerprint() == fingerprint
+            # A local checkpoint resumes remotely, and a remote one locally.
+            for saved_by, resumed_by in ((local, remote), (remote, local)):
+                iterator = iter(saved_by)
+                next(iterator), next(iterator)
+                state = json.loads(json.dumps(iterator.get_state()))
+                assert state["fingerprint"] == fingerprint
+                resumed = iter(resumed_by)
+                resumed.set_state(state)
+                assert digests(resumed) == digests(iterator)
+    finally:
+        worker.close()
+
+
+def test_a_remote_loader_refuses_the_checkpoint_of_another_pipeline() -> None:
+    local = DataLoader(Batcher()).batch_size(4).build(RangeDataset(0, RECORDS).map(clip_below(50)))
+    worker = Worker({"p": mapped(clip_below(60))}, threads=1)
+    try:
+        with RemoteDataLoader([worker], pipeline="p").batch_size(4).build() as remote:
+            iterator = iter(local)
+            next(iterator)
+            resumed = iter(remote)
+            with pytest.raises(ValueError, match="allow_new_pipeline=True"):
+                resumed.set_state(iterator.get_state())
+            resumed.set_state(iterator.get_state(), allow_new_pipeline=True)
+            assert resumed.step == 1
+    finally:
+        worker.close()

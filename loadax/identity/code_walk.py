@@ -1,9 +1,10 @@
 """The digest of the code and values a pipeline holds, walked depth-first: what a pipeline's
-identity (`loadax.server.identity`) covers besides its config and its probe.
+fingerprint (`loadax.identity.fingerprint`) covers besides its probe.
 
 Functions by their bytecode, constants, closures, defaults and the module-level names they use;
-partials, methods, callable objects and classes by what they hold; library code (the standard
-library, installed packages, loadax) by its name. Nothing in a digest is a memory address, a
+partials, methods, callable objects and classes by what they hold, not by the module they are in
+(so code run as a script and imported agree); library code (the standard library, installed
+packages, loadax) by its name. Nothing in a digest is a memory address, a
 `hash()` or the iteration order of a set, so two processes, two hosts or a restart agree.
 """
 
@@ -27,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from loadax.server.digests import hashed, leaf_digest, plain, text
+from loadax.identity.digests import hashed, leaf_digest, plain, text
 
 LARGE = 256
 """A list, tuple, dict or set with more items than this is data: hashed by type and length."""
@@ -73,9 +74,7 @@ class Walker:
     order in which a set's items or a dict's keys happen to be visited.
     """
 
-    def __init__(self, user_package: str | None) -> None:
-        # Code of this top-level package is walked even where it is installed like a library.
-        self._user_package = user_package
+    def __init__(self) -> None:
         self._done: dict[int, bytes] = {}
         self._path: dict[int, int] = {}  # id -> depth of the objects being walked
         self._highest: list[int] = []  # per object on the path: the shallowest depth referred to
@@ -215,7 +214,7 @@ class Walker:
                 cells.append(hashed(b"empty cell"))
         return hashed(
             b"function",
-            self._name(function),
+            _qualname(function),
             self.digest(function.__code__),
             self.digest(function.__defaults__),
             self.digest(function.__kwdefaults__),
@@ -266,7 +265,7 @@ class Walker:
             if name not in _CLASS_BOOKKEEPING
         )
         bases = (self.digest(base) for base in cls.__bases__)
-        return hashed(b"class", self._name(cls), *bases, b"attributes", *attributes)
+        return hashed(b"class", _qualname(cls), *bases, b"attributes", *attributes)
 
     def _builtin(self, function: Any) -> bytes:
         owner = getattr(function, "__self__", None)
@@ -321,7 +320,7 @@ class Walker:
 
     def _is_library(self, module: Any) -> bool:
         """Whether `module` (a name) is code the walk names rather than reads: the standard
-        library, installed packages and loadax, unless it is the factory's own package."""
+        library, installed packages and loadax."""
         if not isinstance(module, str):
             return False  # code of unknown origin: read it
         known = self._library.get(module)
@@ -330,10 +329,7 @@ class Walker:
         return known
 
     def _find_library(self, module: str) -> bool:
-        package = module.partition(".")[0]
-        if package == self._user_package:
-            return False
-        if package == "loadax":
+        if module.partition(".")[0] == "loadax":
             return True
         loaded = sys.modules.get(module)
         if loaded is None:
@@ -351,6 +347,12 @@ class Walker:
             module = f"{owner.__module__}.{owner.__qualname__}"
         qualname = getattr(value, "__qualname__", None) or getattr(value, "__name__", None)
         return text(f"{module}:{qualname}")
+
+
+def _qualname(value: types.FunctionType | type) -> bytes:
+    """The name of a function or class of user code: without its module, which is `__main__` in
+    a script and the file's name where it is imported (what it does is walked)."""
+    return text(value.__qualname__)
 
 
 def _names(code: types.CodeType) -> set[str]:

@@ -1,4 +1,4 @@
-"""The digests that a pipeline's identity is made of: length-prefixed sha256 of parts, and the
+"""The digests a pipeline's fingerprint is made of: length-prefixed sha256 of parts, and the
 digests of plain values (None, numbers, strings, bytes), the leaves of `code_walk`'s walk."""
 
 from __future__ import annotations

@@ -31,18 +31,29 @@ class LoaderIterator(Iterator[B], abc.ABC):
     def get_state(self) -> dict[str, Any]:
         """A small JSON-able dict: restoring it yields exactly the batches that would come next.
 
+        It records the loader's pipeline fingerprint (`Loader.fingerprint()`), computed at the
+        first `get_state` or `set_state` of any of the loader's iterators.
+
         >>> from loadax import Batcher, DataLoader, RangeDataset
-        >>> iterator = iter(DataLoader(Batcher()).batch_size(2).build(RangeDataset(0, 6)))
+        >>> loader = DataLoader(Batcher()).batch_size(2).build(RangeDataset(0, 6))
+        >>> iterator = iter(loader)
         >>> _ = next(iterator)
         >>> state = iterator.get_state()
         >>> sorted(state), state["step"], state["plan"]["batch_size"]
-        (['plan', 'step', 'version'], 1, 2)
+        (['fingerprint', 'plan', 'step', 'version'], 1, 2)
+        >>> state["fingerprint"] == loader.fingerprint()
+        True
         >>> iterator.close()
         """
 
     @abc.abstractmethod
-    def set_state(self, state: dict[str, Any]) -> None:
+    def set_state(self, state: dict[str, Any], *, allow_new_pipeline: bool = False) -> None:
         """Continue from a state of `get_state()`; a state of another plan is a ValueError.
+
+        So is a state saved by a loader of another pipeline (its fingerprint differs: the
+        pipeline's code or its probe batch changed), unless `allow_new_pipeline`: then the new
+        pipeline continues from the state's step. A state without a fingerprint (saved by loadax
+        before fingerprints) is not checked.
 
         >>> from loadax import Batcher, DataLoader, RangeDataset
         >>> builder = DataLoader(Batcher()).batch_size(2)
@@ -57,6 +68,17 @@ class LoaderIterator(Iterator[B], abc.ABC):
         ...
         ValueError: iterator state belongs to another plan: seed is 0 in the state but 1 in this
         loader; shuffle is False in the state but True in this loader
+        >>> doubled = builder.build(RangeDataset(0, 6).map(lambda x: 2 * x))
+        >>> tripled = builder.build(RangeDataset(0, 6).map(lambda x: 3 * x))
+        >>> state = iter(doubled).get_state()
+        >>> iter(tripled).set_state(state)  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        ValueError: iterator state was saved by a loader of pipeline ...
+        >>> resumed = iter(tripled)
+        >>> resumed.set_state(state, allow_new_pipeline=True)
+        >>> next(resumed).tolist()
+        [0, 3]
         """
 
     @abc.abstractmethod

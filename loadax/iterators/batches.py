@@ -2,15 +2,16 @@
 
 `BatchIterator` keeps the executor's lookahead of steps (`prefetch`, or more for a remote
 executor that keeps every worker busy) in flight ahead of the training loop and yields them in
-plan order, so what comes out depends only on the plan. Its state is the next step and the plan:
-the same for every executor. An iterator of one epoch (`Loader.epoch(e)`) yields that epoch's
-steps of the plan, and its state names the epoch too.
+plan order, so what comes out depends only on the plan. Its state is the next step, the plan and
+the pipeline's fingerprint: the same for every executor. An iterator of one epoch
+(`Loader.epoch(e)`) yields that epoch's steps of the plan, and its state names the epoch too.
 """
 
 from __future__ import annotations
 
 import weakref
 from collections import deque
+from collections.abc import Callable
 from typing import Any
 
 from typing_extensions import TypeVar
@@ -22,7 +23,12 @@ from loadax.iterators.passes import Passes
 from loadax.iterators.stats import StatsRecorder
 from loadax.plan.planner import Plan
 from loadax.plan.work import StepWork
-from loadax.state.checks import STATE_VERSION, checked_epoch_step, checked_step
+from loadax.state.checks import (
+    STATE_VERSION,
+    check_fingerprint,
+    checked_epoch_step,
+    checked_step,
+)
 
 B = TypeVar("B", default=Any)
 
@@ -32,8 +38,11 @@ class BatchIterator(LoaderIterator[B]):
 
     It is what iterating a local or remote loader gives (without device prefetch). With
     `epoch`, it yields the steps of that epoch only (`plan.epoch_steps(epoch)`), past the
-    plan's `num_epochs` too. `stats` counts what the training loop got and waited for;
-    `passes` hears when the iterator has run through the whole plan from step 0, unrestored.
+    plan's `num_epochs` too. `stats` counts what the training loop got and waited for (with
+    `counts_loop` False, only the sizes of the batches: the iterator over this one counts what
+    the loop takes); `passes` hears when the iterator has run through the whole plan from step
+    0, unrestored. `fingerprint` gives the pipeline's fingerprint, which the state records and
+    `set_state` checks (None: neither).
 
     >>> from loadax import BatchIterator, Batcher, DataLoader, RangeDataset
     >>> iterator = iter(DataLoader(Batcher()).batch_size(2).build(RangeDataset(0, 4)))
@@ -50,9 +59,12 @@ class BatchIterator(LoaderIterator[B]):
         prefetch: int,
         epoch: int | None = None,
         stats: StatsRecorder | None = None,
+        counts_loop: bool = True,
         passes: Passes | None = None,
+        fingerprint: Callable[[], str] | None = None,
     ) -> None:
         self._executor, self._plan, self._sharding = executor, plan, sharding
+        self._fingerprint = fingerprint
         self._prefetch = prefetch
         self._epoch = epoch
         if epoch is None:
@@ -65,7 +77,8 @@ class BatchIterator(LoaderIterator[B]):
         self._next_submit = first  # the first step not yet handed to the executor
         self._in_flight: deque[tuple[int, Pending[B]]] = deque()
         self._closed = False
-        self._counts = (StatsRecorder() if stats is None else stats).counts(self)
+        recorder = StatsRecorder() if stats is None else stats
+        self._counts = recorder.counts(self, loop=counts_loop)
         self._passes = passes if epoch is None else None  # None once it cannot make a pass
         # Garbage collection of an abandoned iterator releases the executor's threads too.
         self._finalizer = weakref.finalize(self, executor.release, False)
@@ -96,13 +109,18 @@ class BatchIterator(LoaderIterator[B]):
         state = {"version": STATE_VERSION, "step": self._next_step, "plan": self._plan.describe()}
         if self._epoch is not None:
             state["epoch"] = self._epoch
+        if self._fingerprint is not None:
+            state["fingerprint"] = self._fingerprint()
         return state
 
-    def set_state(self, state: dict[str, Any]) -> None:
+    def set_state(self, state: dict[str, Any], *, allow_new_pipeline: bool = False) -> None:
         if self._epoch is None:
-            self._next_step = checked_step(state, self._plan)
+            step = checked_step(state, self._plan)
         else:
-            self._next_step = checked_epoch_step(state, self._plan, self._epoch)
+            step = checked_epoch_step(state, self._plan, self._epoch)
+        if self._fingerprint is not None:
+            check_fingerprint(state, self._fingerprint, allow_new_pipeline)
+        self._next_step = step
         self._passes = None  # a resumed run is no full pass
         self._cancel_in_flight()
 

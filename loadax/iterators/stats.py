@@ -2,7 +2,8 @@
 them. `Loader.stats()` returns a snapshot.
 
 The loop's numbers are counted where the loop meets the loader, in the iterators every loader
-shares (`BatchIterator`, `StreamIterator`): they mean the same for every executor. A remote
+shares (`BatchIterator`, `StreamIterator`, or with device prefetch the `DeviceIterator` over
+them, which takes batches ahead of the loop): they mean the same for every executor. A remote
 loader adds what its fleet counts (per worker, and the targets left out) to the snapshot.
 """
 
@@ -78,25 +79,37 @@ class LoopCounts:
     iterates it (a few hundred nanoseconds a batch).
 
     The iterator reads `clock()` when `next()` starts and calls `counted(started, batch)` when
-    it ends (batch None when it yields none): the time in between is the loop waiting.
+    it ends (batch None when it yields none): the time in between is the loop waiting. The
+    counts of an iterator whose batches the loop does not take directly (`loop` False: a host
+    iterator under device prefetch, which counts them itself) note only the batches' sizes.
     """
 
-    __slots__ = ("batches", "bytes", "clock", "first", "largest", "waited")
+    __slots__ = ("batches", "bytes", "clock", "first", "largest", "loop", "waited")
 
-    def __init__(self, clock: Callable[[], float]) -> None:
-        self.clock = clock
+    def __init__(self, clock: Callable[[], float], loop: bool = True) -> None:
+        self.clock, self.loop = clock, loop
         self.first: float | None = None  # when its first next() began
         self.waited = 0.0
         self.batches = self.bytes = self.largest = 0
 
     def counted(self, started: float, batch: Any = None) -> None:
         """Count a `next()` that began at `started` and ends now, and the batch it yields."""
+        if batch is None:
+            self.took(started, None)
+        else:
+            self.took(started, batch.nbytes if type(batch) is np.ndarray else array_bytes(batch))
+
+    def took(self, started: float, size: int | None) -> None:
+        """Count a `next()` that began at `started` and ends now, yielding a batch of `size`
+        bytes (None: no batch)."""
+        if not self.loop:
+            self.largest = max(self.largest, size or 0)
+            return
         now = self.clock()
         if self.first is None:
             self.first = started
         self.waited += now - started
-        if batch is not None:
-            size = batch.nbytes if type(batch) is np.ndarray else array_bytes(batch)
+        if size is not None:
             self.batches += 1
             self.bytes += size
             if size > self.largest:
@@ -139,10 +152,10 @@ class StatsRecorder:
         self._live: dict[int, LoopCounts] = {}  # the counts of iterators still alive
         self._done = LoopCounts(clock)  # the sum of those of iterators gone
 
-    def counts(self, iterator: object) -> LoopCounts:
+    def counts(self, iterator: object, *, loop: bool = True) -> LoopCounts:
         """New counts for `iterator` to update, added up with the others until it is collected
-        and kept after."""
-        counts = LoopCounts(self.clock)
+        and kept after; with `loop` False, of the sizes of its batches only."""
+        counts = LoopCounts(self.clock, loop)
         with self._lock:
             self._live[id(counts)] = counts
         weakref.finalize(iterator, self._retire, counts)

@@ -3,14 +3,15 @@
 Each data shard this process reads has its own stream; the process's rows of a batch are the
 next `batch_size / shards` rows of each of its shards, in shard order. Windows load ahead,
 `prefetch` per shard. The state is a cursor per shard, (window, rows of it already used): small,
-and the same whether the windows were made locally or by workers.
+and the same whether the windows were made locally or by workers; it records the pipeline's
+fingerprint too.
 """
 
 from __future__ import annotations
 
 import weakref
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
@@ -23,7 +24,7 @@ from loadax.iterators.passes import Passes
 from loadax.iterators.stats import LoopCounts, StatsRecorder
 from loadax.plan.planner import Plan
 from loadax.plan.work import StreamWindow, shard_length
-from loadax.state.checks import STATE_VERSION, checked_step, require_same
+from loadax.state.checks import STATE_VERSION, check_fingerprint, checked_step, require_same
 
 
 class StreamIterator(LoaderIterator[Any]):
@@ -31,6 +32,7 @@ class StreamIterator(LoaderIterator[Any]):
 
     Iteration ends at the first batch that one of this process's shards cannot fill; that short
     batch is yielded only when there is one data shard and the plan keeps remainders.
+    `stats`, `counts_loop` and `fingerprint` are as `BatchIterator`'s.
     """
 
     def __init__(
@@ -42,11 +44,15 @@ class StreamIterator(LoaderIterator[Any]):
         *,
         prefetch: int,
         stats: StatsRecorder | None = None,
+        counts_loop: bool = True,
         passes: Passes | None = None,
+        fingerprint: Callable[[], str] | None = None,
     ) -> None:
         self._executor, self._plan, self._window_size = executor, plan, window_size
+        self._fingerprint = fingerprint
         self._num_shards = sharding.num_data_shards
-        self._counts = (StatsRecorder() if stats is None else stats).counts(self)
+        recorder = StatsRecorder() if stats is None else stats
+        self._counts = recorder.counts(self, loop=counts_loop)
         self._passes = passes
         own = sharding.rows(self._num_shards)
         shards = range(self._num_shards) if own is None else own.tolist()
@@ -82,7 +88,7 @@ class StreamIterator(LoaderIterator[Any]):
         return self._step
 
     def get_state(self) -> dict[str, Any]:
-        return {
+        state: dict[str, Any] = {
             "version": STATE_VERSION,
             "step": self._step,
             "plan": self._plan.describe(),
@@ -92,10 +98,15 @@ class StreamIterator(LoaderIterator[Any]):
                 "cursors": {str(shard.shard): shard.cursor for shard in self._shards},
             },
         }
+        if self._fingerprint is not None:
+            state["fingerprint"] = self._fingerprint()
+        return state
 
-    def set_state(self, state: dict[str, Any]) -> None:
+    def set_state(self, state: dict[str, Any], *, allow_new_pipeline: bool = False) -> None:
         step = checked_step(state, self._plan)
         cursors = self._checked_cursors(state.get("stream"))
+        if self._fingerprint is not None:
+            check_fingerprint(state, self._fingerprint, allow_new_pipeline)
         for shard in self._shards:
             shard.seek(*cursors[str(shard.shard)])
         self._step = step

@@ -19,6 +19,7 @@ from etils import epath  # type: ignore[import-untyped]
 
 from loadax.iterators.base import LoaderIterator
 from loadax.iterators.streams import merged_state
+from loadax.validation import require_bool
 
 __all__ = ["LoaderCheckpointHandler", "LoaderRestore", "LoaderSave", "state_file"]
 
@@ -91,7 +92,8 @@ class LoaderCheckpointHandler(ocp.CheckpointHandler):  # type: ignore[misc]
             )
         if args is None or args.iterator is None:
             return state
-        args.iterator.set_state(state)  # rejects a state of another plan, naming the difference
+        # Rejects a state of another plan, naming the difference, or of another pipeline.
+        args.iterator.set_state(state, allow_new_pipeline=args.allow_new_pipeline)
         return args.iterator
 
 
@@ -129,6 +131,9 @@ class LoaderSave(ocp.args.CheckpointArgs):  # type: ignore[misc]
 class LoaderRestore(ocp.args.CheckpointArgs):  # type: ignore[misc]
     """Restore into `iterator`, which the restore returns; with none, it returns the state.
 
+    A state saved by a loader of another pipeline (its fingerprint differs) is refused unless
+    `allow_new_pipeline` (see `LoaderIterator.set_state`).
+
     >>> import tempfile
     >>> import orbax.checkpoint as ocp
     >>> from loadax import Batcher, DataLoader, RangeDataset
@@ -149,10 +154,12 @@ class LoaderRestore(ocp.args.CheckpointArgs):  # type: ignore[misc]
     """
 
     iterator: LoaderIterator[Any] | None = None
+    allow_new_pipeline: bool = False
 
     def __post_init__(self) -> None:
         if self.iterator is not None and not isinstance(self.iterator, LoaderIterator):
             raise TypeError(_not_an_iterator("LoaderRestore", self.iterator))
+        require_bool("LoaderRestore's allow_new_pipeline", self.allow_new_pipeline)
 
 
 def _read_state(path: epath.Path) -> dict[str, Any]:

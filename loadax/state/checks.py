@@ -1,18 +1,22 @@
 """The iterator state's format: a small JSON-able dict, checked against the loader restoring it.
 
-Every state holds `version`, `step` (the step the restored iterator yields next) and `plan`; the
-state of an iterator of one epoch (`Loader.epoch(e)`) holds its `epoch` too, and a stream's its
-cursors (`stream`).
+Every state holds `version`, `step` (the step the restored iterator yields next), `plan` and the
+loader's pipeline `fingerprint`; the state of an iterator of one epoch (`Loader.epoch(e)`) holds
+its `epoch` too, and a stream's its cursors (`stream`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
+from loadax.identity.fingerprint import SHORT_FINGERPRINT
 from loadax.plan.planner import Plan
 from loadax.validation import is_int
 
-STATE_VERSION = 1
+STATE_VERSION = 2
+"""The version of the states saved; version 1 (before fingerprints) is the same without one."""
+READ_VERSIONS = (1, STATE_VERSION)
 
 
 def checked_step(state: Any, plan: Plan) -> int:
@@ -84,9 +88,10 @@ def _checked(state: Any, plan: Plan) -> int:
     missing = {"version", "step", "plan"} - state.keys()
     if missing:
         raise ValueError(f"iterator state lacks {sorted(missing)}: got keys {sorted(state)}")
-    if state["version"] != STATE_VERSION:
+    if state["version"] not in READ_VERSIONS:
         raise ValueError(
-            f"iterator state has version {state['version']!r}; this loadax reads {STATE_VERSION}"
+            f"iterator state has version {state['version']!r}; this loadax reads versions "
+            f"{' and '.join(map(str, READ_VERSIONS))}"
         )
     expected = plan.describe()
     saved = state["plan"]
@@ -97,6 +102,37 @@ def _checked(state: Any, plan: Plan) -> int:
     if not is_int(step, minimum=0):
         raise ValueError(f"iterator state has step {step!r}; it must be an int >= 0")
     return int(step)
+
+
+def check_fingerprint(state: Any, fingerprint: Callable[[], str], allow_new_pipeline: bool) -> None:
+    """A ValueError when `state` was saved by a loader of another pipeline (its fingerprint is
+    not `fingerprint()`), unless `allow_new_pipeline`. A state without one (version 1) passes,
+    and so does what is no state at all (the checks of its plan name it).
+
+    >>> from loadax.state.checks import check_fingerprint
+    >>> check_fingerprint({"fingerprint": "ab" * 32}, lambda: "ab" * 32, False)
+    >>> check_fingerprint({"fingerprint": "ab" * 32}, lambda: "cd" * 32, True)
+    >>> check_fingerprint({"fingerprint": "ab" * 32}, lambda: "cd" * 32, False)
+    ... # doctest: +NORMALIZE_WHITESPACE +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    ValueError: iterator state was saved by a loader of pipeline abababababab..., but this
+    loader's pipeline is cdcdcdcdcdcd... (its code or its probe batch changed); restore with
+    set_state(state, allow_new_pipeline=True) to continue with the new pipeline ...
+    """
+    saved = state.get("fingerprint") if isinstance(state, dict) else None
+    if saved is None or allow_new_pipeline:
+        return
+    if not isinstance(saved, str):
+        raise ValueError(f"iterator state has fingerprint {saved!r}; it must be a str")
+    current = fingerprint()
+    if saved != current:
+        raise ValueError(
+            f"iterator state was saved by a loader of pipeline {saved[:SHORT_FINGERPRINT]}..., "
+            f"but this loader's pipeline is {current[:SHORT_FINGERPRINT]}... (its code or its "
+            "probe batch changed); restore with set_state(state, allow_new_pipeline=True) to "
+            "continue with the new pipeline from the state's step"
+        )
 
 
 def require_same(saved: dict[str, Any], expected: dict[str, Any], what: str) -> None:
