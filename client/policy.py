@@ -22,6 +22,9 @@ a byte. The rules:
   probed with one real request after a doubling back-off; an answer releases it.
 - Work that killed or stalled a worker's process (poison) is asked of at most `poison_retries`
   other members; then the request fails with `PoisonedRecords`.
+- A batch the pipeline's own code fails to make (collation, the batcher) is asked of one other
+  member, if there is one, to confirm; then the training loop gets the exception the local
+  loader raises. Neither member is counted as failing.
 - A member that has not answered yet is cold (starting processes, importing, faulting in its
   first batch): its attempts are given up only at `request_timeout`, never as hung; hedges
   cover the wait.
@@ -63,7 +66,7 @@ from loadax.client.member_health import FleetLatency, MemberHealth
 from loadax.client.verdicts import Verdict, serves_another, verdict
 from loadax.errors import WorkerError
 from loadax.iterators.stats import WorkerStats
-from loadax.wire.failures import PoisonFailed
+from loadax.wire.failures import PipelineFailed, PoisonFailed
 
 HEDGE_FACTOR = 1.5
 """A request this many times the fleet's p95 latency old is also sent to another member."""
@@ -102,6 +105,7 @@ class _Request:
     attempts: dict[str, int] = dataclasses.field(default_factory=dict)  # member -> attempt
     failing_since: float | None = None
     poisoned: list[str] = dataclasses.field(default_factory=list)  # members that said poison
+    code_failed: list[str] = dataclasses.field(default_factory=list)  # ... whose pipeline raised
 
 
 class Policy:
@@ -229,8 +233,8 @@ class Policy:
         ):
             return  # as many members as may have it are trying it, or have failed it
         busy = set(request.attempts)
-        # Another member, if there is one, when one has failed it as poison.
-        member = self._choose(busy | set(request.poisoned), now)
+        # Another member, if there is one, when one has failed it as poison or in its code.
+        member = self._choose(busy | set(request.poisoned) | set(request.code_failed), now)
         if member is None and request.poisoned:
             member = self._choose(busy, now)
         if member is None:
@@ -325,6 +329,13 @@ class Policy:
         judged = verdict(error)
         if judged is Verdict.FATAL:
             self._finish(request, Fail(request.id, error))
+            return
+        if isinstance(error, PipelineFailed):
+            request.code_failed.append(member.name)
+            if len(request.code_failed) > 1 or not set(self._members) - {member.name}:
+                self._finish(request, Fail(request.id, error.rebuild(member.name)))
+            elif all(self._attempts[other].given_up for other in request.attempts.values()):
+                self._dispatch(request, now)  # to another member, to confirm
             return
         self._note_failure(request, now)
         if isinstance(error, PoisonFailed):

@@ -6,7 +6,7 @@ from __future__ import annotations
 import enum
 
 from loadax.errors import WorkerError
-from loadax.wire.failures import PoisonFailed
+from loadax.wire.failures import PipelineFailed, PoisonFailed
 
 # Codes that say nothing about the request itself: another worker may well succeed.
 RETRYABLE = frozenset({"UNAVAILABLE", "DEADLINE_EXCEEDED", "CANCELLED", "UNKNOWN", "INTERNAL"})
@@ -31,6 +31,10 @@ class Verdict(enum.Enum):
     POISON = "poison"
     """The work killed or stalled what loaded it: another worker may be asked (a few at most);
     the worker itself is fine."""
+    CONFIRM = "confirm"
+    """The pipeline's own code raised making the batch: every worker of its identity would
+    repeat it, so one other worker is asked to confirm it before it is raised (a worker whose
+    environment is broken is not the pipeline's fault)."""
     FATAL = "fatal"
     """The request itself is wrong (or one of its records fails): every worker would repeat it."""
 
@@ -57,6 +61,8 @@ def verdict(error: BaseException) -> Verdict:
     """
     if isinstance(error, PoisonFailed):
         return Verdict.POISON
+    if isinstance(error, PipelineFailed):
+        return Verdict.CONFIRM
     if not isinstance(error, WorkerError):
         return Verdict.FATAL  # a RecordError, or a bug: never hidden by a retry
     if error.code in RETRYABLE:

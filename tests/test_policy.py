@@ -37,7 +37,7 @@ from loadax.client.policy import (
     replay,
 )
 from loadax.errors import PoisonedRecords, WorkerError
-from loadax.wire.failures import PoisonFailed
+from loadax.wire.failures import PipelineFailed, PoisonFailed
 
 
 @dataclasses.dataclass
@@ -278,6 +278,29 @@ def test_poison_is_asked_of_poison_retries_more_members_then_fails() -> None:
     (fail,) = [action for action in actions if isinstance(action, Fail)]
     assert isinstance(fail.error, PoisonedRecords)
     assert sends(actions) == []  # the third member is never asked
+
+
+def test_a_pipeline_failure_is_confirmed_on_one_other_member_then_raised_as_itself() -> None:
+    made = fleet({"a": 16, "b": 16, "c": 16})
+    (first,) = sends(made.submit())
+    failed = PipelineFailed.of(ValueError("leaf ['x'] is ragged: use pad_batcher"), 0)
+    (second,) = sends(made.tell(Failed(first.attempt, failed)))
+    assert second.member != first.member
+    actions = made.tell(Failed(second.attempt, failed))
+    (fail,) = [action for action in actions if isinstance(action, Fail)]
+    assert type(fail.error) is ValueError
+    assert str(fail.error) == "leaf ['x'] is ragged: use pad_batcher"
+    assert sends(actions) == []  # the third member is never asked
+    assert all(stats.failures == 0 for stats in made.policy.member_stats().values())
+
+
+def test_a_pipeline_failure_on_the_only_member_is_raised_at_once() -> None:
+    made = fleet({"a": 16})
+    (send,) = sends(made.submit())
+    failed = PipelineFailed.of(TypeError("unsupported leaf"), 0)
+    (fail,) = made.tell(Failed(send.attempt, failed))
+    assert isinstance(fail, Fail)
+    assert isinstance(fail.error, TypeError)
 
 
 def test_a_request_fails_when_the_fleet_is_silent_for_no_worker_timeout() -> None:

@@ -48,10 +48,16 @@ class DeviceIterator(LoaderIterator[Any]):
         self._assembler = (
             ThreadPoolExecutor(1, thread_name_prefix="loadax-device") if depth else None
         )
+        # What taking the batch after those on the device raised: the loop gets it once it has
+        # had them, and asking again before then would wait for the failure a second time.
+        self._failed: BaseException | None = None
 
     def __next__(self) -> Any:
         started = self._counts.clock()
         try:
+            if not self._on_device and self._failed is not None:
+                failed, self._failed = self._failed, None
+                raise failed
             self._fill(1, defer_errors=False)
             if not self._on_device:
                 raise StopIteration
@@ -76,6 +82,7 @@ class DeviceIterator(LoaderIterator[Any]):
             check_fingerprint(state, self._fingerprint, allow_new_pipeline)
         self._host_batches.set_state(state, allow_new_pipeline=allow_new_pipeline)
         self._on_device.clear()
+        self._failed = None
 
     def close(self) -> None:
         self._host_batches.close()
@@ -85,15 +92,16 @@ class DeviceIterator(LoaderIterator[Any]):
 
     def _fill(self, count: int, defer_errors: bool) -> None:
         """Take host batches until `count` are on the device, or the host iterator ends."""
-        while len(self._on_device) < count:
+        while len(self._on_device) < count and self._failed is None:
             state = self._host_batches.get_state()
             try:
                 batch = next(self._host_batches)
             except StopIteration:
                 return
-            except Exception:
+            except Exception as error:
                 if defer_errors:
-                    return  # it is raised again when the loop reaches the failed step
+                    self._failed = error  # raised when the loop reaches the failed step
+                    return
                 raise
             self._on_device.append((state, array_bytes(batch), self._assemble(batch)))
 
