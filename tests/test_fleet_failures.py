@@ -11,10 +11,11 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+import failure_pipelines
 import pytest
 from workers import pinned, worker_process, worker_processes
 
-from loadax import WorkerError
+from loadax import DataLoader, WorkerError
 from loadax.client import RemoteDataLoader
 
 
@@ -133,3 +134,31 @@ def test_a_process_worker_starting_slowly_is_not_quarantined(tmp_path: pathlib.P
     assert stats.latency_max is not None  # it served
     assert stats.quarantined is None
     assert stats.failures == 0, stats.last_error
+
+
+RAGGED = """
+[pipelines.ragged]
+factory = "failure_pipelines:ragged"
+"""
+
+
+@pytest.mark.parametrize("transport", ["grpc", "zmq"])
+def test_a_batch_the_pipeline_cannot_make_raises_the_local_error_at_once(
+    tmp_path: pathlib.Path, transport: str
+) -> None:
+    local = failure_pipelines.ragged()
+    with pytest.raises(ValueError, match="pad_batcher") as expected:
+        next(iter(DataLoader(local.batcher).batch_size(4).build(local.dataset)))
+    with worker_processes(tmp_path, 2, RAGGED, zmq=True) as running:
+        targets = [worker.address(transport) for worker in running]
+        loader = RemoteDataLoader(targets, pipeline="ragged").batch_size(4).build()
+        started = time.monotonic()
+        with pytest.raises(ValueError, match="pad_batcher") as raised:
+            next(iter(loader))
+        waited = time.monotonic() - started
+        loader.close()
+    assert waited < 10.0, waited  # at once: not retried until no_worker_timeout
+    assert str(raised.value) == str(expected.value)
+    (note,) = raised.value.__notes__
+    assert note.startswith("loadax: raised on ")
+    assert "Traceback" in note
