@@ -5,8 +5,10 @@ those left out for what they answered.
 At start-up every target is asked on a thread of its own (a host name: each address it lists,
 looked up until it resolves or the start-up timeout passes). `bind()` returns once every target
 has answered, or once `min_workers` agree and the others have had `GRACE` seconds more; it fails
-at the start-up timeout naming each target and what it said. A target not up by then keeps being
-asked in the background until the loader closes, and joins when it answers right.
+at the start-up timeout naming each target and what it said, or sooner, once every target's
+failure has been final (refused, a name that does not exist, another protocol) for
+`FINAL_GRACE`. A target not up by then keeps being asked in the background until the loader
+closes, and joins when it answers right.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from loadax.client.driver import Driver
 from loadax.client.identity import agreeing, choose, require
 from loadax.client.member import LEAVES_OUT, Identity, Member, ask
 from loadax.client.transports import TargetSpec, Transport
+from loadax.client.transports.diagnosis import Diagnosis
 from loadax.errors import WorkerError
 from loadax.wire.limits import DEFAULT_TIMEOUT_S
 from loadax.wire.v1 import worker_pb2 as wire
@@ -32,9 +35,18 @@ _log = logging.getLogger("loadax.client")
 
 GRACE = 1.0
 """Seconds the build waits for the other targets once `min_workers` agree."""
+FINAL_GRACE = 5.0
+"""Seconds every target may have failed for good (e.g. refused) before `build()` gives up: a
+worker a moment from listening still joins."""
 UNREACHABLE = frozenset({"UNAVAILABLE", "DEADLINE_EXCEEDED"})
 """Handshake failures that say a target is not up yet: it is asked again."""
 _RETRY_EVERY = 0.5  # seconds between lookups of a name that does not resolve, or handshakes
+_ATTEMPT_S = 2.0  # the most one handshake waits, so that an unanswered one is diagnosed
+DIAGNOSIS_S = 0.5
+"""The most a diagnosis of a target that did not answer may take (seconds)."""
+
+Diagnose = Callable[[str], Diagnosis | None]
+"""An address -> why it does not answer (None: its port speaks what the client does)."""
 
 Resolver = Callable[[str], list[str]]
 """A host name -> the IP addresses it lists."""
@@ -55,6 +67,7 @@ class _Listed:
     said: str = "no answer yet"
     member: Member | None = None
     settled: bool = False  # answered, or failed for good
+    final_since: float | None = None  # failing in a way that waiting does not mend, since
 
 
 class Membership:
@@ -72,8 +85,10 @@ class Membership:
         connect: Callable[[TargetSpec], Transport],
         resolver: Resolver,
         timeout: float,
+        diagnose: Diagnose = lambda address: None,
     ) -> None:
         self._pipeline, self._handshake, self._connect = pipeline, handshake, connect
+        self._diagnose = diagnose
         self._request = handshake(1)
         self._resolver, self._timeout = resolver, timeout
         self._deadline = time.monotonic() + timeout
@@ -125,12 +140,13 @@ class Membership:
                 if agreed >= min_workers and agreed_at is None:
                     agreed_at = now
                 settled = all(listed.settled for listed in self._listed)
-                if settled or now >= self._deadline:
+                hopeless = self._hopeless_at()
+                if settled or now >= min(self._deadline, hopeless):
                     break
                 if agreed_at is not None and now >= agreed_at + GRACE:
                     break
                 wake = self._deadline if agreed_at is None else agreed_at + GRACE
-                self._condition.wait(min(wake, self._deadline) - now)
+                self._condition.wait(min(wake, self._deadline, hopeless) - now)
             choice, split = None, None
             if agreed >= min_workers:
                 try:
@@ -151,7 +167,7 @@ class Membership:
                 raise split
             if settled and not agreed and members:
                 choose(members, self._pipeline, pinned)  # raises why no member serves
-            raise self._failure(min_workers, agreed)
+            raise self._failure(min_workers, agreed, hopeless <= time.monotonic())
         for member in choice.left_out:
             member.transport.close()
         joined: set[str] = set()
@@ -283,7 +299,7 @@ class Membership:
                 addresses = self._resolve(spec)
                 break
             except OSError as error:
-                self._note(listed, f"the name does not resolve: {error}")
+                self._note(listed, f"the name does not resolve: {error}", final=True)
                 if time.monotonic() >= self._deadline or self._sleep(_RETRY_EVERY):
                     return  # a refresh looks it up again later
         asked: list[tuple[_Listed, Transport]] = []
@@ -312,11 +328,15 @@ class Membership:
         while True:
             started = time.monotonic()
             try:
-                timeout = max(self._deadline - started, _RETRY_EVERY)
+                timeout = min(max(self._deadline - started, _RETRY_EVERY), _ATTEMPT_S)
                 member = ask(transport, self._request, timeout)
             except WorkerError as error:
                 if error.code in UNREACHABLE:
-                    self._note(listed, str(error))
+                    why = self._diagnose(transport.name)
+                    if why is None:
+                        self._note(listed, str(error))
+                    else:
+                        self._note(listed, f"{why} ({error})", final=why.final)
                     if self._sleep(max(_RETRY_EVERY - (time.monotonic() - started), 0.0)):
                         return
                     continue
@@ -329,10 +349,21 @@ class Membership:
                 self._arrived(member)
             return
 
-    def _note(self, listed: _Listed, said: str, settled: bool = False) -> None:
+    def _note(self, listed: _Listed, said: str, settled: bool = False, final: bool = False) -> None:
         with self._condition:
             listed.said, listed.settled = said, settled
+            if not final:
+                listed.final_since = None
+            elif listed.final_since is None:
+                listed.final_since = time.monotonic()
             self._condition.notify_all()
+
+    def _hopeless_at(self) -> float:
+        """When every target will have been failing for good for `FINAL_GRACE` (inf: not)."""
+        since = [listed.final_since for listed in self._listed]
+        if not since or None in since:
+            return float("inf")
+        return max(since) + FINAL_GRACE  # type: ignore[type-var]
 
     def _sleep(self, seconds: float) -> bool:
         """Sleep `seconds` unless closed first; whether closed."""
@@ -351,10 +382,16 @@ class Membership:
             self._named.update(addresses)
         return addresses
 
-    def _failure(self, min_workers: int, agreeing: int) -> WorkerError:
+    def _failure(self, min_workers: int, agreeing: int, hopeless: bool) -> WorkerError:
         with self._condition:
             said = "; ".join(f"{listed.name}: {listed.said}" for listed in self._listed)
             count = len(self._listed)
+        if hopeless:
+            return WorkerError(
+                "UNAVAILABLE",
+                f"no target of pipeline {self._pipeline!r} can be reached, each for "
+                f"{FINAL_GRACE:g} s: {said}",
+            )
         return WorkerError(
             "UNAVAILABLE",
             f"{agreeing} of {count} targets agreed to serve pipeline {self._pipeline!r} within "

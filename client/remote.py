@@ -25,9 +25,10 @@ from loadax.client.driver import Driver
 from loadax.client.fleet_options import FleetOptions
 from loadax.client.job import agree, mesh_processes
 from loadax.client.member import Identity, handshake_request
-from loadax.client.membership import Membership, Resolver, resolve_host
+from loadax.client.membership import DIAGNOSIS_S, Membership, Resolver, resolve_host
 from loadax.client.security import ClientSecurity
 from loadax.client.transports import TargetSpec, check_spec, connect
+from loadax.client.transports.diagnosis import diagnose
 from loadax.execution.executor import Executor, FuturePending, Pending
 from loadax.iterators.stats import LoaderStats, StatsRecorder
 from loadax.loader import DEFAULT_PREFETCH, Loader, LoaderBuilder, LoaderOptions
@@ -216,6 +217,7 @@ class RemoteLoader(Loader[Any]):
             connect=lambda spec: connect(spec, security, buffers),
             resolver=resolver,
             timeout=failover.startup_timeout,
+            diagnose=lambda address: diagnose(address, DIAGNOSIS_S, security),
         )
         self._driver = driver = Driver(failover)
         try:

@@ -13,6 +13,7 @@ from typing import Any
 
 import failure_pipelines
 import pytest
+from processes import free_port
 from workers import pinned, worker_process, worker_processes
 
 from loadax import DataLoader, WorkerError
@@ -162,3 +163,22 @@ def test_a_batch_the_pipeline_cannot_make_raises_the_local_error_at_once(
     (note,) = raised.value.__notes__
     assert note.startswith("loadax: raised on ")
     assert "Traceback" in note
+
+
+@pytest.mark.parametrize("transport", ["grpc", "zmq"])
+def test_a_build_whose_every_target_refuses_fails_naming_the_cause(transport: str) -> None:
+    port = free_port()  # nothing listens there
+    started = time.monotonic()
+    with pytest.raises(WorkerError, match="connection refused") as raised:
+        builder([f"{transport}://127.0.0.1:{port}"]).startup(timeout=120).build()
+    waited = time.monotonic() - started
+    assert waited < 40.0, waited  # about 7 s: never the start-up timeout
+    assert f"{transport}://127.0.0.1:{port}" in raised.value.message
+
+
+def test_a_build_through_the_wrong_transport_names_the_right_one(tmp_path: pathlib.Path) -> None:
+    with worker_process(tmp_path, images(8)) as running:  # gRPC only
+        wrong = running.address("grpc").replace("grpc://", "zmq://")
+        with pytest.raises(WorkerError, match="speaks gRPC") as raised:
+            builder([wrong]).startup(timeout=120).build()
+    assert running.address("grpc") in raised.value.message
