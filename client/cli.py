@@ -74,7 +74,9 @@ def _parser() -> argparse.ArgumentParser:
         description="Ask a worker for its pipelines (Info), check its gRPC health service "
         "(gRPC only) and handshake with each pipeline, as a RemoteDataLoader would. Prints the "
         "worker's loadax version, its pipelines (records, fingerprint), the result of each "
-        "handshake and the round-trip latency (the fastest of the calls). Exit status 0 when "
+        "handshake and the round-trip latency (the fastest of the calls). A worker that cannot "
+        "be reached is told at once from a plain socket: a name that does not resolve, a refused "
+        "connection, a port of the other transport, TLS on one side only. Exit status 0 when "
         "the worker is SERVING and every handshake passes, 1 when it cannot be reached, is not "
         "serving or refuses a call, 2 on a usage error.",
     )
@@ -148,12 +150,13 @@ def _usage_error(command: str, message: str) -> int:
 
 def _ping(args: argparse.Namespace) -> int:
     try:
-        target = _open(args.address, _client_security(args))
+        security = _client_security(args)
+        target = _open(args.address, security)
     except ValueError as error:
         return _usage_error("ping", str(error))
     report = PingReport(args.address)
     try:
-        probe(target, report, args.pipeline, args.timeout)
+        probe(target, report, args.pipeline, args.timeout, security)
     finally:
         target.close()
     if args.json:

@@ -1,5 +1,6 @@
-"""What `loadax ping` learns of a worker, as a client would: its health (gRPC), its pipelines
-(Info), a handshake with each, the round trip; and how that is printed."""
+"""What `loadax ping` learns of a worker, as a client would: why it cannot be reached when a
+socket tells (`diagnose`), its health (gRPC), its pipelines (Info), a handshake with each, the
+round trip; and how that is printed."""
 
 from __future__ import annotations
 
@@ -14,6 +15,8 @@ from typing import Any, TypeVar
 import grpc
 
 import loadax
+from loadax.client.security import ClientSecurity
+from loadax.client.transports.diagnosis import diagnose
 from loadax.client.transports.grpc import GrpcTransport
 from loadax.client.transports.zmq import ZmqTransport
 from loadax.errors import WorkerError
@@ -71,9 +74,19 @@ class PingReport:
 
 
 def probe(
-    target: GrpcTransport | ZmqTransport, report: PingReport, only: str | None, timeout: float
+    target: GrpcTransport | ZmqTransport,
+    report: PingReport,
+    only: str | None,
+    timeout: float,
+    security: ClientSecurity,
 ) -> None:
-    """Fill `report`: health (gRPC), Info, then a handshake per pipeline (or with `only`)."""
+    """Fill `report`: why the worker cannot be reached if a socket tells (a name that does not
+    resolve, a refused connection, a port of another transport, TLS on one side only: at once,
+    not at the timeout), else health (gRPC), Info, then a handshake per pipeline (or `only`)."""
+    diagnosis = diagnose(report.address, timeout, security)
+    if diagnosis is not None:
+        report.error = f"cannot reach {report.address}: {diagnosis}"
+        return
     call = "the health check"
     try:
         if isinstance(target, GrpcTransport):
