@@ -2,11 +2,12 @@
 
 It keeps sockets and framing: every call goes to its `RequestPath`, and its `Ledger` holds the
 call until it has ended. Every refused or failed request becomes a gRPC status naming what is
-wrong (a failed record also its `ErrorReply`, in the trailing metadata `loadax-error-bin`); the
-server keeps serving. Memory stays bounded: few batches load at once, each client has few calls
-in flight, and a call counts until its reply has left (gRPC holds a reply its client does not
-read). Optionally TLS (mutual, with a client CA) secures the connection and a shared token must
-come with every Worker call; health checks and reflection stay open to probes.
+wrong (a failed record, poisoned work or a failed pipeline also its `ErrorReply`, in the
+trailing metadata `loadax-error-bin`); the server keeps serving. Memory stays bounded: few
+batches load at once, each client has few calls in flight, and a call counts until its reply has
+left (gRPC holds a reply its client does not read). Optionally TLS (mutual, with a client CA)
+secures the connection and a shared token must come with every Worker call; health checks and
+reflection stay open to probes.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from loadax.server.worker import Worker
 from loadax.validation import require_int
 from loadax.wire.failures import (
     ERROR_METADATA,
+    PipelineFailed,
     PoisonFailed,
     RecordFailed,
     error_reply,
@@ -204,12 +206,14 @@ class GrpcServer:
                     self._health.set(service, status)
 
     def stop(self, grace: float) -> None:
-        """Report NOT_SERVING, refuse new calls, let calls in flight finish (up to `grace`
-        seconds; later ones are cancelled), then return once no handler runs any more."""
+        """Report NOT_SERVING, refuse new calls and those waiting to load, let the loading ones
+        finish (up to `grace` seconds; later ones are cancelled), then return once no handler
+        runs any more."""
         self._stopping.set()
         if self._health_watch.is_alive():
             self._health_watch.join()
         self._health.enter_graceful_shutdown()
+        self._requests.stop()
         self._server.stop(grace).wait()
         self._executor.shutdown(wait=True)
 
@@ -285,8 +289,10 @@ class WorkerServicer:
             yield from stream_messages(batch)
 
     def _batch(self, request: wire.BatchRequest, context: Any, held: Held) -> EncodedBatch:
-        """A batch, given up if the client stopped waiting while the call waited its turn."""
+        """A batch, given up as soon as the client stops waiting while the call waits its turn."""
         self._admit(request, context, held)
+        # Run once the call has ended: cancelled, it need not wait for a loading slot.
+        context.add_callback(self._requests.recheck)
         return _replied(context, self._requests.answer(request, held, context.is_active))
 
     def _admit(self, request: RequestMessage, context: Any, held: Held) -> None:
@@ -349,10 +355,11 @@ def _replied(context: Any, reply: R | WorkerError) -> R:
 
 
 def _abort(context: Any, error: WorkerError) -> NoReturn:
-    """End the call with `error` as its status; a failed record's parts go in the trailing
-    metadata, so that the client raises the RecordError a local loader would."""
+    """End the call with `error` as its status; what failed (a record, poisoned work, the
+    pipeline) goes in the trailing metadata, so that the client raises what a local loader
+    would."""
     status = grpc.StatusCode.__members__.get(error.code, grpc.StatusCode.UNKNOWN)
-    if isinstance(error, RecordFailed | PoisonFailed):
+    if isinstance(error, RecordFailed | PoisonFailed | PipelineFailed):
         context.set_trailing_metadata(((ERROR_METADATA, error_reply(error).SerializeToString()),))
     context.abort(status, shorten(error.message, MAX_DETAILS))
     raise AssertionError("context.abort returned")  # pragma: no cover

@@ -3,12 +3,16 @@ answered by the `Worker`, and held in the transport's `Ledger` until its reply h
 
 The servers keep only sockets and framing: they open a request's entry, hand the request here
 (`admit`, then `answer` on a handler thread) and say when their transport has let the reply go.
+A batch request waits for one of the loading slots; it gives up its wait at once when its client
+no longer waits for it (`recheck`) or the server stops (`stop`), so that neither a storm of
+cancelled requests nor a shutdown waits for work that nobody will read.
 """
 
 from __future__ import annotations
 
+import contextlib
 import threading
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Iterator
 from typing import overload
 
 from loadax.errors import WorkerError
@@ -57,7 +61,7 @@ class RequestPath:
             transport, metrics or WorkerMetrics(), token, max_in_flight_per_client, self.ledger
         )
         """The policy, for what the transport refuses before a request is parsed."""
-        self._loading = threading.BoundedSemaphore(threads)
+        self._slots = _Slots(threads)
 
     def arrive(self, client: Hashable, name: str, *, until: int = 1) -> Held:
         """The ledger's entry of a request of `client` (`name` in logs) that has arrived, let go
@@ -116,10 +120,18 @@ class RequestPath:
             return self.admission.announce(self._worker.handshake(request))
         return self._worker.info(request)
 
+    def recheck(self) -> None:
+        """A client stopped waiting for a request: the batch requests waiting for a loading slot
+        ask their `wanted()` again."""
+        self._slots.wake()
+
+    def stop(self) -> None:
+        """The server stops: batch requests not loading yet are answered UNAVAILABLE at once
+        (their clients ask another worker); those loading finish."""
+        self._slots.close()
+
     def _load(self, request: wire.BatchRequest, wanted: Callable[[], bool] | None) -> EncodedBatch:
-        with self._loading:
-            if wanted is not None and not wanted():
-                raise WorkerError("CANCELLED", f"step {request.step} was cancelled by the client")
+        with self._slots.taken(request.step, wanted):
             batch = self._worker.load_batch(request)
         limit = self._transport.max_reply_bytes
         if limit is not None and batch.size > limit - _HEADER_BYTES:
@@ -130,3 +142,44 @@ class RequestPath:
                 f"more than the {limit} a reply may hold; ask for fewer rows",
             )
         return batch
+
+
+class _Slots:
+    """`count` slots for batches loading at once; a wait for one ends early, with an error, when
+    its client no longer waits or the slots are closed."""
+
+    def __init__(self, count: int) -> None:
+        self._free = count
+        self._closed = False
+        self._changed = threading.Condition()
+
+    @contextlib.contextmanager
+    def taken(self, step: int, wanted: Callable[[], bool] | None) -> Iterator[None]:
+        """A slot, held for the block: CANCELLED if `wanted()` turns false before one is free,
+        UNAVAILABLE if the slots are closed first."""
+
+        def gone() -> bool:
+            return wanted is not None and not wanted()
+
+        with self._changed:
+            self._changed.wait_for(lambda: self._free or self._closed or gone())
+            if self._closed:
+                raise WorkerError("UNAVAILABLE", "the worker is shutting down")
+            if gone():
+                raise WorkerError("CANCELLED", f"step {step} was cancelled by the client")
+            self._free -= 1
+        try:
+            yield
+        finally:
+            with self._changed:
+                self._free += 1
+                self._changed.notify_all()  # a waiter whose client has gone passes it on
+
+    def wake(self) -> None:
+        with self._changed:
+            self._changed.notify_all()
+
+    def close(self) -> None:
+        with self._changed:
+            self._closed = True
+            self._changed.notify_all()

@@ -17,8 +17,8 @@ from __future__ import annotations
 import dataclasses
 import logging
 import threading
-import traceback
 from collections.abc import Mapping
+from concurrent.futures import CancelledError
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +27,7 @@ from loadax.errors import RecordError, WorkerError
 from loadax.execution.executor import Executor, Pending
 from loadax.execution.pickled import PickledPipeline
 from loadax.execution.pipeline import Pipeline
-from loadax.execution.process_errors import WorkerProcessLost
+from loadax.execution.process_errors import ChildRaised, WorkerProcessError, WorkerProcessLost
 from loadax.execution.processes import ProcessExecutor
 from loadax.execution.threads import ThreadExecutor
 from loadax.identity.fingerprint import pipeline_fingerprint
@@ -38,7 +38,13 @@ from loadax.server.memory import MemoryBudget
 from loadax.server.probes import probe_batches
 from loadax.validation import is_int, require_int, require_positive
 from loadax.wire.codec import encode_frames
-from loadax.wire.failures import PoisonFailed, RecordFailed
+from loadax.wire.failures import (
+    MAX_CAUSE_CHARS,
+    PipelineFailed,
+    PoisonFailed,
+    RecordFailed,
+    shorten,
+)
 from loadax.wire.payloads import EncodedBatch
 from loadax.wire.plans import compatible_versions, plan_from_wire, work_from_wire
 from loadax.wire.v1 import worker_pb2 as wire
@@ -305,8 +311,7 @@ class Worker:
         except WorkerError:
             raise  # the answer already: poison
         except Exception as error:
-            text = "".join(traceback.format_exception(error))
-            raise WorkerError("INTERNAL", f"{work} failed: {error!r}\n{text}") from error
+            raise _failure(request, work, error) from error
 
     def _pipeline(self, name: str) -> Pipeline[Any, Any]:
         if name not in self._pipelines:
@@ -347,6 +352,24 @@ def _executor(
         except ValueError as error:
             raise ValueError(f"pipeline {name!r}: {error}") from None
     return ProcessExecutor(rebuilt, processes, deadline_s=deadline_s, encoded=True)
+
+
+def _failure(request: wire.BatchRequest, work: Work, error: Exception) -> WorkerError:
+    """The answer to `request` when making `work` raised `error`: `PipelineFailed` when the
+    pipeline's own code raised (any worker would), else the worker's own failure, which another
+    worker may not have: UNAVAILABLE for its machine (memory, storage, files), INTERNAL for its
+    loader processes (logged with the traceback)."""
+    if isinstance(error, ChildRaised) or not isinstance(
+        error, WorkerProcessError | CancelledError | OSError | MemoryError
+    ):
+        return PipelineFailed.of(error, request.step)
+    summary = shorten(
+        f"{work} failed on this worker: {type(error).__name__}: {error}", MAX_CAUSE_CHARS
+    )
+    if isinstance(error, OSError | MemoryError):
+        return WorkerError("UNAVAILABLE", summary)
+    log.error("%s of pipeline %r failed", work, request.pipeline, exc_info=error)
+    return WorkerError("INTERNAL", summary)
 
 
 def _poisoned(

@@ -182,8 +182,8 @@ class ZmqServer:
             self._authenticator = None
 
     def stop(self, grace: float) -> None:
-        """Refuse new requests with UNAVAILABLE, let those in flight finish for up to `grace`
-        seconds and send their replies, then close the sockets.
+        """Refuse new requests, and those waiting to load, with UNAVAILABLE, let those loading
+        finish for up to `grace` seconds and send their replies, then close the sockets.
 
         The connections stay open a quarter of a second more, for clients to read the last
         replies, which still queued get at least half a second to leave. Handlers still running
@@ -194,6 +194,7 @@ class ZmqServer:
                 return
             self._grace = max(0.0, grace)
             self._stopping.set()
+            self._requests.stop()
             self._wake()
             self._thread.join()
             with self._push_lock:

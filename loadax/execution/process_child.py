@@ -19,7 +19,7 @@ from typing import Any
 import jax
 
 from loadax.errors import RecordError
-from loadax.execution.process_errors import WorkerProcessError
+from loadax.execution.process_errors import ChildRaised
 from loadax.plan.planner import Plan
 from loadax.plan.work import Work
 from loadax.wire.codec import CodecError, encode_frames
@@ -41,7 +41,8 @@ class ChildError:
     """An exception raised in a loader process, as the parent rebuilds it."""
 
     traceback: str
-    summary: str  # "TypeName: message" of the error (of the cause, for a record's error)
+    type_name: str  # of the error (of the cause, for a record's error)
+    message: str
     pickled: bytes | None  # the error (the cause), when it survives pickling
     record: tuple[int, int] | None  # (index, epoch) of a RecordError
 
@@ -51,10 +52,10 @@ class ChildError:
         record = None
         if isinstance(error, RecordError) and isinstance(error.__cause__, Exception):
             record, error = (error.index, error.epoch), error.__cause__
-        return cls(text, f"{type(error).__name__}: {error}", _pickled(error), record)
+        return cls(text, type(error).__name__, str(error), _pickled(error), record)
 
     def rebuild(self, where: str) -> Exception:
-        error: Exception = WorkerProcessError(self.summary)
+        error: Exception = ChildRaised(self.type_name, self.message)
         if self.pickled is not None:
             with contextlib.suppress(Exception):
                 error = pickle.loads(self.pickled)

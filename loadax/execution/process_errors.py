@@ -3,6 +3,7 @@ item. (Their names predate the rule that "worker" means a loadax-worker; they ar
 
 from __future__ import annotations
 
+from loadax.errors import RemoteCause
 from loadax.plan.work import Work
 
 
@@ -30,3 +31,11 @@ class WorkerProcessLost(WorkerProcessError):
     def __init__(self, work: Work, reason: str) -> None:
         super().__init__(f"{work} was not loaded: {reason}")
         self.work, self.reason = work, reason
+
+
+class ChildRaised(WorkerProcessError, RemoteCause):
+    """What a loader process raised, when the exception itself could not be pickled back: its
+    type's name (`type_name`) and its message, printed as "TypeName: message"."""
+
+    def __str__(self) -> str:
+        return f"{self.type_name}: {self.args[0]}"

@@ -237,13 +237,18 @@ class ProcessExecutor(Executor[B]):
             self._dispatch()
         if task is None:
             return f"sent {kind!r} while loading nothing"
-        if payload is None:
-            task.future.set_exception(detail.rebuild(f"{child}, loading {task.request}"))
-            return None
+        # The task is off the process now: whatever happens, it is settled here.
         try:
-            task.future.set_result(payload if self._encoded else decode(payload))
+            if payload is None:
+                task.future.set_exception(detail.rebuild(f"{child}, loading {task.request}"))
+            else:
+                task.future.set_result(payload if self._encoded else decode(payload))
         except CodecError as error:
             task.future.set_exception(error)
+        except Exception as error:
+            task.future.set_exception(
+                WorkerProcessError(f"{task.request}: what {child} sent back failed: {error!r}")
+            )
         return None
 
     def _lost(self, child: LoaderProcess, failure: str | None) -> None:

@@ -2,14 +2,18 @@
 
 A record that fails on a worker travels as its parts (index, epoch, the cause's type name and
 message, the worker's traceback) under the status RECORD_FAILED, so that the client raises the
-`loadax.RecordError` the local loader would: the same error type in every mode.
+`loadax.RecordError` the local loader would: the same error type in every mode. A batch that the
+pipeline's own code fails to make (its batcher, say) travels so too, and the client raises the
+exception the local loader would: its type, when a client can build it, and its message.
 """
 
 from __future__ import annotations
 
+import builtins
 import traceback
 from collections.abc import Sequence
 
+import loadax.errors
 from loadax.errors import PoisonedRecords, RecordError, RemoteCause, WorkerError, listed
 from loadax.wire.v1 import worker_pb2 as wire
 
@@ -64,7 +68,7 @@ class RecordFailed(WorkerError):
             wire.RecordFailure(
                 index=error.index,
                 epoch=error.epoch,
-                cause_type=type(cause).__name__,
+                cause_type=type_name(cause),
                 cause_message=shorten(str(cause), MAX_CAUSE_CHARS),
                 traceback=shorten(text, MAX_TRACEBACK_CHARS),
             )
@@ -133,6 +137,96 @@ class PoisonFailed(WorkerError):
         )
 
 
+class PipelineFailed(WorkerError):
+    """A worker's answer that the pipeline's own code (its batcher, the collation, a stream's
+    ops, the encoding of the batch) raised while making the batch of a step: a property of the
+    pipeline and the step, which any worker would repeat. `rebuild` gives the exception the local
+    loader raises: the same type, when it is a builtin or a `loadax.errors` type that a message
+    builds, else a `RemoteCause` naming the type; the same message either way.
+
+    >>> from loadax.wire.failures import PipelineFailed
+    >>> failed = PipelineFailed.of(ValueError("leaf ['x'] is ragged"), 3, "Traceback ...")
+    >>> failed.code, failed.message
+    ('ABORTED', "the batch of step 3 failed: ValueError: leaf ['x'] is ragged")
+    >>> rebuilt = failed.rebuild("grpc://10.0.0.5:50051")
+    >>> type(rebuilt).__name__, str(rebuilt)
+    ('ValueError', "leaf ['x'] is ragged")
+    >>> print(rebuilt.__notes__[0])
+    loadax: raised on grpc://10.0.0.5:50051; the traceback there:
+    Traceback ...
+    >>> class Custom(Exception): ...
+    >>> other = PipelineFailed.of(Custom("no"), 4).rebuild("grpc://10.0.0.5:50051")
+    >>> type(other).__name__, other.type_name, str(other)
+    ('RemoteCause', 'Custom', 'Custom: no')
+    """
+
+    def __init__(self, failure: wire.PipelineFailure) -> None:
+        super().__init__(
+            RECORD_FAILED,
+            f"the batch of step {failure.step} failed: {failure.cause_type}: "
+            f"{failure.cause_message}",
+        )
+        self.failure = failure
+
+    @classmethod
+    def of(cls, error: BaseException, step: int, text: str | None = None) -> PipelineFailed:
+        """The failure `error`, raised while making the batch of `step`, reports; `text` is the
+        traceback to send (by default `error`'s)."""
+        if text is None:
+            text = "".join(traceback.format_exception(error))
+        return cls(
+            wire.PipelineFailure(
+                step=step,
+                cause_type=type_name(error),
+                cause_message=shorten(_message(error), MAX_CAUSE_CHARS),
+                traceback=shorten(text, MAX_TRACEBACK_CHARS),
+            )
+        )
+
+    def rebuild(self, worker: str) -> Exception:
+        """The exception the client raises, with a note naming `worker` and the traceback it
+        sent."""
+        failure = self.failure
+        error = _built(failure.cause_type, failure.cause_message)
+        if error is None:
+            error = RemoteCause(
+                failure.cause_type, f"{failure.cause_type}: {failure.cause_message}"
+            )
+        error.add_note(f"loadax: raised on {worker}; the traceback there:\n{failure.traceback}")
+        return error
+
+
+def type_name(error: BaseException) -> str:
+    """The name of `error`'s type; for one rebuilt from a remote type name, that name."""
+    return error.type_name if isinstance(error, RemoteCause) else type(error).__name__
+
+
+def _message(error: BaseException) -> str:
+    """What rebuilds `error` from its type: its only argument when that is text (`KeyError('x')`
+    prints quoted), else how it prints."""
+    if len(error.args) == 1 and isinstance(error.args[0], str):
+        return error.args[0]
+    return str(error)
+
+
+_REBUILT = (builtins, loadax.errors)
+"""Where an exception type named on the wire is looked up: nothing a client imports for it."""
+
+
+def _built(name: str, message: str) -> Exception | None:
+    """An exception of the type `name` in `_REBUILT` made from `message`, or None when there is
+    no such type or it is not made from a message alone."""
+    for module in _REBUILT:
+        kind = getattr(module, name, None)
+        if isinstance(kind, type) and issubclass(kind, Exception):
+            try:
+                error = kind(message)
+            except Exception:
+                return None
+            return error if _message(error) == message else None
+    return None
+
+
 def error_reply(error: WorkerError) -> wire.ErrorReply:
     """The `ErrorReply` that tells a client about `error`."""
     reply = wire.ErrorReply(code=error.code, message=error.message)
@@ -140,16 +234,20 @@ def error_reply(error: WorkerError) -> wire.ErrorReply:
         reply.record.CopyFrom(error.record)
     elif isinstance(error, PoisonFailed):
         reply.poisoned.CopyFrom(error.poisoned)
+    elif isinstance(error, PipelineFailed):
+        reply.pipeline.CopyFrom(error.failure)
     return reply
 
 
 def error_from_reply(reply: wire.ErrorReply) -> WorkerError:
     """The error an `ErrorReply` tells of: a `RecordFailed` when it names a record, a
-    `PoisonFailed` when it names poisoned work."""
+    `PoisonFailed` when it names poisoned work, a `PipelineFailed` when the pipeline failed."""
     if reply.HasField("record"):
         return RecordFailed(reply.record)
     if reply.HasField("poisoned"):
         return PoisonFailed(reply.poisoned)
+    if reply.HasField("pipeline"):
+        return PipelineFailed(reply.pipeline)
     return WorkerError(reply.code or "UNKNOWN", reply.message)
 
 

@@ -141,16 +141,30 @@ class InfoResponse(_message.Message):
     def __init__(self, library_version: _Optional[str] = ..., pipelines: _Optional[_Iterable[_Union[PipelineInfo, _Mapping]]] = ..., status: _Optional[str] = ..., status_reason: _Optional[str] = ...) -> None: ...
 
 class ErrorReply(_message.Message):
-    __slots__ = ("code", "message", "record", "poisoned")
+    __slots__ = ("code", "message", "record", "poisoned", "pipeline")
     CODE_FIELD_NUMBER: _ClassVar[int]
     MESSAGE_FIELD_NUMBER: _ClassVar[int]
     RECORD_FIELD_NUMBER: _ClassVar[int]
     POISONED_FIELD_NUMBER: _ClassVar[int]
+    PIPELINE_FIELD_NUMBER: _ClassVar[int]
     code: str
     message: str
     record: RecordFailure
     poisoned: PoisonedWork
-    def __init__(self, code: _Optional[str] = ..., message: _Optional[str] = ..., record: _Optional[_Union[RecordFailure, _Mapping]] = ..., poisoned: _Optional[_Union[PoisonedWork, _Mapping]] = ...) -> None: ...
+    pipeline: PipelineFailure
+    def __init__(self, code: _Optional[str] = ..., message: _Optional[str] = ..., record: _Optional[_Union[RecordFailure, _Mapping]] = ..., poisoned: _Optional[_Union[PoisonedWork, _Mapping]] = ..., pipeline: _Optional[_Union[PipelineFailure, _Mapping]] = ...) -> None: ...
+
+class PipelineFailure(_message.Message):
+    __slots__ = ("step", "cause_type", "cause_message", "traceback")
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    CAUSE_TYPE_FIELD_NUMBER: _ClassVar[int]
+    CAUSE_MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    TRACEBACK_FIELD_NUMBER: _ClassVar[int]
+    step: int
+    cause_type: str
+    cause_message: str
+    traceback: str
+    def __init__(self, step: _Optional[int] = ..., cause_type: _Optional[str] = ..., cause_message: _Optional[str] = ..., traceback: _Optional[str] = ...) -> None: ...
 
 class PoisonedWork(_message.Message):
     __slots__ = ("work", "rows", "indices", "epochs", "reason")

@@ -67,8 +67,8 @@ class WorkerServicer:
 
     def LoadBatch(self, request, context):
         """Loads `rows` of the batch of `step` of `plan`, or the rows one window of a stream yields.
-        A record that fails is the status ABORTED, with the record in the trailing metadata
-        "loadax-error-bin" (an ErrorReply). loadax clients use the raw-bytes streaming twin of this
+        A record that fails, or a batch the pipeline cannot make, is the status ABORTED, with what
+        failed in the trailing metadata "loadax-error-bin" (an ErrorReply). loadax clients use the raw-bytes streaming twin of this
         method, /loadax.wire.v1.Payloads/StreamBatch (see loadax/wire/payloads.py).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)

@@ -1,0 +1,59 @@
+"""Pipeline factories whose batches fail on the worker, for worker configs in tests: e.g.
+`factory = "failure_pipelines:ragged"`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+import loadax
+
+
+def _tokens(index: int) -> dict[str, Any]:
+    return {"tokens": np.full(index % 3 + 1, index, dtype=np.int32)}
+
+
+def ragged(records: int = 64) -> loadax.Pipeline[Any, Any]:
+    """Record i is {"tokens": i % 3 + 1 int32 values}: rows of different lengths, which the
+    default `Batcher` cannot stack (a batch of one row can)."""
+    return loadax.Pipeline(loadax.RangeDataset(0, records).map(_tokens), loadax.Batcher())
+
+
+class ShapeError(Exception):
+    """An error of the user's own, which no client can import."""
+
+    def __init__(self, step: int, detail: str) -> None:
+        super().__init__(f"{detail} (step {step})")
+
+
+def _refuse(batch: list[Any]) -> Any:
+    raise ShapeError(len(batch), "this batcher refuses every batch")
+
+
+def refusing(records: int = 64) -> loadax.Pipeline[Any, Any]:
+    """Every batch's collation raises `ShapeError`, which cannot be pickled back."""
+    return loadax.Pipeline(loadax.RangeDataset(0, records), loadax.Batcher(_refuse))
+
+
+class _Row:
+    def __init__(self, floats: int) -> None:
+        self.floats = floats
+
+    def __call__(self, index: int) -> Any:
+        return np.full(self.floats, index, dtype=np.float32)
+
+
+def wide(records: int = 64, floats: int = 4096) -> loadax.Pipeline[Any, Any]:
+    """Record i is `floats` float32 values: each row `4 * floats` bytes."""
+    return loadax.Pipeline(loadax.RangeDataset(0, records).map(_Row(floats)), loadax.Batcher())
+
+
+def _exhaust(batch: list[Any]) -> Any:
+    raise MemoryError(f"cannot allocate a batch of {len(batch)} rows")
+
+
+def exhausting(records: int = 64) -> loadax.Pipeline[Any, Any]:
+    """Every batch's collation raises MemoryError: the worker's failure, not the pipeline's, so
+    a client asks again (elsewhere, or later)."""
+    return loadax.Pipeline(loadax.RangeDataset(0, records), loadax.Batcher(_exhaust))
