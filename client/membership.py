@@ -361,9 +361,10 @@ class Membership:
     def _hopeless_at(self) -> float:
         """When every target will have been failing for good for `FINAL_GRACE` (inf: not)."""
         since = [listed.final_since for listed in self._listed]
-        if not since or None in since:
+        final = [moment for moment in since if moment is not None]
+        if not since or len(final) < len(since):
             return float("inf")
-        return max(since) + FINAL_GRACE  # type: ignore[type-var]
+        return max(final) + FINAL_GRACE
 
     def _sleep(self, seconds: float) -> bool:
         """Sleep `seconds` unless closed first; whether closed."""
