@@ -301,6 +301,8 @@ def test_check_json_reports_pipelines_addresses_and_security(tmp_path: Path) -> 
             },
         ],
         "security": ["token: required on every request"],
+        "memory_budget_bytes": None,
+        "problems": [],
     }
 
 
