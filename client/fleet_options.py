@@ -19,7 +19,8 @@ class FleetOptions:
       iteration raises.
     - `in_flight_per_worker`: requests kept outstanding per healthy worker (within its limit).
     - `memory_budget_mb`: the most batch bytes an iterator holds, outstanding and ready.
-    - `startup_timeout`: how long `build()` waits for `min_workers` targets to agree.
+    - `startup_timeout`: how long `build()` waits for `min_workers` targets to agree;
+      `give_up_after`: sooner, how long every target may have failed for good (None: never).
     - `poison_retries`: how many more workers are asked work that killed or stalled one.
     - `backoff_*`, `quarantine_*`: how long a failed or a quarantined worker is kept off,
       doubling from the initial value up to the maximum.
@@ -31,6 +32,7 @@ class FleetOptions:
     in_flight_per_worker: int = 2
     memory_budget_mb: int = 1024
     startup_timeout: float = 30.0
+    give_up_after: float | None = 10.0
     min_workers: int = 1
     poison_retries: int = 1
     backoff_initial: float = 0.05
@@ -49,6 +51,8 @@ class FleetOptions:
             "quarantine_max",
         ):
             require_positive(name, getattr(self, name), unit="seconds")
+        if self.give_up_after is not None:
+            require_positive("give_up_after", self.give_up_after, unit="seconds")
         if self.hedge_after not in (None, "auto"):
             require_positive("hedge_after", self.hedge_after, unit="seconds")
         for name in ("in_flight_per_worker", "memory_budget_mb", "min_workers"):

@@ -7,8 +7,8 @@ looked up until it resolves or the start-up timeout passes). `bind()` returns on
 has answered, or once `min_workers` agree and the others have had `GRACE` seconds more; it fails
 at the start-up timeout naming each target and what it said, or sooner, once every target's
 failure has been final (refused, a name that does not exist, another protocol) for
-`FINAL_GRACE`. A target not up by then keeps being asked in the background until the loader
-closes, and joins when it answers right.
+`give_up_after` seconds. A target not up by then keeps being asked in the background until the
+loader closes, and joins when it answers right.
 """
 
 from __future__ import annotations
@@ -35,9 +35,6 @@ _log = logging.getLogger("loadax.client")
 
 GRACE = 1.0
 """Seconds the build waits for the other targets once `min_workers` agree."""
-FINAL_GRACE = 5.0
-"""Seconds every target may have failed for good (e.g. refused) before `build()` gives up: a
-worker a moment from listening still joins."""
 UNREACHABLE = frozenset({"UNAVAILABLE", "DEADLINE_EXCEEDED"})
 """Handshake failures that say a target is not up yet: it is asked again."""
 _RETRY_EVERY = 0.5  # seconds between lookups of a name that does not resolve, or handshakes
@@ -85,8 +82,10 @@ class Membership:
         connect: Callable[[TargetSpec], Transport],
         resolver: Resolver,
         timeout: float,
+        give_up_after: float | None = None,
         diagnose: Diagnose = lambda address: None,
     ) -> None:
+        self._give_up_after = give_up_after
         self._pipeline, self._handshake, self._connect = pipeline, handshake, connect
         self._diagnose = diagnose
         self._request = handshake(1)
@@ -359,12 +358,12 @@ class Membership:
             self._condition.notify_all()
 
     def _hopeless_at(self) -> float:
-        """When every target will have been failing for good for `FINAL_GRACE` (inf: not)."""
+        """When every target will have been failing for good for `give_up_after` (inf: not)."""
         since = [listed.final_since for listed in self._listed]
         final = [moment for moment in since if moment is not None]
-        if not since or len(final) < len(since):
+        if self._give_up_after is None or not since or len(final) < len(since):
             return float("inf")
-        return max(final) + FINAL_GRACE
+        return max(final) + self._give_up_after
 
     def _sleep(self, seconds: float) -> bool:
         """Sleep `seconds` unless closed first; whether closed."""
@@ -391,7 +390,7 @@ class Membership:
             return WorkerError(
                 "UNAVAILABLE",
                 f"no target of pipeline {self._pipeline!r} can be reached, each for "
-                f"{FINAL_GRACE:g} s: {said}",
+                f"{self._give_up_after:g} s (startup give_up_after): {said}",
             )
         return WorkerError(
             "UNAVAILABLE",

@@ -97,11 +97,18 @@ class RemoteDataLoader(LoaderBuilder):
         look-ahead once the batches' size is known). Default 1024."""
         return self._with_failover(memory_budget_mb=megabytes)
 
-    def startup(self, timeout: float = 30.0, min_workers: int = 1) -> Self:
+    def startup(
+        self, timeout: float = 30.0, min_workers: int = 1, give_up_after: float | None = 10.0
+    ) -> Self:
         """`build()` proceeds once `min_workers` targets agree on the pipeline identity (and the
         others had a second more), and fails after `timeout` seconds naming each target
-        and what it said; targets not up by then join when they answer."""
-        return self._with_failover(startup_timeout=timeout, min_workers=min_workers)
+        and what it said; targets not up by then join when they answer. It fails sooner, after
+        `give_up_after` seconds, when every target has failed in a way that waiting does not
+        mend (connection refused, a name that does not exist, a port of another protocol);
+        None waits the whole `timeout` (workers started well after the trainer)."""
+        return self._with_failover(
+            startup_timeout=timeout, min_workers=min_workers, give_up_after=give_up_after
+        )
 
     def request_timeout(self, seconds: float) -> Self:
         """The most a worker may take over one batch before it is asked of another; an attempt
@@ -217,6 +224,7 @@ class RemoteLoader(Loader[Any]):
             connect=lambda spec: connect(spec, security, buffers),
             resolver=resolver,
             timeout=failover.startup_timeout,
+            give_up_after=failover.give_up_after,
             diagnose=lambda address: diagnose(address, DIAGNOSIS_S, security),
         )
         self._driver = driver = Driver(failover)
