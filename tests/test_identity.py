@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import doctest
 import functools
+import importlib
 import json
 import os
 import subprocess
@@ -436,3 +437,42 @@ def test_a_remote_loader_refuses_the_checkpoint_of_another_pipeline() -> None:
             assert resumed.step == 1
     finally:
         worker.close()
+
+
+SCRIPT = """
+import numpy as np
+
+import loadax
+from loadax.identity.fingerprint import pipeline_fingerprint
+
+
+def scaled(index: int) -> dict[str, np.int64]:
+    return {"x": np.int64(3 * index)}
+
+
+def pipeline() -> loadax.Pipeline:
+    return loadax.Pipeline(loadax.RangeDataset(0, 16).map(scaled), loadax.Batcher())
+
+
+if __name__ == "__main__":
+    print(pipeline_fingerprint(pipeline()))
+"""
+
+
+def test_code_run_as_a_script_and_imported_has_one_fingerprint(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A training script's own functions are in __main__; a worker imports them by file name.
+    script = tmp_path / "scaled_script.py"
+    script.write_text(SCRIPT)
+    run = subprocess.run(
+        [sys.executable, str(script)],
+        capture_output=True,
+        text=True,
+        env=worker_env(),
+        timeout=120,
+        check=True,
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    imported = importlib.import_module("scaled_script")
+    assert run.stdout.split() == [identity(imported.pipeline())]
