@@ -16,7 +16,7 @@ from loadax.dataset.protocol import Dataset
 from loadax.dataset.records import read_records
 from loadax.dataset.stream import Stream
 from loadax.dataset.zipped import ZippedDataset
-from loadax.errors import PoisonedRecords, RecordError, WorkerError
+from loadax.errors import PoisonedRecords, RecordError, StorageError, WorkerError
 from loadax.execution.pipeline import Pipeline
 from loadax.execution.process_errors import WorkerProcessError
 from loadax.iterators.base import LoaderIterator
@@ -29,6 +29,7 @@ from loadax.sources.huggingface import HuggingFaceDataset
 from loadax.sources.images import ImageFolderDataset
 from loadax.sources.memory import InMemoryDataset, RangeDataset
 from loadax.sources.numpy import NumpyDataset
+from loadax.sources.retries import RetryPolicy
 from loadax.sources.sqlite import SQLiteDataset
 
 __version__ = "0.3.0"
@@ -58,9 +59,11 @@ __all__ = [
     "RecordError",
     "RepeatedDataset",
     "RepeatedEpochWarning",
+    "RetryPolicy",
     "SQLiteDataset",
     "ShuffledDataset",
     "SlicedDataset",
+    "StorageError",
     "Stream",
     "WorkerError",
     "WorkerProcessError",

@@ -25,6 +25,31 @@ class RecordError(RuntimeError):
         self.__cause__ = cause
 
 
+class StorageError(OSError):
+    """An object store or filesystem failed a read: the store is at fault, not a record. `url`
+    names the object, `reason` is what the store said, and `transient` says whether it was an
+    outage (retried until the source's `RetryPolicy` ran out) rather than a refusal such as a
+    missing object or denied credentials. Loaders raise it as itself, never as a `RecordError`.
+
+    >>> import pickle
+    >>> from loadax import StorageError
+    >>> error = StorageError("cannot reach 's3://b/k'", "s3://b/k", "curlCode: 7", transient=True)
+    >>> copy = pickle.loads(pickle.dumps(error))
+    >>> str(copy), copy.url, copy.reason, copy.transient, isinstance(copy, OSError)
+    ("cannot reach 's3://b/k'", 's3://b/k', 'curlCode: 7', True, True)
+    """
+
+    def __init__(self, message: str, url: str, reason: str, transient: bool = False) -> None:
+        super().__init__(message)
+        self.url = url
+        self.reason = reason
+        self.transient = transient
+
+    def __reduce__(self) -> tuple[object, ...]:
+        # OSError pickles as its args alone: these travel to the parent of a loader process too.
+        return (type(self), (str(self), self.url, self.reason, self.transient), self.__dict__)
+
+
 class PoisonedRecords(RecordError):
     """Work that killed the process loading it on a worker, or never finished, on every worker
     that was asked (two by default): one or more of its records (`indices`, of `epochs`; at

@@ -5,23 +5,16 @@ the same files read locally, with errors that name the URL for what is missing o
 
 from __future__ import annotations
 
-import contextlib
 import io
-import json
 import pickle
 import socket
-import subprocess
-import sys
 import threading
-import time
-import urllib.request
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-import boto3
 import fsspec
 import numpy as np
 import pyarrow as pa  # type: ignore[import-untyped]
@@ -30,6 +23,7 @@ import pyarrow.parquet as pq  # type: ignore[import-untyped]
 import pytest
 import table_pipelines
 from helpers import assert_batches_equal, assert_records_equal
+from moto_server import BUCKET, Moto
 from PIL import Image
 
 from loadax import Batcher, DataLoader, ImageFolderDataset, NumpyDataset, Pipeline
@@ -39,106 +33,6 @@ from loadax.sources.filesystems import path_in_store, store_of
 from loadax.sources.parquet import ParquetDataset
 
 RECORDS = 40
-BUCKET = "bucket"
-# moto's server, ended when its stdin closes: when the test process ends, however it ends.
-SERVER = """
-import os, sys, threading
-threading.Thread(target=lambda: (sys.stdin.read(), os._exit(0)), daemon=True).start()
-from moto.server import main
-main(sys.argv[1:])
-"""
-READ_ALL = {  # an IAM policy that lets its user do anything with S3
-    "Version": "2012-10-17",
-    "Statement": [{"Effect": "Allow", "Action": "s3:*", "Resource": "*"}],
-}
-
-
-class Moto:
-    """A moto S3 server on a loopback port, with an empty bucket, that checks credentials:
-    `key`/`secret` may read and write everything; `stranger`'s key exists but has no policy."""
-
-    def __init__(self, directory: Path) -> None:
-        self.log = (directory / "moto.log").open("w")
-        self.process, self.port = _started(self.log)
-        self.endpoint = f"127.0.0.1:{self.port}"
-        try:
-            self._set_up()
-        except BaseException:
-            self.close()
-            raise
-
-    def _set_up(self) -> None:
-        iam = boto3.client(
-            "iam",
-            endpoint_url=f"http://{self.endpoint}",
-            aws_access_key_id="setup",
-            aws_secret_access_key="setup",
-            region_name="us-east-1",
-        )
-        iam.create_user(UserName="reader")
-        iam.put_user_policy(UserName="reader", PolicyName="s3", PolicyDocument=json.dumps(READ_ALL))
-        reader = iam.create_access_key(UserName="reader")["AccessKey"]
-        iam.create_user(UserName="stranger")
-        stranger = iam.create_access_key(UserName="stranger")["AccessKey"]
-        self.key, self.secret = reader["AccessKeyId"], reader["SecretAccessKey"]
-        self.stranger = stranger["AccessKeyId"], stranger["SecretAccessKey"]
-        # From now on every request must be signed by a known key with a policy allowing it.
-        request = urllib.request.Request(
-            f"http://{self.endpoint}/moto-api/reset-auth",
-            data=b"0",
-            method="POST",
-            headers={"Content-Type": "text/plain"},
-        )
-        with urllib.request.urlopen(request, timeout=10) as reply:
-            assert json.load(reply)["status"] == "ok"
-        self.filesystem(allow_bucket_creation=True).create_dir(BUCKET)
-
-    def filesystem(self, key: str | None = None, secret: str | None = None, **options: Any) -> Any:
-        return pafs.S3FileSystem(
-            access_key=key or self.key,
-            secret_key=secret or self.secret,
-            endpoint_override=self.endpoint,
-            scheme="http",
-            region="us-east-1",
-            **options,
-        )
-
-    def environment(self, monkeypatch: pytest.MonkeyPatch) -> None:
-        """Credentials and endpoint for URLs without a filesystem, as a user sets them."""
-        monkeypatch.setenv("AWS_ACCESS_KEY_ID", self.key)
-        monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", self.secret)
-        monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://{self.endpoint}")
-        monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
-        monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
-
-    def close(self) -> None:
-        self.process.terminate()
-        self.process.wait(timeout=10)
-        if self.process.stdin is not None:
-            self.process.stdin.close()
-        self.log.close()
-
-
-def _started(log: Any) -> tuple[subprocess.Popen[bytes], int]:
-    """moto's server on a free loopback port, answering; a port taken meanwhile by another
-    process is retried on another."""
-    for _ in range(3):
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            port = int(probe.getsockname()[1])
-        command = [sys.executable, "-c", SERVER, "-H", "127.0.0.1", "-p", str(port)]
-        process = subprocess.Popen(
-            command, stdin=subprocess.PIPE, stdout=log, stderr=subprocess.STDOUT
-        )
-        deadline = time.monotonic() + 30
-        while process.poll() is None and time.monotonic() < deadline:
-            with contextlib.suppress(OSError):
-                urllib.request.urlopen(f"http://127.0.0.1:{port}/moto-api/", timeout=1).close()
-                return process, port
-            time.sleep(0.05)
-        process.kill()
-        process.wait()
-    raise RuntimeError(f"moto did not start; see {log.name}")
 
 
 @pytest.fixture(scope="module")

@@ -17,7 +17,7 @@ from loadax.collate.batcher import Batcher, stack
 from loadax.dataset.protocol import Dataset, ReadsRows, as_dataset, dataset_length, reads_rows
 from loadax.dataset.records import read_records
 from loadax.dataset.stream import Stream
-from loadax.errors import RecordError
+from loadax.errors import RecordError, StorageError
 from loadax.plan.permutation import IndexArray
 from loadax.plan.planner import Plan, Rows, row_positions
 from loadax.plan.work import StepWork, Work
@@ -147,11 +147,15 @@ class Pipeline(Generic[T, B]):
     def _raise_named(self, indices: IndexArray, epoch: int, error: Exception) -> NoReturn:
         """Raise for a failed read of `indices` together (`error`): a RecordError for the first
         record that fails on its own, else `error` with a note (never a slower retry that hides
-        it)."""
+        it). A StorageError is the store's failure, already retried: raised as itself."""
+        if isinstance(error, StorageError):
+            raise error
         # A batched read does not say which record failed: find it one record at a time.
         for position, index in enumerate(indices.tolist()):
             try:
                 read_records(self.records, indices[position : position + 1], epoch)
+            except StorageError:
+                raise
             except Exception as cause:
                 raise RecordError(index, epoch, cause) from cause
         error.add_note(

@@ -1,6 +1,6 @@
 """Where a file source's files live when they are not local paths: objects in a store named by
-URL (`s3://`, `gs://`) or in a filesystem the user gives (pyarrow's or fsspec's); errors that say
-what to do.
+URL (`s3://`, `gs://`) or in a filesystem the user gives (pyarrow's or fsspec's); reads retried
+through outages; errors that say what to do.
 
 pyarrow, which reads the stores, is imported only when a URL or a filesystem is given, so that
 `import loadax` never needs it.
@@ -14,10 +14,14 @@ import os
 import pickle
 import re
 import sys
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
 
+from loadax.errors import StorageError
 from loadax.sources.handles import HandlePool
+from loadax.sources.retries import DEFAULT_RETRIES, RetryPolicy, retried
+
+R = TypeVar("R")
 
 _URL = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
 _GLOB = re.compile(r"[*?[]")
@@ -31,10 +35,22 @@ _DENIED = re.compile(
     r"|Forbidden|Unauthorized"
 )
 _NO_BUCKET = re.compile(r"NO_SUCH_BUCKET|NoSuchBucket|Bucket '[^']*' not found")
+_NO_OBJECT = re.compile(r"NO_SUCH_KEY|NoSuchKey|RESOURCE_NOT_FOUND")
+# An https client talking to a plain-HTTP endpoint (a local MinIO or moto): OpenSSL's words.
+_PLAIN_HTTP = re.compile(r"wrong version number|packet length too long|unknown protocol")
 _UNREACHABLE = re.compile(
     r"NETWORK_CONNECTION|Could not resolve host|Couldn't connect|Could not connect"
-    r"|Connection refused|curlCode|UNAVAILABLE"
+    r"|Connection refused|Connection reset|curlCode|(?<!SERVICE_)UNAVAILABLE"
 )
+# A store that is there but busy or failing: throttling, timeouts, 5xx (S3's and GCS's words).
+_BUSY = re.compile(
+    r"SLOW_DOWN|SlowDown|THROTTLING|Throttl|SERVICE_UNAVAILABLE|ServiceUnavailable"
+    r"|REQUEST_TIMEOUT|RequestTimeout|TooManyRequests|InternalError|HTTP status (?:5\d\d|429)"
+    r"|DEADLINE_EXCEEDED|RESOURCE_EXHAUSTED|\bINTERNAL\b|Timeout was reached|timed out"
+)
+# The AWS SDK's name for a 500 and also for an error reply that did not fit a ranged read's
+# buffer (a 404 or 403 of a deleted or forbidden object): the object is asked for to tell which.
+_AMBIGUOUS = re.compile(r"INTERNAL_FAILURE")
 _CREDENTIALS = {
     "s3": (
         "check the credentials: AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or AWS_PROFILE, or "
@@ -49,6 +65,23 @@ _CREDENTIALS = {
         "filesystem=pyarrow.fs.GcsFileSystem(...)"
     ),
 }
+
+
+class StorageDenied(StorageError, PermissionError):
+    """The store refused the credentials: a `StorageError` and a `PermissionError`."""
+
+
+class StorageNotFound(StorageError, FileNotFoundError):
+    """No such object or bucket: a `StorageError` and a `FileNotFoundError`."""
+
+
+class StorageIsADirectory(StorageError, IsADirectoryError):
+    """A prefix of objects named as one: a `StorageError` and an `IsADirectoryError`."""
+
+
+class StorageUnreachable(StorageError, ConnectionError):
+    """The store's endpoint cannot be reached or spoken to: a `StorageError` and a
+    `ConnectionError`."""
 
 
 def is_url(path: object) -> bool:
@@ -72,20 +105,21 @@ class Store:
     own copy from `filesystems()` and opens its own files on it.
     """
 
-    def __init__(self, given: Any, filesystem: Any) -> None:
+    def __init__(self, given: Any, filesystem: Any, retries: RetryPolicy) -> None:
         self._given = given  # what the user passed, or the filesystem a URL made
         self.filesystem = filesystem  # a pyarrow.fs.FileSystem (fsspec's wrapped)
         self.kind: str = filesystem.type_name  # "s3", "gcs", "local", "py::fsspec+..."
+        self.retries = retries
 
     @classmethod
-    def given(cls, filesystem: Any, source: str) -> Store:
+    def given(cls, filesystem: Any, source: str, retries: RetryPolicy) -> Store:
         """The store of a `filesystem=` argument: a `pyarrow.fs.FileSystem` or an fsspec one."""
         fs = _arrow_fs(source)
         if isinstance(filesystem, fs.FileSystem):
-            return cls(filesystem, filesystem)
+            return cls(filesystem, filesystem, retries)
         fsspec = sys.modules.get("fsspec")  # an fsspec filesystem's module is imported already
         if fsspec is not None and isinstance(filesystem, fsspec.AbstractFileSystem):
-            return cls(filesystem, fs.PyFileSystem(fs.FSSpecHandler(filesystem)))
+            return cls(filesystem, fs.PyFileSystem(fs.FSSpecHandler(filesystem)), retries)
         raise ValueError(
             f"{source}: filesystem must be a pyarrow.fs.FileSystem or an fsspec filesystem, "
             f"got {filesystem!r}"
@@ -138,12 +172,21 @@ class Store:
         return [(info.path[start:], info.type == fs.FileType.Directory) for info in infos]
 
     def read(self, filesystem: Any, location: Location, source: str) -> bytes:
-        """The whole object at `location`, read from `filesystem` (a thread's copy)."""
-        try:
-            with filesystem.open_input_stream(location.path) as stream:
-                return bytes(stream.read())
-        except OSError as error:
-            raise self.explain(error, location, source) from None
+        """The whole object at `location`, read from `filesystem` (a thread's copy), retried."""
+
+        def read_once() -> bytes:
+            try:
+                with filesystem.open_input_stream(location.path) as stream:
+                    return bytes(stream.read())
+            except OSError as error:
+                raise self.explain(error, location, source) from None
+
+        return self.retried(read_once)
+
+    def retried(self, read: Callable[[], R]) -> R:
+        """`read()`, a read of records that raises `explain`ed errors, tried again under the
+        store's `RetryPolicy` while its error is transient."""
+        return retried(read, self.retries)
 
     def locations(self, names: Sequence[str], source: str, expand: bool = True) -> list[Location]:
         """The objects `names` (paths in the store or URLs of it, and globs when `expand`) name,
@@ -189,7 +232,7 @@ class Store:
             return _bucket_missing(bucket, shown, source, "no object matches")
         return FileNotFoundError(f"{source}: no object matches {shown!r}")
 
-    def explain(self, error: OSError, location: Location, source: str) -> OSError:
+    def explain(self, error: OSError, location: Location, source: str) -> StorageError:
         """The error to raise for `error`, met reading `location`: what went wrong, and what
         to do about it."""
         return explained(error, location, source, self.kind, self.filesystem)
@@ -197,27 +240,62 @@ class Store:
 
 def explained(
     error: OSError, location: Location, source: str, kind: str, filesystem: Any = None
-) -> OSError:
+) -> StorageError:
     """The error to raise for `error`, met reading `location` from a store of type `kind`
-    (pyarrow's `type_name`); `filesystem`, when given, is asked what is missing: the object, its
-    bucket, or neither (a directory)."""
+    (pyarrow's `type_name`): what went wrong, what to do, and whether it is `transient` (an
+    outage, worth retrying). `filesystem`, when given, is asked what is missing (the object, its
+    bucket, or neither: a directory) and what an ambiguous failure was."""
     text = str(error).strip()
     message = text.splitlines()[0] if text else type(error).__name__
-    shown = repr(location.shown)
+    url = location.shown
+    shown = repr(url)
     if isinstance(error, PermissionError) or _DENIED.search(message):
         hint = _CREDENTIALS.get(kind, "check the credentials of the filesystem given")
-        return PermissionError(f"{source}: reading {shown} was denied: {hint} ({message})")
-    if _UNREACHABLE.search(message):
-        return ConnectionError(
-            f"{source}: cannot reach the store of {shown}: check the endpoint "
-            f"(endpoint_override, or AWS_ENDPOINT_URL for S3) and the network ({message})"
+        return StorageDenied(
+            f"{source}: reading {shown} was denied: {hint} ({message})", url, message
         )
-    if isinstance(error, FileNotFoundError) or _NO_BUCKET.search(message):
+    if _PLAIN_HTTP.search(message):
+        return StorageUnreachable(
+            f"{source}: cannot speak TLS to the store of {shown}: if its endpoint serves plain "
+            'HTTP (a local MinIO or moto), pass scheme="http" (S3FileSystem(scheme="http"), '
+            "&scheme=http in the URL's query, or AWS_ENDPOINT_URL=http://...) ({message})",
+            url,
+            message,
+        )
+    if isinstance(error, ConnectionError | TimeoutError) or _UNREACHABLE.search(message):
+        return StorageUnreachable(
+            f"{source}: cannot reach the store of {shown}: check the endpoint "
+            f"(endpoint_override, or AWS_ENDPOINT_URL for S3) and the network ({message})",
+            url,
+            message,
+            transient=True,
+        )
+    if _AMBIGUOUS.search(message) and filesystem is not None:
+        try:
+            found = filesystem.get_file_info(location.path).type
+        except OSError as asked:  # the store says why now, in plainer words
+            return explained(asked, location, source, kind)
+        if found == _arrow_fs(source).FileType.NotFound:
+            return _missing(location, source, message, kind, filesystem)
+    if _BUSY.search(message) or _AMBIGUOUS.search(message):
+        return StorageError(
+            f"{source}: the store of {shown} is busy or failing ({message})",
+            url,
+            message,
+            transient=True,
+        )
+    if (
+        isinstance(error, FileNotFoundError)
+        or _NO_BUCKET.search(message)
+        or _NO_OBJECT.search(message)
+    ):
         return _missing(location, source, message, kind, filesystem)
-    return OSError(f"{source}: cannot read {shown}: {message}")
+    return StorageError(f"{source}: cannot read {shown}: {message}", url, message)
 
 
-def _missing(location: Location, source: str, message: str, kind: str, filesystem: Any) -> OSError:
+def _missing(
+    location: Location, source: str, message: str, kind: str, filesystem: Any
+) -> StorageError:
     fs = _arrow_fs(source)
     bucket = location.path.split("/", 1)[0]
     no_bucket = bool(_NO_BUCKET.search(message))
@@ -227,17 +305,21 @@ def _missing(location: Location, source: str, message: str, kind: str, filesyste
         except OSError:  # the store refuses to say more: the first error is the answer
             found = fs.FileType.NotFound
         if found == fs.FileType.Directory:
-            return IsADirectoryError(
+            return StorageIsADirectory(
                 f"{source}: {location.shown!r} is a directory (a prefix of objects), not a file: "
                 "name its objects in the order you want, or a glob such as "
-                "'s3://bucket/prefix/*.parquet'"
+                "'s3://bucket/prefix/*.parquet'",
+                location.shown,
+                message,
             )
         no_bucket = _no_bucket(filesystem, kind, bucket, source)
     if no_bucket:
         return _bucket_missing(bucket, location.shown, source, message)
-    return FileNotFoundError(
+    return StorageNotFound(
         f"{source}: no object at {location.shown!r}: check the name against a listing of its "
-        f"prefix ({message})"
+        f"prefix ({message})",
+        location.shown,
+        message,
     )
 
 
@@ -251,27 +333,36 @@ def _no_bucket(filesystem: Any, kind: str, bucket: str, source: str) -> bool:
         return False
 
 
-def _bucket_missing(bucket: str, shown: str, source: str, message: str) -> FileNotFoundError:
-    return FileNotFoundError(
+def _bucket_missing(bucket: str, shown: str, source: str, message: str) -> StorageNotFound:
+    return StorageNotFound(
         f"{source}: the bucket {bucket!r} of {shown!r} does not exist (or is not visible with "
-        f"these credentials): check its name and the endpoint ({message})"
+        f"these credentials): check its name and the endpoint ({message})",
+        shown,
+        message,
     )
 
 
 def store_of(
-    names: Sequence[str | os.PathLike[str]], filesystem: Any, source: str, expand: bool = True
+    names: Sequence[str | os.PathLike[str]],
+    filesystem: Any,
+    source: str,
+    expand: bool = True,
+    retries: RetryPolicy = DEFAULT_RETRIES,
 ) -> tuple[Store, list[Location]] | None:
     """The store and objects that `names` (with `filesystem=`) name, or None for local paths.
 
     Without a filesystem, URLs make one with pyarrow's `FileSystem.from_uri` (the first URL's
     query, e.g. `?endpoint_override=...&scheme=http`, sets its options); every URL must then
-    name the same store. A glob is expanded in sorted order.
+    name the same store. A glob is expanded in sorted order. The store retries its reads of
+    records under `retries`.
     """
+    if not isinstance(retries, RetryPolicy):
+        raise ValueError(f"{source}: retries must be a loadax.RetryPolicy, got {retries!r}")
     urls = [is_url(name) for name in names]
     if filesystem is None and not any(urls):
         return None
     if filesystem is not None:
-        store = Store.given(filesystem, source)
+        store = Store.given(filesystem, source, retries)
         return store, store.locations([_text(name) for name in names], source, expand)
     if not all(urls):
         local = next(name for name, url in zip(names, urls, strict=True) if not url)
@@ -287,11 +378,11 @@ def store_of(
                 f"{source}: {_public(text)!r} names another store than {_public(texts[0])!r} "
                 "(another scheme, credentials or options); one dataset reads from one store"
             )
-    store = _store_from_url(texts[0], source)
+    store = _store_from_url(texts[0], source, retries)
     return store, store.locations(texts, source, expand)
 
 
-def _store_from_url(url: str, source: str) -> Store:
+def _store_from_url(url: str, source: str, retries: RetryPolicy) -> Store:
     scheme, userinfo, query = _origin(url)
     kind = _KINDS.get(scheme)
     if kind is None:
@@ -315,7 +406,7 @@ def _store_from_url(url: str, source: str) -> Store:
     except ValueError as error:  # pyarrow's ArrowInvalid: options it does not know
         shown = f"{_BUCKETED[kind]}://{path}"
         raise ValueError(f"{source}: cannot make a filesystem for {shown!r}: {error}") from None
-    return Store(filesystem, filesystem)
+    return Store(filesystem, filesystem, retries)
 
 
 def _origin(url: str) -> tuple[str, str, str]:

@@ -14,6 +14,7 @@ import numpy as np
 from loadax.dataset.ops import DatasetBase
 from loadax.plan.permutation import IndexArray
 from loadax.sources.filesystems import Location, Store, path_in_store, store_of
+from loadax.sources.retries import DEFAULT_RETRIES, RetryPolicy
 from loadax.validation import require_bool
 
 MODES = ("RGB", "RGBA", "L")
@@ -48,7 +49,7 @@ class ImageFolderDataset(DatasetBase[dict[str, Any]]):
     path in `filesystem` (a `pyarrow.fs.FileSystem` or an fsspec filesystem); see
     `ParquetDataset` for how stores are reached. Its "directories" are the prefixes the store
     lists; the listing is made once, and each image is one whole-object read, each thread
-    through its own copy of the filesystem.
+    through its own copy of the filesystem, retried through an outage under `retries`.
 
     >>> import pathlib
     >>> import tempfile
@@ -77,6 +78,7 @@ class ImageFolderDataset(DatasetBase[dict[str, Any]]):
         mode: str = "RGB",
         extensions: Sequence[str] = EXTENSIONS,
         filesystem: Any = None,
+        retries: RetryPolicy = DEFAULT_RETRIES,
     ) -> None:
         if not isinstance(root, str | os.PathLike):
             raise ValueError(f"ImageFolderDataset: root must be a path, got {root!r}")
@@ -87,7 +89,7 @@ class ImageFolderDataset(DatasetBase[dict[str, Any]]):
         self._extensions = _extensions(extensions)
         if self._decode:
             _pillow()  # missing Pillow is said now, not at the first read in a loader process
-        found = store_of([root], filesystem, "ImageFolderDataset", expand=False)
+        found = store_of([root], filesystem, "ImageFolderDataset", expand=False, retries=retries)
         self._files: _Files = _LOCAL if found is None else _StoreFiles(found[0])
         self._root = os.fspath(root) if found is None else found[1][0].shown
         self._classes, keys, counts = _listing(self._files, self._root, self._extensions)
@@ -132,7 +134,8 @@ class ImageFolderDataset(DatasetBase[dict[str, Any]]):
         root = self._files.absolute(self._root)
         arguments: tuple[Any, ...] = (root, self._decode, self._mode, self._extensions)
         if isinstance(self._files, _StoreFiles):  # and the store, by its options
-            arguments += (self._files.store.user_filesystem,)
+            store = self._files.store
+            arguments += (store.user_filesystem, store.retries)
         return (_relisted, (arguments, _digest(self._classes, self._keys)))
 
 

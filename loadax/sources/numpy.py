@@ -15,6 +15,7 @@ from loadax.dataset.ops import DatasetBase
 from loadax.plan.permutation import IndexArray
 from loadax.sources.filesystems import Location, Store, store_of
 from loadax.sources.handles import HandlePool
+from loadax.sources.retries import DEFAULT_RETRIES, RetryPolicy
 from loadax.validation import require_bool
 
 _HEADER_READ = 1 << 16  # bytes of an object read for its header: all of almost every header
@@ -35,7 +36,8 @@ class NumpyDataset(DatasetBase[Any]):
     That suits large rows or mostly sequential reads; for many small rows read in shuffled
     order (one request each), copy the file to local disk or store it as Parquet. A Fortran-
     ordered array has no contiguous rows and is refused (unless `mmap=False`, which reads the
-    whole object once, when the dataset is made).
+    whole object once, when the dataset is made). Ranged reads are retried through an outage
+    under `retries`, as `ParquetDataset` says.
 
     >>> import pathlib
     >>> import tempfile
@@ -50,10 +52,14 @@ class NumpyDataset(DatasetBase[Any]):
     """
 
     def __init__(
-        self, path: str | os.PathLike[str], mmap: bool = True, filesystem: Any = None
+        self,
+        path: str | os.PathLike[str],
+        mmap: bool = True,
+        filesystem: Any = None,
+        retries: RetryPolicy = DEFAULT_RETRIES,
     ) -> None:
         self._mmap = require_bool("mmap", mmap)
-        found = store_of([path], filesystem, "NumpyDataset")
+        found = store_of([path], filesystem, "NumpyDataset", retries=retries)
         self._path: Path | str
         self._object: _RangedRows | None = None  # an object in a store
         self._array: np.ndarray[Any, Any] | None  # a local file's map, or the array loaded whole
@@ -103,7 +109,7 @@ class NumpyDataset(DatasetBase[Any]):
         if self._object is None:
             return (type(self), (Path(self._path).absolute(), self._mmap))
         location, store = self._object.location, self._object.store
-        return (type(self), (location.path, self._mmap, store.user_filesystem))
+        return (type(self), (location.path, self._mmap, store.user_filesystem, store.retries))
 
 
 def _header(file: BinaryIO, shown: str) -> tuple[tuple[int, ...], bool, np.dtype[Any]]:
@@ -187,27 +193,34 @@ class _RangedRows:
         self._files = HandlePool(partial(_thread_file, store, location), _close)
 
     def read(self, indices: IndexArray) -> np.ndarray[Any, Any]:
-        """Rows `indices` (in range), each run of consecutive rows in one ranged request."""
+        """Rows `indices` (in range), each run of consecutive rows in one ranged request,
+        retried through an outage."""
         unique, inverse = np.unique(indices, return_inverse=True)
         rows = np.empty((len(unique), *self.shape[1:]), dtype=self.dtype)
         if rows.nbytes:
             target = rows.reshape(-1).view(np.uint8)
             starts = np.flatnonzero(np.diff(unique, prepend=unique[0] - 2) != 1)
             ends = np.append(starts[1:], len(unique))
-            file = self._files.get()
             size = self.row_bytes
             for start, end in zip(starts.tolist(), ends.tolist(), strict=True):
-                file.seek(self.offset + int(unique[start]) * size)
-                try:
-                    got = file.readinto(target[start * size : end * size].data)
-                except OSError as error:
-                    raise self.store.explain(error, self.location, "NumpyDataset") from None
-                if got != (end - start) * size:
-                    raise ValueError(
-                        f"NumpyDataset: {self.location.shown!r} ended early: the object changed "
-                        "while it was read"
-                    )
+                run = target[start * size : end * size]
+                offset = self.offset + int(unique[start]) * size
+                self.store.retried(partial(self._read_run, run, offset))
         return rows[inverse]
+
+    def _read_run(self, run: np.ndarray[Any, Any], offset: int) -> None:
+        """Fill `run` with the bytes of the object from `offset`, through this thread's file."""
+        file = self._files.get()
+        file.seek(offset)
+        try:
+            got = file.readinto(run.data)
+        except OSError as error:
+            raise self.store.explain(error, self.location, "NumpyDataset") from None
+        if got != len(run):
+            raise ValueError(
+                f"NumpyDataset: {self.location.shown!r} ended early: the object changed "
+                "while it was read"
+            )
 
     def _open_file(self, filesystem: Any) -> Any:
         try:

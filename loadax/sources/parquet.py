@@ -19,6 +19,7 @@ from loadax.plan.permutation import IndexArray
 from loadax.sources.columns import check_columns, choose_columns
 from loadax.sources.filesystems import Location, Store, store_of
 from loadax.sources.handles import HandlePool
+from loadax.sources.retries import DEFAULT_RETRIES, RetryPolicy
 
 _CACHED_GROUPS = 2  # decoded row groups kept per reading thread
 _OPEN_FILES = 8  # open files kept per reading thread
@@ -48,8 +49,14 @@ class ParquetDataset(DatasetBase[dict[str, Any]]):
     by ranged requests (pyarrow's pre-buffering joins a row group's column chunks into requests
     of at most 32 MiB). Each reading thread has its own copy of the filesystem and its own open
     files. A missing object or bucket is a FileNotFoundError, refused credentials a
-    PermissionError, each naming the URL and what to check. Pickled (for loader processes), the
-    dataset carries the URLs and the filesystem's options, and opens its files again.
+    PermissionError, each naming the URL and what to check, and each a `loadax.StorageError`.
+    A read of records that meets an outage (the store unreachable, throttling, timing out or
+    answering 5xx) is retried with back-off under `retries` (by default for up to a minute),
+    each retry logged as a warning; then, or at once for a refusal, the StorageError reaches the
+    training loop as itself, not as a bad record. Making the dataset (listing, footers) is not
+    retried: an unreachable store then is most often a wrong endpoint. Pickled (for loader
+    processes), the dataset carries the URLs, the filesystem's options and `retries`, and opens
+    its files again.
 
     >>> import pathlib
     >>> import tempfile
@@ -72,9 +79,10 @@ class ParquetDataset(DatasetBase[dict[str, Any]]):
         paths: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
         columns: Sequence[str] | None = None,
         filesystem: Any = None,
+        retries: RetryPolicy = DEFAULT_RETRIES,
     ) -> None:
         chosen = _paths(paths)
-        found = store_of(chosen, filesystem, "ParquetDataset")
+        found = store_of(chosen, filesystem, "ParquetDataset", retries=retries)
         self._store: Store | None = None if found is None else found[0]
         # The files in row order: local Paths, or the objects of the store (and their URLs).
         self._objects: tuple[Location, ...] = () if found is None else tuple(found[1])
@@ -166,7 +174,7 @@ class ParquetDataset(DatasetBase[dict[str, Any]]):
             return (type(self), (paths, columns))
         # Globs expanded (a listing now may differ), and the filesystem by its options.
         objects = [location.path for location in self._objects]
-        return (type(self), (objects, columns, self._store.user_filesystem))
+        return (type(self), (objects, columns, self._store.user_filesystem, self._store.retries))
 
     def _row_group(self, group: int) -> Any:
         """Row group `group` (global numbering) with the selected columns, decoded or cached."""
@@ -189,7 +197,13 @@ class ParquetDataset(DatasetBase[dict[str, Any]]):
         return table
 
     def _read_row_group(self, file: int, group: int) -> Any:
-        """Decode row group `group` of file `file`, selected columns only: a `pyarrow.Table`."""
+        """Decode row group `group` of file `file`, selected columns only: a `pyarrow.Table`;
+        from a store, retried through an outage."""
+        if self._store is None:
+            return self._read_row_group_once(file, group)
+        return self._store.retried(partial(self._read_row_group_once, file, group))
+
+    def _read_row_group_once(self, file: int, group: int) -> Any:
         state = self._states.get()
         handle = state.files.get(file)
         path = self._paths[file]
