@@ -101,7 +101,7 @@ def pipeline_problem(name: str, pipeline: Pipeline[Any, Any], served: str) -> st
     except Exception as error:
         return (
             f"pipeline {name!r}: its probe batch (the first rows of step 0, or window 0 of a "
-            f"stream) fails, so would every request: {error!r}"
+            f"stream) fails, and so would every request: {error!r}"
         )
     fingerprint = pipeline_fingerprint(pipeline)
     if fingerprint != served:
