@@ -20,8 +20,8 @@ other error (an unreachable worker, a plan the worker rejects) is raised."""
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Identity:
-    """What a loader binds to: the pipeline's fingerprint (a digest of its config, code and
-    content), its number of records and its stream window (0: not a stream).
+    """What a loader binds to: the pipeline's fingerprint (a digest of its code and of a probe
+    batch: `loadax.identity`), its number of records and its stream window (0: not a stream).
 
     >>> print(Identity("5487d6af85f2c0ffee", 100))
     fingerprint 5487d6af85f2, 100 records

@@ -133,20 +133,21 @@ def test_an_unknown_pipeline_is_refused_naming_both(workers: list[WorkerProcess]
         RemoteDataLoader(addresses(workers, "grpc", 1), pipeline="videos").batch_size(4).build()
 
 
-def test_of_two_identities_at_build_the_target_listed_first_wins(
+def test_of_two_identities_that_tie_at_build_the_pinned_one_wins_in_any_order(
     workers: list[WorkerProcess], tmp_path: pathlib.Path, reference: list[str]
 ) -> None:
-    # One target each: a tie. More targets agreeing win outright (tests/test_fleet.py).
+    # One target each: a tie, an error whatever the order; more targets agreeing win outright
+    # (tests/test_fleet.py).
     with worker_process(tmp_path, OTHER_IMAGES) as other:
-        with remote_builder([workers[0].grpc, other.grpc]).build() as loader:
-            assert loader.targets == [workers[0].grpc]
-            assert list(loader.stats().left_out) == [other.grpc]
-            assert digests(loader) == reference
-        with remote_builder([other.grpc, workers[0].grpc]).build() as loader:
-            assert loader.targets == [other.grpc]
-            assert list(loader.stats().left_out) == [workers[0].grpc]
-            assert loader.identity.num_records == 40
-            assert digests(loader) != reference
+        for targets in ([workers[0].grpc, other.grpc], [other.grpc, workers[0].grpc]):
+            with pytest.raises(ValueError, match="split evenly"):
+                remote_builder(targets).build()
+            with remote_builder([workers[0].grpc]).build() as alone:
+                ours = alone.identity.fingerprint
+            with remote_builder(targets).fingerprint(ours).build() as loader:
+                assert loader.targets == [workers[0].grpc]
+                assert list(loader.stats().left_out) == [other.grpc]
+                assert digests(loader) == reference
 
 
 def test_bad_targets_are_value_errors() -> None:
