@@ -76,7 +76,8 @@ class WorkerConfig:
     processes: int = 0  # child processes per pipeline that load its batches; 0: threads do
     request_deadline_s: float = 60.0  # loading one request's work may take this long
     max_in_flight_per_client: int = 16
-    memory_budget_bytes: int | None = None  # batches being built and encoded, at most
+    # Batches being built and encoded, at most; None: a share of the machine's memory.
+    memory_budget_bytes: int | None = None
     tls: TlsConfig | None = None
     curve: CurveConfig | None = None
     token: str | None = dataclasses.field(default=None, repr=False)

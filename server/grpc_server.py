@@ -13,6 +13,7 @@ reflection stay open to probes.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import socket
 import threading
@@ -73,7 +74,9 @@ class GrpcServer:
     counts, and its batch keeps its share of the worker's memory budget, until the call has
     ended: its reply sent, or the call cancelled (the client gone too). A connection may have
     `max_concurrent_rpcs` calls open at once; more are refused (HTTP/2 REFUSED_STREAM, which a
-    gRPC client reports as UNAVAILABLE).
+    gRPC client reports as UNAVAILABLE). A batch of more than `max_reply_bytes` (a client takes
+    `MAX_BATCH_BYTES`) is refused with INVALID_ARGUMENT, before it is built when its size is
+    known.
 
     With `tls` the server speaks only TLS; with `token`, Worker calls without the metadata
     `authorization: Bearer <token>` get UNAUTHENTICATED. Every Worker call is counted in
@@ -88,13 +91,15 @@ class GrpcServer:
         threads: int,
         max_in_flight_per_client: int,
         max_concurrent_rpcs: int = 128,
+        max_reply_bytes: int = MAX_BATCH_BYTES,
         tls: TlsConfig | None = None,
         token: str | None = None,
         metrics: WorkerMetrics | None = None,
     ) -> None:
+        require_int("max_reply_bytes", max_reply_bytes, minimum=1)
         requests = RequestPath(
             worker,
-            _TRANSPORT,
+            dataclasses.replace(_TRANSPORT, max_reply_bytes=max_reply_bytes),
             threads=threads,
             max_in_flight_per_client=max_in_flight_per_client,
             token=token,
@@ -114,7 +119,7 @@ class GrpcServer:
             interceptors=[] if token is None else [_TokenCheck(requests.admission)],
             maximum_concurrent_rpcs=max_concurrent_rpcs,
             options=[
-                ("grpc.max_send_message_length", MAX_BATCH_BYTES),
+                ("grpc.max_send_message_length", max_reply_bytes),
                 ("grpc.max_receive_message_length", MAX_REQUEST_BYTES),
                 # What one connection can have the worker hold: every call it opens has state
                 # in the worker until its status is sent, which waits for a client that does

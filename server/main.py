@@ -92,8 +92,9 @@ def _parser() -> argparse.ArgumentParser:
         description=(
             "Serve loadax pipelines to RemoteDataLoaders over gRPC and/or ZeroMQ. When ready, "
             'prints one JSON line {"event": "ready", "grpc": ..., "zmq": ..., "metrics": ..., '
-            '"pipelines": [...]} to stdout. On SIGTERM or SIGINT it reports NOT_SERVING, refuses '
-            'new requests, finishes those in flight, prints {"event": "stopped"} and exits 0; a '
+            '"pipelines": [...], "memory_budget_bytes": ...} to stdout. On SIGTERM or SIGINT it '
+            "reports NOT_SERVING, refuses new requests, finishes those in flight, prints "
+            '{"event": "stopped"} and exits 0; a '
             "second signal exits at once. SIGUSR1 dumps every thread's stack to stderr. Exit "
             "status 2: the config or the arguments are invalid; 1: the worker cannot listen."
         ),
@@ -225,16 +226,19 @@ def _serve(config: WorkerConfig, worker: Worker, grace: float) -> None:
         _shut_down(servers, worker, metrics, 0.0)
         raise SystemExit(EXIT_START) from None
     names = [pipeline.name for pipeline in config.pipelines]
+    budget = worker.memory_budget.limit
     log.info(
-        "serving %s on gRPC %s, ZeroMQ %s; metrics on %s",
+        "serving %s on gRPC %s, ZeroMQ %s; metrics on %s; memory budget %d MiB%s",
         names,
         bound["grpc"],
         bound["zmq"],
         bound["metrics"],
+        budget >> 20,
+        "" if config.memory_budget_bytes else " (the default: a share of the machine's memory)",
     )
     for line in security_lines(config):
         log.info("security: %s", line)
-    _emit({"event": "ready", **bound, "pipelines": names})
+    _emit({"event": "ready", **bound, "pipelines": names, "memory_budget_bytes": budget})
 
     number = signals.wait()
     log.info(

@@ -1,12 +1,18 @@
-"""The worker's memory budget: batch requests wait until the bytes they will take are free."""
+"""The worker's memory budget: batch requests wait until the bytes they will take are free.
+
+Every worker has one: by default a share of the machine's memory (or of its cgroup's limit, when
+that is lower), so that no request rate makes it grow without bound.
+"""
 
 from __future__ import annotations
 
 import functools
 import logging
+import os
 import threading
 from collections import OrderedDict, deque
 from collections.abc import Callable
+from pathlib import Path
 
 from loadax.errors import WorkerError
 
@@ -14,6 +20,47 @@ log = logging.getLogger("loadax.server")
 
 _MAX_ESTIMATES = 4096
 """Size estimates kept (least recently used go first): clients choose the kinds, so bound them."""
+DEFAULT_SHARE = 4
+"""A worker's default budget is 1/DEFAULT_SHARE of its memory: building a batch briefly takes
+about three times its encoded size, and the pipeline's own data needs room too."""
+CGROUP_LIMITS = ("memory.max", "memory/memory.limit_in_bytes")
+"""The memory limit of the process's cgroup, v2 then v1, under the cgroup mount."""
+
+
+def machine_memory(cgroups: Path = Path("/sys/fs/cgroup")) -> int:
+    """The bytes of memory this process may use: the machine's, or its cgroup's limit (v2, or
+    v1; under `cgroups`) when that is lower ("max", or v1's huge number, is no limit).
+
+    >>> 0 < machine_memory() <= os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    True
+    """
+    memory = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    for name in CGROUP_LIMITS:
+        try:
+            text = (cgroups / name).read_text().strip()
+        except OSError:
+            continue
+        if text.isdigit():
+            memory = min(memory, int(text))
+    return memory
+
+
+def default_budget(cgroups: Path = Path("/sys/fs/cgroup")) -> int:
+    """The memory budget of a worker that sets none: a share (1/DEFAULT_SHARE) of
+    `machine_memory`."""
+    return max(1, machine_memory(cgroups) // DEFAULT_SHARE)
+
+
+def too_large(work: object, size: int, room: str) -> WorkerError:
+    """The refusal of `work`, whose batch takes (or would take) `size` bytes, more than `room`:
+    INVALID_ARGUMENT, as every worker would answer; never back-pressure.
+
+    >>> print(too_large("the batch of step 3", 2000, "the 1000 a reply may hold").message)
+    the batch of step 3 would be 2000 bytes, more than the 1000 a reply may hold; ask for fewer rows
+    """
+    return WorkerError(
+        "INVALID_ARGUMENT", f"{work} would be {size} bytes, more than {room}; ask for fewer rows"
+    )
 
 
 class MemoryBudget:
@@ -24,8 +71,8 @@ class MemoryBudget:
 
     A request's size is that of the last of its kind (pipeline, rows); a kind never seen runs
     alone. One whose size, or the size its rows would take at the bytes per row seen of its
-    pipeline (a line through the smallest and largest kinds seen, e.g. the worker's start-up
-    probes), is over the limit is refused before anything is built.
+    pipeline (`estimate`: a line through the smallest and largest kinds seen, e.g. the worker's
+    start-up probes), is over the limit is refused (INVALID_ARGUMENT) before anything is built.
     """
 
     def __init__(self, limit: int, wait_s: float) -> None:
@@ -42,7 +89,7 @@ class MemoryBudget:
         """Wait for room for `work`, a request of `kind` (pipeline, rows); what frees the bytes
         reserved (only its first call does)."""
         with self._condition:
-            self._refuse_if_too_large(kind)
+            self._refuse_if_too_large(kind, work)
             ticket = object()
             self._queue.append(ticket)
 
@@ -68,7 +115,7 @@ class MemoryBudget:
             finally:
                 self._queue.remove(ticket)
                 self._condition.notify_all()  # the next in line may fit now
-            self._refuse_if_too_large(kind)
+            self._refuse_if_too_large(kind, work)
             need = self._need(kind)
             if not admitted:
                 raise WorkerError(
@@ -80,6 +127,11 @@ class MemoryBudget:
                 )
             self._used += need
             return at_most_once(functools.partial(self._release, need))
+
+    @property
+    def room(self) -> str:
+        """What the budget holds, as a refusal names it."""
+        return f"this worker's memory budget of {self.limit} bytes"
 
     @property
     def reserved(self) -> int:
@@ -95,9 +147,13 @@ class MemoryBudget:
     def _too_large(self, kind: tuple[str, int]) -> bool:
         return self._estimate(kind) > self.limit
 
+    def estimate(self, kind: tuple[str, int]) -> int:
+        """The bytes of a request of `kind` (pipeline, rows): as last seen, else from the bytes
+        per row seen of its pipeline, else 0 (unknown)."""
+        with self._condition:
+            return self._estimate(kind)
+
     def _estimate(self, kind: tuple[str, int]) -> int:
-        """The bytes of a request of `kind`: as last seen, else from the bytes per row seen of
-        its pipeline, else 0 (unknown)."""
         known = self._estimates.get(kind)
         if known is not None:
             return known
@@ -111,17 +167,11 @@ class MemoryBudget:
         per_row = max(many_bytes - few_bytes, 0) / (many - few)
         return int(few_bytes + per_row * (rows - few))
 
-    def _refuse_if_too_large(self, kind: tuple[str, int]) -> None:
+    def _refuse_if_too_large(self, kind: tuple[str, int], work: object) -> None:
         if kind in self._estimates:
             self._estimates.move_to_end(kind)
         if self._too_large(kind):
-            pipeline, rows = kind
-            raise WorkerError(
-                "RESOURCE_EXHAUSTED",
-                f"a batch of {rows} rows of pipeline {pipeline!r} encodes to about "
-                f"{self._estimate(kind)} bytes, more than this worker's memory budget of "
-                f"{self.limit} bytes; ask for fewer rows per request",
-            )
+            raise too_large(work, self._estimate(kind), self.room)
 
     def learn(self, kind: tuple[str, int], size: int) -> None:
         """Note that a request of `kind` encoded to `size` bytes."""

@@ -131,17 +131,11 @@ class RequestPath:
         self._slots.close()
 
     def _load(self, request: wire.BatchRequest, wanted: Callable[[], bool] | None) -> EncodedBatch:
-        with self._slots.taken(request.step, wanted):
-            batch = self._worker.load_batch(request)
         limit = self._transport.max_reply_bytes
-        if limit is not None and batch.size > limit - _HEADER_BYTES:
-            batch.release()
-            raise WorkerError(
-                "RESOURCE_EXHAUSTED",
-                f"the batch of step {request.step} encodes to {batch.size} bytes, "
-                f"more than the {limit} a reply may hold; ask for fewer rows",
+        with self._slots.taken(request.step, wanted):
+            return self._worker.load_batch(
+                request, None if limit is None else limit - _HEADER_BYTES
             )
-        return batch
 
 
 class _Slots:

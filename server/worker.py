@@ -34,7 +34,7 @@ from loadax.identity.fingerprint import pipeline_fingerprint
 from loadax.plan.planner import Plan
 from loadax.plan.work import Work
 from loadax.server.config import Rebuild, WorkerConfig, build_pipelines, load_config
-from loadax.server.memory import MemoryBudget
+from loadax.server.memory import MemoryBudget, default_budget, too_large
 from loadax.server.probes import probe_batches
 from loadax.validation import is_int, require_int, require_positive
 from loadax.wire.codec import encode_frames
@@ -64,11 +64,14 @@ class Worker:
     whole batches (each gets the pipeline from `rebuilt`, e.g. a `Rebuild` of its factory, or
     pickled). Loading a request's work may take `request_deadline_s`.
 
-    With `memory_budget_bytes`, the batches being built and their encodings not yet returned
-    stay within that many bytes: a request waits (in arrival order, up to `memory_wait_s`
-    seconds, then RESOURCE_EXHAUSTED) until the budget has room for it. A request's size is the
-    encoded size last seen for its pipeline and number of rows; the first request of a kind runs
-    alone, and a kind larger than the whole budget is refused with RESOURCE_EXHAUSTED.
+    The batches being built and their encodings not yet returned stay within
+    `memory_budget_bytes` (by default a share of the machine's memory, `default_budget`): a
+    request waits (in arrival order, up to `memory_wait_s` seconds, then RESOURCE_EXHAUSTED)
+    until the budget has room for it. A request's size is the encoded size last seen for its
+    pipeline and number of rows; the first request of a kind runs alone. A batch larger than the
+    whole budget, or than the reply its transport may send, is refused with INVALID_ARGUMENT:
+    before it is built when its size can be told from the bytes per row seen (the start-up
+    probes), else once it is built.
 
     A batch's bytes stay reserved until the transport calls its `release()`, once the reply has
     been sent: a reply that a slow client has not read still counts. What the budget does not
@@ -123,10 +126,9 @@ class Worker:
             )
             for name, pipeline in pipelines.items()
         }
-        self._budget = (
-            None
-            if memory_budget_bytes is None
-            else MemoryBudget(memory_budget_bytes, float(memory_wait_s))
+        self._budget = MemoryBudget(
+            default_budget() if memory_budget_bytes is None else memory_budget_bytes,
+            float(memory_wait_s),
         )
         # What every batch looks like, announced in handshakes: derived once, from probe batches,
         # whose sizes tell the budget the bytes per row.
@@ -134,8 +136,7 @@ class Worker:
         for name, pipeline in pipelines.items():
             self._schemas[name], sizes = probe_batches(name, pipeline)
             for rows, size in sizes:
-                if self._budget is not None:
-                    self._budget.learn((name, rows), size)
+                self._budget.learn((name, rows), size)
 
     @classmethod
     def from_config(cls, config: WorkerConfig | str | Path) -> Worker:
@@ -164,8 +165,8 @@ class Worker:
         )
 
     @property
-    def memory_budget(self) -> MemoryBudget | None:
-        """The budget of the bytes of batches being built, when one was set."""
+    def memory_budget(self) -> MemoryBudget:
+        """The budget of the bytes of batches being built and not yet sent."""
         return self._budget
 
     def handshake(self, request: wire.HandshakeRequest) -> wire.HandshakeResponse:
@@ -187,9 +188,14 @@ class Worker:
             schema=self._schemas[request.pipeline],
         )
 
-    def load_batch(self, request: wire.BatchRequest) -> EncodedBatch:
+    def load_batch(
+        self, request: wire.BatchRequest, max_reply_bytes: int | None = None
+    ) -> EncodedBatch:
         """Identity check, the work from the wire, admission (the memory budget), loading; the
-        answer's header names the request and carries the payload's checksum."""
+        answer's header names the request and carries the payload's checksum. A batch of more
+        than `max_reply_bytes` (what the transport's reply may hold; None: no limit) or than the
+        memory budget is refused (INVALID_ARGUMENT), before it is built when its size is known
+        from the bytes per row seen."""
         pipeline = self._pipeline(request.pipeline)
         expected = self._fingerprints[request.pipeline]
         if request.fingerprint != expected:
@@ -207,21 +213,19 @@ class Worker:
             )
         plan = plan_from_wire(request.plan)
         work = work_from_wire(request)
-        size = _checked(request.pipeline, pipeline, plan, work)
-        if self._budget is None:
-            return EncodedBatch.answering(request, expected, self._load(request, plan, work))
-        kind = (request.pipeline, size)
+        kind = (request.pipeline, _checked(request.pipeline, pipeline, plan, work))
+        # The tighter of the two limits, as a refusal names it.
+        limit, room = self._budget.limit, self._budget.room
+        if max_reply_bytes is not None and max_reply_bytes < limit:
+            limit, room = max_reply_bytes, f"the {max_reply_bytes} a reply may hold"
+        if (estimate := self._budget.estimate(kind)) > limit:
+            raise too_large(work, estimate, room)
         release = self._budget.reserve(kind, work)
         try:
             batch = EncodedBatch.answering(request, expected, self._load(request, plan, work))
             self._budget.learn(kind, batch.size)
-            if batch.size > self._budget.limit:
-                raise WorkerError(
-                    "RESOURCE_EXHAUSTED",
-                    f"{work} of pipeline {request.pipeline!r} encodes to {batch.size} "
-                    f"bytes ({size} rows), more than this worker's memory budget of "
-                    f"{self._budget.limit} bytes; ask for fewer rows per request",
-                )
+            if batch.size > limit:
+                raise too_large(work, batch.size, room)
         except BaseException:
             release()
             raise

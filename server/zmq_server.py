@@ -20,6 +20,7 @@ allow-list keeps unknown peers from connecting at all.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import threading
@@ -42,7 +43,12 @@ from loadax.server.zmq_outbox import Outbox, tracked_frames
 from loadax.validation import require_int
 from loadax.wire import zmq_frames
 from loadax.wire.credentials import BEARER
-from loadax.wire.limits import MAX_REQUEST_BYTES, ZMQ_HEARTBEAT_MS, ZMQ_HEARTBEAT_TIMEOUT_MS
+from loadax.wire.limits import (
+    MAX_BATCH_BYTES,
+    MAX_REQUEST_BYTES,
+    ZMQ_HEARTBEAT_MS,
+    ZMQ_HEARTBEAT_TIMEOUT_MS,
+)
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +62,10 @@ _REPLIES = "inproc://loadax-zmq-replies"
 _REAP_MS = 1  # how often the I/O thread looks for replies libzmq is done with, while any are out
 _SETTLE_S = 0.02  # how long a request over its client's limit waits for the client's oldest reply
 _TRANSPORT = Transport(
-    "zmq", send_token="send a 4th request frame, 'Bearer <token>'", counted="requests"
+    "zmq",
+    send_token="send a 4th request frame, 'Bearer <token>'",
+    counted="requests",
+    max_reply_bytes=MAX_BATCH_BYTES,
 )
 
 
@@ -65,7 +74,9 @@ class ZmqServer:
 
     At most `max_in_flight_per_client` requests of one peer are in flight, each until its reply
     has left; more are refused with RESOURCE_EXHAUSTED. A peer that sends a frame larger than
-    `max_request_bytes` is disconnected by ZeroMQ.
+    `max_request_bytes` is disconnected by ZeroMQ. A batch of more than `max_reply_bytes` (what a
+    client takes by default) is refused with INVALID_ARGUMENT, before it is built when its size
+    is known.
 
     With `curve` the socket is a CURVE server: only clients that know its public key (and, with
     an allow-list, whose key is on it) connect. With `token`, requests without it get
@@ -80,13 +91,15 @@ class ZmqServer:
         threads: int = 8,
         max_in_flight_per_client: int = 64,
         max_request_bytes: int = MAX_REQUEST_BYTES,
+        max_reply_bytes: int = MAX_BATCH_BYTES,
         curve: CurveConfig | None = None,
         token: str | None = None,
         metrics: WorkerMetrics | None = None,
     ) -> None:
+        require_int("max_reply_bytes", max_reply_bytes, minimum=1)
         self._requests = RequestPath(
             worker,
-            _TRANSPORT,
+            dataclasses.replace(_TRANSPORT, max_reply_bytes=max_reply_bytes),
             threads=threads,
             max_in_flight_per_client=max_in_flight_per_client,
             token=token,

@@ -36,17 +36,27 @@ def refusing(records: int = 64) -> loadax.Pipeline[Any, Any]:
     return loadax.Pipeline(loadax.RangeDataset(0, records), loadax.Batcher(_refuse))
 
 
-class _Row:
+class Row:
+    """Record i as `floats` float32 values (each row `4 * floats` bytes); counts its calls."""
+
     def __init__(self, floats: int) -> None:
         self.floats = floats
+        self.calls = 0
 
     def __call__(self, index: int) -> Any:
+        self.calls += 1
         return np.full(self.floats, index, dtype=np.float32)
 
 
-def wide(records: int = 64, floats: int = 4096) -> loadax.Pipeline[Any, Any]:
-    """Record i is `floats` float32 values: each row `4 * floats` bytes."""
-    return loadax.Pipeline(loadax.RangeDataset(0, records).map(_Row(floats)), loadax.Batcher())
+def by_largest(records: list[int]) -> Any:
+    """Rows as wide as 256 floats per unit of the largest record in the batch: a batch's size
+    is not its rows times a row's size."""
+    return np.zeros((len(records), 256 * (max(records) + 1)), dtype=np.float32)
+
+
+def growing(records: int = 64) -> loadax.Pipeline[Any, Any]:
+    """Batches of `by_largest`: the batch of step s is about 16 s KiB a row."""
+    return loadax.Pipeline(loadax.RangeDataset(0, records), loadax.Batcher(by_largest))
 
 
 def _exhaust(batch: list[Any]) -> Any:

@@ -80,9 +80,11 @@ TAMPERS: dict[str, Tamper] = {
 _honest = Worker.load_batch
 
 
-def tampering(tamper: Tamper) -> Callable[[Worker, wire.BatchRequest], EncodedBatch]:
-    def load_batch(worker: Worker, request: wire.BatchRequest) -> EncodedBatch:
-        return tamper(worker, request, _honest(worker, request))
+def tampering(tamper: Tamper) -> Callable[[Worker, wire.BatchRequest, int | None], EncodedBatch]:
+    def load_batch(
+        worker: Worker, request: wire.BatchRequest, max_reply_bytes: int | None = None
+    ) -> EncodedBatch:
+        return tamper(worker, request, _honest(worker, request, max_reply_bytes))
 
     return load_batch
 

@@ -160,10 +160,10 @@ def test_a_batch_larger_than_the_budget_is_refused_before_it_is_built() -> None:
         reads = records.reads
         with pytest.raises(WorkerError) as refused:
             worker.load_batch(gated_request(worker, 0))
-        assert refused.value.code == "RESOURCE_EXHAUSTED"
+        assert refused.value.code == "INVALID_ARGUMENT"
         message = refused.value.message
-        assert "a batch of 4 rows of pipeline 'gated' encodes to about 32" in message
-        assert "memory budget of 20000 bytes" in message
+        assert "the batch of step 0 would be 32" in message
+        assert "memory budget of 20000 bytes; ask for fewer rows" in message
         assert records.reads == reads
         # Fewer rows fit.
         half = served(worker, gated_request(worker, 1, rows=[0, 1]))
@@ -182,10 +182,8 @@ def test_a_huge_request_is_refused_without_reading_a_record() -> None:
         request.plan.CopyFrom(plan_to_wire(Plan(200_000, batch_size=200_000)))
         with pytest.raises(WorkerError) as refused:
             worker.load_batch(request)
-        assert refused.value.code == "RESOURCE_EXHAUSTED"
-        assert "a batch of 200000 rows of pipeline 'gated' encodes to about 16" in (
-            refused.value.message
-        )
+        assert refused.value.code == "INVALID_ARGUMENT"
+        assert "the batch of step 0 would be 16" in refused.value.message
         assert records.reads == reads
     finally:
         worker.close()

@@ -26,6 +26,7 @@ from loadax.plan.planner import Plan
 from loadax.server.config import PipelineConfig, load_config
 from loadax.server.config_checks import ConfigError
 from loadax.server.grpc_server import SERVICE, GrpcServer
+from loadax.server.memory import default_budget
 from loadax.server.worker import Worker
 from loadax.wire.checksum import payload_checksum
 from loadax.wire.codec import decode
@@ -301,7 +302,7 @@ def test_check_json_reports_pipelines_addresses_and_security(tmp_path: Path) -> 
             },
         ],
         "security": ["token: required on every request"],
-        "memory_budget_bytes": None,
+        "memory_budget_bytes": default_budget(),
         "problems": [],
     }
 
@@ -581,7 +582,9 @@ class _BrokenWorker:
     def handshake(self, request: wire.HandshakeRequest) -> wire.HandshakeResponse:
         return wire.HandshakeResponse(pipeline=request.pipeline, num_records=1)
 
-    def load_batch(self, request: wire.BatchRequest) -> wire.BatchResponse:
+    def load_batch(
+        self, request: wire.BatchRequest, max_reply_bytes: int | None = None
+    ) -> wire.BatchResponse:
         raise KeyError("a bug in the worker")
 
     def info(self, request: wire.InfoRequest) -> wire.InfoResponse:

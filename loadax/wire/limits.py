@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 MAX_BATCH_BYTES = 1 << 30
-"""The largest batch reply (or the rows of a batch one request asks for): 1 GiB. A gRPC worker
-refuses to send more, and a gRPC client to receive more."""
+"""The largest batch reply (or the rows of a batch one request asks for): 1 GiB. A worker refuses
+a batch larger than this (INVALID_ARGUMENT, before building it when its bytes per row are known;
+a server's `max_reply_bytes` sets a smaller limit), and a client receives no more."""
 MAX_REQUEST_ROWS = 1 << 20
 """The rows that one batch request may always name (a host's share of a batch names its rows);
 a request for more may exceed `MAX_REQUEST_BYTES`."""
