@@ -10,10 +10,12 @@ from __future__ import annotations
 import dataclasses
 import hmac
 import logging
+import time
 from collections.abc import Callable, Sequence
 from typing import TypeVar
 
 from loadax.errors import WorkerError
+from loadax.logfields import fields
 from loadax.server.ledger import Held, Ledger
 from loadax.server.metrics import WorkerMetrics
 from loadax.server.throttled_log import ThrottledLog
@@ -105,11 +107,13 @@ class Admission:
                 "when one has finished",
             )
 
-    def refuse(self, method: str, client: str, error: WorkerError) -> None:
+    def refuse(
+        self, method: str, client: str, error: WorkerError, request: RequestMessage | None = None
+    ) -> None:
         """Count and log a request refused on arrival, before it reached the worker (its
-        `method` may be any text a client sent)."""
+        `method` may be any text a client sent; `request`, when it was parsed)."""
         self._metrics.refused(self._transport.name, method, error.code)
-        self._log_refusal(method, client, error)
+        self._log_refusal("refused", method, client, error, request)
 
     def answer(
         self, request: RequestMessage, client: str, call: Callable[[], R]
@@ -118,18 +122,46 @@ class Admission:
         error to answer instead: a WorkerError as it is, anything else INTERNAL (a bug in the
         worker, logged with its traceback)."""
         method = method_of(request)
+        started = time.perf_counter()
         try:
             return self._metrics.observe(self._transport.name, request, call)
         except WorkerError as error:
-            self._log_refusal(method, client, error)
+            self._log_refusal(
+                "failed", method, client, error, request, time.perf_counter() - started
+            )
             return error
         except Exception as error:
-            log.error("%s from %s failed: INTERNAL %s", method, client, error, exc_info=error)
+            pipeline, step = _asked(request)
+            log.error(
+                "%s from %s failed: INTERNAL %s",
+                method,
+                client,
+                error,
+                exc_info=error,
+                extra=fields(
+                    event="failed",
+                    client=client,
+                    pipeline=pipeline,
+                    step=step,
+                    status="INTERNAL",
+                    duration_s=time.perf_counter() - started,
+                    error=error,
+                ),
+            )
             return WorkerError("INTERNAL", f"the worker failed: {type(error).__name__}: {error}")
 
-    def _log_refusal(self, method: str, client: str, error: WorkerError) -> None:
+    def _log_refusal(
+        self,
+        event: str,
+        method: str,
+        client: str,
+        error: WorkerError,
+        request: RequestMessage | None,
+        duration_s: float | None = None,
+    ) -> None:
         # The first line only: the message may hold a traceback of the pipeline's code.
         first_line = error.message.partition("\n")[0]
+        pipeline, step = _asked(request)
         self._warnings.warning(
             (client, method, error.code),
             "%s from %s refused: %s %s",
@@ -137,4 +169,22 @@ class Admission:
             client,
             error.code,
             first_line,
+            extra=fields(
+                event=event,
+                client=client,
+                pipeline=pipeline,
+                step=step,
+                status=error.code,
+                duration_s=duration_s,
+                error=first_line,
+            ),
         )
+
+
+def _asked(request: RequestMessage | None) -> tuple[str | None, int | None]:
+    """The pipeline and the step `request` asks for, as far as it names them."""
+    if isinstance(request, wire.BatchRequest):
+        return request.pipeline, request.step
+    if isinstance(request, wire.HandshakeRequest):
+        return request.pipeline, None
+    return None, None

@@ -15,9 +15,11 @@ import os
 import signal
 import sys
 import threading
+import time
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
+from loadax.logfields import fields, of_record
 from loadax.server.check import check_report, security_lines
 from loadax.server.config import LOG_FORMATS, WorkerConfig, load_config
 from loadax.server.config_checks import ConfigError
@@ -65,7 +67,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         if args.json:
             print(json.dumps({"valid": False, "config": args.config, "error": str(error)}))
         elif isinstance(logs.formatter, JsonLines) and not args.check:
-            log.error("%s", error)  # a collector reading JSON lines gets why the worker exits
+            # A collector reading JSON lines gets why the worker exits.
+            log.error("%s", error, extra=fields(event="config_error", error=error))
         else:
             print(f"loadax-worker: {error}", file=sys.stderr)
         raise SystemExit(EXIT_CONFIG) from None
@@ -222,11 +225,17 @@ def _serve(config: WorkerConfig, worker: Worker, grace: float) -> None:
             )
             bound["zmq"] = servers[-1].start()
     except Exception as error:
-        log.error("cannot start: %s", error)
+        log.error("cannot start: %s", error, extra=fields(event="start_failed", error=error))
         _shut_down(servers, worker, metrics, 0.0)
         raise SystemExit(EXIT_START) from None
     names = [pipeline.name for pipeline in config.pipelines]
     budget = worker.memory_budget.limit
+    # The worker's addresses as clients name them.
+    addresses = [
+        f"{scheme}://{address.removeprefix('tcp://')}"
+        for scheme, address in (("grpc", bound["grpc"]), ("zmq", bound["zmq"]))
+        if address is not None
+    ]
     log.info(
         "serving %s on gRPC %s, ZeroMQ %s; metrics on %s; memory budget %d MiB%s",
         names,
@@ -235,16 +244,19 @@ def _serve(config: WorkerConfig, worker: Worker, grace: float) -> None:
         bound["metrics"],
         budget >> 20,
         "" if config.memory_budget_bytes else " (the default: a share of the machine's memory)",
+        extra=fields(event="ready", worker=addresses),
     )
     for line in security_lines(config):
         log.info("security: %s", line)
     _emit({"event": "ready", **bound, "pipelines": names, "memory_budget_bytes": budget})
 
     number = signals.wait()
+    stopping = time.monotonic()
     log.info(
         "%s received: finishing the requests in flight (up to %g s)",
         signal.Signals(number).name,
         grace,
+        extra=fields(event="stopping", worker=addresses),
     )
     stopper = threading.Thread(
         target=_shut_down,
@@ -257,7 +269,10 @@ def _serve(config: WorkerConfig, worker: Worker, grace: float) -> None:
         log.warning("%s again: exiting without waiting", signal.Signals(number).name)
         os._exit(1)
     stopper.join()
-    log.info("stopped")
+    log.info(
+        "stopped",
+        extra=fields(event="stopped", worker=addresses, duration_s=time.monotonic() - stopping),
+    )
     _emit({"event": "stopped"})
 
 
@@ -295,16 +310,19 @@ def _format_logs(handler: logging.Handler, log_format: str) -> None:
 
 class JsonLines(logging.Formatter):
     """A log record as one line of JSON, for log collectors: its time (UTC, ISO 8601), level,
-    logger and message, and the traceback of an exception logged with it."""
+    logger and message, the facts it carries as fields (`loadax.logfields`: event, pipeline,
+    step, client, status, ...; no other attribute of a record), and the traceback of an
+    exception logged with it."""
 
     def format(self, record: logging.LogRecord) -> str:
-        line = {
+        line: dict[str, Any] = {
             "time": datetime.datetime.fromtimestamp(record.created, datetime.UTC).isoformat(
                 timespec="milliseconds"
             ),
             "level": record.levelname,
             "logger": record.name,
             "message": record.getMessage(),
+            **of_record(record),
         }
         if record.exc_info:
             line["traceback"] = self.formatException(record.exc_info)

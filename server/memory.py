@@ -15,6 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from loadax.errors import WorkerError
+from loadax.logfields import fields
 
 log = logging.getLogger("loadax.server")
 
@@ -110,6 +111,7 @@ class MemoryBudget:
                         self._need(kind),
                         self._used,
                         self.limit,
+                        extra=fields(event="memory_wait", pipeline=kind[0]),
                     )
                 admitted = self._condition.wait_for(admissible, self._wait_s)
             finally:

@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 
 from loadax.execution.pipeline import Pipeline
+from loadax.logfields import fields
 from loadax.plan.planner import Plan
 from loadax.plan.work import StepWork, StreamWindow
 from loadax.wire.codec import decode_frames, encode_frames
@@ -44,11 +45,20 @@ def probe_batches(
                 sizes.append((rows, sum(len(frame) for frame in frames)))
                 probes.append((decode_frames(frames), rows))
     except Exception as error:
-        log.warning("pipeline %r has no batch schema: its probe batch failed: %r", name, error)
+        log.warning(
+            "pipeline %r has no batch schema: its probe batch failed: %r",
+            name,
+            error,
+            extra=fields(event="probe_failed", pipeline=name, error=error),
+        )
         return None, []
     schema = batch_schema(probes)
     if schema is None:
-        log.warning("pipeline %r has no batch schema: its probe batches differ in tree", name)
+        log.warning(
+            "pipeline %r has no batch schema: its probe batches differ in tree",
+            name,
+            extra=fields(event="probe_failed", pipeline=name, error="probe batches differ in tree"),
+        )
     return schema, sizes
 
 

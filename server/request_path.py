@@ -77,7 +77,7 @@ class RequestPath:
         try:
             self.admission.admit(request, held, settle)
         except WorkerError as error:
-            self.admission.refuse(method_of(request), held.name, error)
+            self.admission.refuse(method_of(request), held.name, error, request)
             return error
         return None
 

@@ -8,7 +8,7 @@ import logging
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Mapping
 
 INTERVAL_S = 10.0
 """The least time between two lines of one client and kind."""
@@ -41,8 +41,15 @@ class ThrottledLog:
         self._lock = threading.Lock()
         self._keys: OrderedDict[Hashable, tuple[float, int]] = OrderedDict()
 
-    def warning(self, key: Hashable, message: str, *args: object) -> bool:
-        """Log `message % args` unless `key` had a line within the interval; whether it did."""
+    def warning(
+        self,
+        key: Hashable,
+        message: str,
+        *args: object,
+        extra: Mapping[str, object] | None = None,
+    ) -> bool:
+        """Log `message % args` (with the record's fields `extra`, `loadax.logfields`) unless
+        `key` had a line within the interval; whether it did."""
         now = self._clock()
         with self._lock:
             last, held = self._keys.get(key, (None, 0))
@@ -57,7 +64,7 @@ class ThrottledLog:
         if held:
             message += " (and %d more like it in the last %.0f s, not logged)"
             args = (*args, held, now - (last or now))
-        self._logger.warning(message, *args)
+        self._logger.warning(message, *args, extra=extra)
         return True
 
     def held_back(self, key: Hashable) -> int:

@@ -31,6 +31,7 @@ from loadax.execution.process_errors import ChildRaised, WorkerProcessError, Wor
 from loadax.execution.processes import ProcessExecutor
 from loadax.execution.threads import ThreadExecutor
 from loadax.identity.fingerprint import pipeline_fingerprint
+from loadax.logfields import fields
 from loadax.plan.planner import Plan
 from loadax.plan.work import Work
 from loadax.server.config import Rebuild, WorkerConfig, build_pipelines, load_config
@@ -299,6 +300,13 @@ class Worker:
                     work,
                     request.pipeline,
                     self._deadline_s,
+                    extra=fields(
+                        event="poisoned",
+                        pipeline=request.pipeline,
+                        step=request.step,
+                        duration_s=self._deadline_s,
+                        error="ran past request_deadline_s",
+                    ),
                 )
                 raise _poisoned(
                     request,
@@ -308,7 +316,18 @@ class Worker:
                     f"it ran past request_deadline_s = {self._deadline_s:g} s on a loading thread",
                 ) from None
         except WorkerProcessLost as error:
-            log.error("%s of pipeline %r: %s", work, request.pipeline, error.reason)
+            log.error(
+                "%s of pipeline %r: %s",
+                work,
+                request.pipeline,
+                error.reason,
+                extra=fields(
+                    event="poisoned",
+                    pipeline=request.pipeline,
+                    step=request.step,
+                    error=error.reason,
+                ),
+            )
             raise _poisoned(request, pipeline, plan, work, error.reason) from error
         except RecordError as error:
             raise RecordFailed.of(error) from error
@@ -372,7 +391,19 @@ def _failure(request: wire.BatchRequest, work: Work, error: Exception) -> Worker
     )
     if isinstance(error, OSError | MemoryError):
         return WorkerError("UNAVAILABLE", summary)
-    log.error("%s of pipeline %r failed", work, request.pipeline, exc_info=error)
+    log.error(
+        "%s of pipeline %r failed",
+        work,
+        request.pipeline,
+        exc_info=error,
+        extra=fields(
+            event="load_failed",
+            pipeline=request.pipeline,
+            step=request.step,
+            status="INTERNAL",
+            error=error,
+        ),
+    )
     return WorkerError("INTERNAL", summary)
 
 

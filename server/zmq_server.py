@@ -32,6 +32,7 @@ import zmq
 from zmq.auth.thread import ThreadAuthenticator
 
 from loadax.errors import WorkerError
+from loadax.logfields import fields
 from loadax.server.admission import Transport
 from loadax.server.config_security import CurveConfig
 from loadax.server.ledger import Held, Ledger
@@ -172,7 +173,11 @@ class ZmqServer:
             target=self._serve, args=(router, replies), name="loadax-zmq-server", daemon=True
         )
         self._thread.start()
-        log.info("serving ZeroMQ on %s", endpoint)
+        log.info(
+            "serving ZeroMQ on %s",
+            endpoint,
+            extra=fields(event="listening", worker=endpoint.replace("tcp://", "zmq://", 1)),
+        )
         return endpoint
 
     def _secure(

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 from workers import worker_env, worker_process
 
+from loadax.logfields import NAMES
 from loadax.server.config import load_config
 from loadax.server.config_checks import ConfigError
 from loadax.server.main import EXIT_CONFIG
@@ -63,20 +64,15 @@ def run(config: Path, *args: str) -> subprocess.CompletedProcess[str]:
 
 
 def json_logs(stderr: str) -> list[dict[str, Any]]:
-    """Every line of `stderr`, each a JSON log record with its four fields and a time in UTC."""
+    """Every line of `stderr`, each a JSON log record with its four fields and a time in UTC,
+    and the facts it carries (`loadax.logfields`)."""
     records = []
     for line in stderr.splitlines():
         record = json.loads(line)
         assert (
             {"time", "level", "logger", "message"}
             <= record.keys()
-            <= {
-                "time",
-                "level",
-                "logger",
-                "message",
-                "traceback",
-            }
+            <= {"time", "level", "logger", "message", "traceback", *NAMES}
         ), line
         time = datetime.datetime.fromisoformat(record["time"])
         assert time.utcoffset() == datetime.timedelta(0), line
