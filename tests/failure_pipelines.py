@@ -67,3 +67,13 @@ def exhausting(records: int = 64) -> loadax.Pipeline[Any, Any]:
     """Every batch's collation raises MemoryError: the worker's failure, not the pipeline's, so
     a client asks again (elsewhere, or later)."""
     return loadax.Pipeline(loadax.RangeDataset(0, records), loadax.Batcher(_exhaust))
+
+
+def _unreachable(batch: list[Any]) -> Any:
+    raise loadax.StorageError("cannot reach 's3://bucket/key'", "s3://bucket/key", "curlCode: 7")
+
+
+def unreachable(records: int = 64) -> loadax.Pipeline[Any, Any]:
+    """Every batch fails as a store that cannot be reached does: the worker's failure (the store
+    may be back, or reachable from another worker), not the pipeline's."""
+    return loadax.Pipeline(loadax.RangeDataset(0, records), loadax.Batcher(_unreachable))

@@ -34,10 +34,10 @@ PLAN = loadax.Plan(64, batch_size=4)
 WAIT_S = 30.0
 
 
-def local_error(pipeline: loadax.Pipeline[Any, Any]) -> Exception:
-    """What the local loader raises for the first batch of `pipeline`."""
+def local_error(pipeline: loadax.Pipeline[Any, Any]) -> ValueError:
+    """What the local loader raises for the first batch of `pipeline`, whose rows are ragged."""
     loader = DataLoader(pipeline.batcher).batch_size(PLAN.batch_size).workers(0)
-    with pytest.raises(Exception) as raised:
+    with pytest.raises(ValueError, match="pad_batcher") as raised:
         next(iter(loader.build(pipeline.dataset)))
     return raised.value
 
@@ -103,6 +103,7 @@ def worker(request: pytest.FixtureRequest) -> Iterator[Worker]:
             "ragged": failure_pipelines.ragged(),
             "refusing": failure_pipelines.refusing(),
             "exhausting": failure_pipelines.exhausting(),
+            "unreachable": failure_pipelines.unreachable(),
         },
         threads=2,
         processes=request.param,
@@ -137,11 +138,20 @@ def test_an_error_that_cannot_be_pickled_back_keeps_its_type_name(worker: Worker
     assert answer.failure.cause_message == "this batcher refuses every batch (step 4)"
 
 
-def test_running_out_of_memory_is_the_workers_failure_not_the_pipelines(worker: Worker) -> None:
-    answer = ask(worker, "exhausting")
+@pytest.mark.parametrize(
+    ("pipeline", "cause"),
+    [
+        ("exhausting", "MemoryError: cannot allocate a batch of 4 rows"),
+        ("unreachable", "StorageError: cannot reach 's3://bucket/key'"),
+    ],
+)
+def test_memory_and_storage_failures_are_the_workers_not_the_pipelines(
+    worker: Worker, pipeline: str, cause: str
+) -> None:
+    answer = ask(worker, pipeline)
     assert not isinstance(answer, PipelineFailed)
-    assert answer.code == "UNAVAILABLE"
-    assert "MemoryError: cannot allocate a batch of 4 rows" in answer.message
+    assert answer.code == "UNAVAILABLE"  # asked again, elsewhere or later
+    assert cause in answer.message
 
 
 @pytest.mark.parametrize("transport", ["grpc", "zmq"])
