@@ -43,6 +43,7 @@ from loadax.client.policy import Policy
 from loadax.client.transports import Reply
 from loadax.errors import WorkerError
 from loadax.iterators.stats import WorkerStats
+from loadax.logfields import fields
 from loadax.wire.v1 import worker_pb2 as wire
 
 _log = logging.getLogger("loadax.client")
@@ -182,7 +183,7 @@ class Driver:
                         if left is not None:
                             left.transport.close()
         except Exception:  # a bug: every request waiting would hang without this
-            _log.exception("the fleet driver failed")
+            _log.exception("the fleet driver failed", extra=fields(event="driver_failed"))
             raise
         finally:
             self._shut_down()
@@ -220,7 +221,7 @@ class Driver:
             if batch.set_running_or_notify_cancel():
                 batch.set_exception(action.error)
         elif isinstance(action, Note):
-            _log.log(action.level, "%s", action.message)
+            _log.log(action.level, "%s", action.message, extra=dict(action.facts))
 
     def _send(self, action: Send) -> None:
         member = self._members[action.member]

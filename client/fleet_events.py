@@ -8,6 +8,9 @@ Answers' batches and transports stay with the driver, which looks them up by id.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
+
+from loadax.logfields import Value
 
 # Events: what happened, told to `Policy.decide` by the driver.
 
@@ -102,10 +105,12 @@ class Fail:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Note:
-    """Something to log at `level` (a `logging` level)."""
+    """Something to log at `level` (a `logging` level), with its `facts` as fields
+    (`loadax.logfields`)."""
 
     level: int
     message: str
+    facts: Mapping[str, Value] = dataclasses.field(default_factory=dict, compare=False)
 
 
 Action = Send | Cancel | Resolve | Fail | Note

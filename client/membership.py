@@ -28,6 +28,7 @@ from loadax.client.member import LEAVES_OUT, Identity, Member, ask
 from loadax.client.transports import TargetSpec, Transport
 from loadax.client.transports.diagnosis import Diagnosis
 from loadax.errors import WorkerError
+from loadax.logfields import fields
 from loadax.wire.limits import DEFAULT_TIMEOUT_S
 from loadax.wire.v1 import worker_pb2 as wire
 
@@ -233,7 +234,12 @@ class Membership:
                 try:
                     self.refresh(members())
                 except Exception as error:  # a failed lookup must not stop training
-                    _log.warning("re-resolving %s failed: %s", self._names, error)
+                    _log.warning(
+                        "re-resolving %s failed: %s",
+                        self._names,
+                        error,
+                        extra=fields(event="resolve_failed", error=error),
+                    )
 
         threading.Thread(target=run, name="loadax-refresh", daemon=True).start()
 
@@ -276,10 +282,19 @@ class Membership:
         with self._condition:
             if name in self._named:
                 self._from_names.add(name)
-        _log.info("%s answered after the build and joined", name)
+        _log.info(
+            "%s answered after the build and joined",
+            name,
+            extra=fields(event="joined", target=name),
+        )
 
     def _leave_out(self, name: str, why: str) -> None:
-        _log.warning("left out %s, which cannot serve this loader: %s", name, why)
+        _log.warning(
+            "left out %s, which cannot serve this loader: %s",
+            name,
+            why,
+            extra=fields(event="left_out", target=name, error=why),
+        )
         self._left_out[name] = why
 
     # The start-up threads.

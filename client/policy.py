@@ -66,6 +66,7 @@ from loadax.client.member_health import FleetLatency, MemberHealth
 from loadax.client.verdicts import Verdict, serves_another, verdict
 from loadax.errors import WorkerError
 from loadax.iterators.stats import WorkerStats
+from loadax.logfields import Value, fields
 from loadax.wire.failures import PipelineFailed, PoisonFailed
 
 HEDGE_FACTOR = 1.5
@@ -315,7 +316,11 @@ class Policy:
             self._answered_at = now
             self._latency.add(now - attempt.sent)
             if member.answered(event.attempt, now):
-                self._note(logging.INFO, f"{member.name} answered again: out of quarantine")
+                self._note(
+                    logging.INFO,
+                    f"{member.name} answered again: out of quarantine",
+                    fields(event="released", target=member.name),
+                )
             # Even an attempt given up as hung wins if it answers first.
             self._finish(request, Resolve(request.id, event.attempt))
             return
@@ -343,9 +348,14 @@ class Policy:
             if len(request.poisoned) > self.options.poison_retries:
                 self._finish(request, Fail(request.id, error.rebuild(request.poisoned)))
                 return
-            self._note(logging.WARNING, f"{member.name} answered: {error.message}")
+            self._note(
+                logging.WARNING,
+                f"{member.name} answered: {error.message}",
+                fields(event="poison", target=member.name, step=request.step, error=error.message),
+            )
         if judged is Verdict.QUARANTINE:
-            self._note_entering(member.quarantine(str(error), now, wrong=serves_another(error)))
+            entered = member.quarantine(str(error), now, wrong=serves_another(error))
+            self._note_entering(member, entered)
             if all(other.wrong for other in self._members.values()):
                 self._fail_all(
                     WorkerError(
@@ -416,7 +426,7 @@ class Policy:
                 self._note_failure(request, now)
                 age = now - attempt.sent
                 error = f"no answer within {limit:.3g} s (after {age:.3g} s)"
-                self._note_entering(attempt.member.hung(error, now))
+                self._note_entering(attempt.member, attempt.member.hung(error, now))
         live = [attempt for attempt in attempts if not attempt.given_up]
         if not live:
             # Freely after failures, when a hung attempt's member is quarantined, or at
@@ -440,20 +450,32 @@ class Policy:
         if self._warned_at is not None and now - self._warned_at < WARN_EVERY:
             return
         self._warned_at = now
+        silent = now - self._answered_at
         self._note(
             logging.WARNING,
-            f"every worker is failing: none answered for {now - self._answered_at:.3g} s; "
+            f"every worker is failing: none answered for {silent:.3g} s; "
             f"iteration raises at {self.options.no_worker_timeout:g} s (no_worker_timeout). "
             f"Workers: {self._describe()}",
+            fields(event="fleet_failing", duration_s=silent, status="UNAVAILABLE"),
         )
+        for name, member in self._members.items():  # each target's facts, for a collector
+            self._note(
+                logging.DEBUG,
+                f"{name} is failing: {_first_line(member.last_error)}",
+                fields(event="member_failing", target=name, error=member.last_error),
+            )
 
-    def _note(self, level: int, message: str) -> None:
-        self._actions.append(Note(level, message))
+    def _note(self, level: int, message: str, facts: dict[str, Value]) -> None:
+        self._actions.append(Note(level, message, facts))
 
-    def _note_entering(self, quarantined: str | None) -> None:
-        """Log a member entering quarantine (`quarantined`: what to say; None: it did not)."""
+    def _note_entering(self, member: MemberHealth, quarantined: str | None) -> None:
+        """Log `member` entering quarantine (`quarantined`: what to say; None: it did not)."""
         if quarantined is not None:
-            self._note(logging.WARNING, quarantined)
+            self._note(
+                logging.WARNING,
+                quarantined,
+                fields(event="quarantined", target=member.name, error=member.last_error),
+            )
 
 
 def _first_line(text: str) -> str:

@@ -18,6 +18,7 @@ from workers import pinned, worker_process, worker_processes
 
 from loadax import DataLoader, WorkerError
 from loadax.client import RemoteDataLoader
+from loadax.logfields import of_record
 
 
 def images(side: int, records: int = 96) -> str:
@@ -65,11 +66,12 @@ def test_a_dead_fleet_is_one_error_on_time_after_the_batches_received(
     assert waited < NO_WORKER_TIMEOUT + 1.5, waited
     for target in targets:
         assert f"{target} (UNAVAILABLE" in raised.value.message
-    warnings = [
-        r.getMessage() for r in caplog.records if "every worker is failing" in r.getMessage()
-    ]
+    warnings = [r for r in caplog.records if "every worker is failing" in r.getMessage()]
     assert warnings, caplog.text
-    assert all(target in warnings[0] for target in targets)
+    assert all(target in warnings[0].getMessage() for target in targets)
+    # Its facts as fields too, for structured logs.
+    assert of_record(warnings[0])["event"] == "fleet_failing"
+    assert of_record(warnings[0])["status"] == "UNAVAILABLE"
 
 
 @pytest.mark.parametrize("transport", ["grpc", "zmq"])

@@ -248,7 +248,8 @@ def test_a_wrong_member_is_quarantined_probed_and_released_by_an_answer() -> Non
     error = WorkerError("FAILED_PRECONDITION", "another identity")
     actions = made.tell(Failed(wrong.attempt, error))
     assert sends(actions)[0].member == "good"
-    assert any(isinstance(action, Note) for action in actions)
+    (note,) = [action for action in actions if isinstance(action, Note)]
+    assert note.facts == {"event": "quarantined", "target": "wrong", "error": str(error)}
     made.answer_all(sent + actions, after=0.01)
     made.now += 2.0
     (probe,) = sends(made.submit())  # "wrong" expects no one: it is probed
