@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import loadax
-from loadax.errors import RecordError, WorkerError
+from loadax.errors import RecordError, StorageError, WorkerError
 from loadax.execution.executor import Executor, Pending
 from loadax.execution.pickled import PickledPipeline
 from loadax.execution.pipeline import Pipeline
@@ -379,13 +379,15 @@ def _executor(
 
 def _failure(request: wire.BatchRequest, work: Work, error: Exception) -> WorkerError:
     """The answer to `request` when making `work` raised `error`: `PipelineFailed` when the
-    pipeline's own code raised (any worker would), else the worker's own failure, which another
-    worker may not have: UNAVAILABLE for its machine (memory, storage, files), INTERNAL for its
-    loader processes (logged with the traceback)."""
+    pipeline's own code raised or the store refused (any worker would), else the worker's own
+    failure, which another worker may not have: UNAVAILABLE for its machine (memory, a store it
+    cannot reach, files), INTERNAL for its loader processes (logged with the traceback)."""
     if isinstance(error, ChildRaised) or not isinstance(
         error, WorkerProcessError | CancelledError | OSError | MemoryError
     ):
         return PipelineFailed.of(error, request.step)
+    if isinstance(error, StorageError) and not error.transient:
+        return PipelineFailed.of(error, request.step)  # the store refuses every worker alike
     summary = shorten(
         f"{work} failed on this worker: {type(error).__name__}: {error}", MAX_CAUSE_CHARS
     )

@@ -70,10 +70,22 @@ def exhausting(records: int = 64) -> loadax.Pipeline[Any, Any]:
 
 
 def _unreachable(batch: list[Any]) -> Any:
-    raise loadax.StorageError("cannot reach 's3://bucket/key'", "s3://bucket/key", "curlCode: 7")
+    raise loadax.StorageError(
+        "cannot reach 's3://bucket/key'", "s3://bucket/key", "curlCode: 7", transient=True
+    )
 
 
 def unreachable(records: int = 64) -> loadax.Pipeline[Any, Any]:
     """Every batch fails as a store that cannot be reached does: the worker's failure (the store
     may be back, or reachable from another worker), not the pipeline's."""
     return loadax.Pipeline(loadax.RangeDataset(0, records), loadax.Batcher(_unreachable))
+
+
+def _missing(batch: list[Any]) -> Any:
+    raise loadax.StorageError("no object 's3://bucket/key'", "s3://bucket/key", "NoSuchKey")
+
+
+def missing(records: int = 64) -> loadax.Pipeline[Any, Any]:
+    """Every batch fails as a store that refuses (no such object) does: every worker with the
+    job's store settings would, so it is raised, as a StorageError, not asked again."""
+    return loadax.Pipeline(loadax.RangeDataset(0, records), loadax.Batcher(_missing))

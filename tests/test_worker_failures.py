@@ -104,6 +104,7 @@ def worker(request: pytest.FixtureRequest) -> Iterator[Worker]:
             "refusing": failure_pipelines.refusing(),
             "exhausting": failure_pipelines.exhausting(),
             "unreachable": failure_pipelines.unreachable(),
+            "missing": failure_pipelines.missing(),
         },
         threads=2,
         processes=request.param,
@@ -136,6 +137,15 @@ def test_an_error_that_cannot_be_pickled_back_keeps_its_type_name(worker: Worker
     assert isinstance(answer, PipelineFailed)
     assert (answer.failure.step, answer.failure.cause_type) == (2, "ShapeError")
     assert answer.failure.cause_message == "this batcher refuses every batch (step 4)"
+
+
+def test_a_stores_refusal_is_raised_as_a_storage_error_naming_the_url(worker: Worker) -> None:
+    answer = ask(worker, "missing")
+    assert isinstance(answer, PipelineFailed)
+    rebuilt = answer.rebuild("in-process Worker")
+    assert isinstance(rebuilt, loadax.StorageError)
+    assert (rebuilt.url, str(rebuilt)) == ("s3://bucket/key", "no object 's3://bucket/key'")
+    assert not rebuilt.transient
 
 
 @pytest.mark.parametrize(

@@ -14,7 +14,14 @@ import traceback
 from collections.abc import Sequence
 
 import loadax.errors
-from loadax.errors import PoisonedRecords, RecordError, RemoteCause, WorkerError, listed
+from loadax.errors import (
+    PoisonedRecords,
+    RecordError,
+    RemoteCause,
+    StorageError,
+    WorkerError,
+    listed,
+)
 from loadax.wire.v1 import worker_pb2 as wire
 
 RECORD_FAILED = "ABORTED"
@@ -180,6 +187,7 @@ class PipelineFailed(WorkerError):
                 cause_type=type_name(error),
                 cause_message=shorten(_message(error), MAX_CAUSE_CHARS),
                 traceback=shorten(text, MAX_TRACEBACK_CHARS),
+                storage_url=error.url if isinstance(error, StorageError) else "",
             )
         )
 
@@ -187,7 +195,12 @@ class PipelineFailed(WorkerError):
         """The exception the client raises, with a note naming `worker` and the traceback it
         sent."""
         failure = self.failure
-        error = _built(failure.cause_type, failure.cause_message)
+        if failure.storage_url:  # a store's refusal: the worker's store settings are the job's
+            error: Exception | None = StorageError(
+                failure.cause_message, failure.storage_url, failure.cause_message
+            )
+        else:
+            error = _built(failure.cause_type, failure.cause_message)
         if error is None:
             error = RemoteCause(
                 failure.cause_type, f"{failure.cause_type}: {failure.cause_message}"

@@ -155,16 +155,18 @@ class ErrorReply(_message.Message):
     def __init__(self, code: _Optional[str] = ..., message: _Optional[str] = ..., record: _Optional[_Union[RecordFailure, _Mapping]] = ..., poisoned: _Optional[_Union[PoisonedWork, _Mapping]] = ..., pipeline: _Optional[_Union[PipelineFailure, _Mapping]] = ...) -> None: ...
 
 class PipelineFailure(_message.Message):
-    __slots__ = ("step", "cause_type", "cause_message", "traceback")
+    __slots__ = ("step", "cause_type", "cause_message", "traceback", "storage_url")
     STEP_FIELD_NUMBER: _ClassVar[int]
     CAUSE_TYPE_FIELD_NUMBER: _ClassVar[int]
     CAUSE_MESSAGE_FIELD_NUMBER: _ClassVar[int]
     TRACEBACK_FIELD_NUMBER: _ClassVar[int]
+    STORAGE_URL_FIELD_NUMBER: _ClassVar[int]
     step: int
     cause_type: str
     cause_message: str
     traceback: str
-    def __init__(self, step: _Optional[int] = ..., cause_type: _Optional[str] = ..., cause_message: _Optional[str] = ..., traceback: _Optional[str] = ...) -> None: ...
+    storage_url: str
+    def __init__(self, step: _Optional[int] = ..., cause_type: _Optional[str] = ..., cause_message: _Optional[str] = ..., traceback: _Optional[str] = ..., storage_url: _Optional[str] = ...) -> None: ...
 
 class PoisonedWork(_message.Message):
     __slots__ = ("work", "rows", "indices", "epochs", "reason")
