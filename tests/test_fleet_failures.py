@@ -184,3 +184,28 @@ def test_a_build_through_the_wrong_transport_names_the_right_one(tmp_path: pathl
         with pytest.raises(WorkerError, match="speaks gRPC") as raised:
             builder([wrong]).startup(timeout=120).build()
     assert running.address("grpc") in raised.value.message
+
+
+@pytest.mark.parametrize("transport", ["grpc", "zmq"])
+def test_a_batch_too_large_for_the_worker_is_raised_at_once_asking_for_fewer_rows(
+    tmp_path: pathlib.Path, transport: str
+) -> None:
+    # 8 rows of 256 KiB against a budget of 1 MiB: never back-pressure, never a quarantine.
+    config = tmp_path / "worker.toml"
+    config.write_text(
+        '[server]\ngrpc = "127.0.0.1:0"\nzmq = "tcp://127.0.0.1:0"\nmemory_budget_mb = 1\n'
+        '[pipelines.blobs]\nfactory = "pipelines:blobs"\n'
+        "args = { records = 64, floats = 65536 }\n"
+    )
+    with worker_process(tmp_path, config=config) as running:
+        target = running.address(transport)
+        loader = RemoteDataLoader([target], pipeline="blobs").batch_size(8).build()
+        started = time.monotonic()
+        with pytest.raises(WorkerError, match="ask for fewer rows") as raised:
+            next(iter(loader))
+        waited = time.monotonic() - started
+        stats = loader.stats().workers[target]
+        loader.close()
+    assert waited < 10.0, waited  # at once: not retried until no_worker_timeout
+    assert raised.value.code == "INVALID_ARGUMENT"
+    assert stats.quarantined is None
