@@ -41,7 +41,7 @@ class CheckedPipeline:
 @dataclasses.dataclass(frozen=True, slots=True)
 class CheckReport:
     """A config's listen addresses, its pipelines, its security settings, the worker's memory
-    budget (None: unbounded) and the problems of its pipelines (none: it is fit to serve)."""
+    budget and the problems of its pipelines (none: it is fit to serve)."""
 
     config: str
     grpc: str | None
@@ -49,7 +49,7 @@ class CheckReport:
     metrics: str | None
     pipelines: tuple[CheckedPipeline, ...]
     security: tuple[str, ...]
-    memory_budget_bytes: int | None
+    memory_budget_bytes: int
     problems: tuple[str, ...]
 
     def lines(self) -> list[str]:
@@ -67,7 +67,6 @@ def check_report(config: WorkerConfig, worker: Worker) -> CheckReport:
     pipeline is built and probed once more for its problems."""
     served = {pipeline.name: pipeline for pipeline in worker.info(wire.InfoRequest()).pipelines}
     rebuilt = build_pipelines(config)
-    budget = worker.memory_budget
     return CheckReport(
         config=config.source,
         grpc=config.grpc,
@@ -84,7 +83,7 @@ def check_report(config: WorkerConfig, worker: Worker) -> CheckReport:
             for pipeline in config.pipelines
         ),
         security=tuple(security_lines(config)),
-        memory_budget_bytes=None if budget is None else budget.limit,
+        memory_budget_bytes=worker.memory_budget.limit,
         problems=tuple(
             problem
             for name, pipeline in rebuilt.items()

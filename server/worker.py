@@ -87,7 +87,6 @@ class Worker:
         threads: int = 4,
         processes: int = 0,
         request_deadline_s: float = DEFAULT_REQUEST_DEADLINE_S,
-        origins: Mapping[str, Mapping[str, Any]] | None = None,
         rebuilt: Mapping[str, PickledPipeline[Any]] | None = None,
         memory_budget_bytes: int | None = None,
         memory_wait_s: float = DEFAULT_MEMORY_WAIT_S,
@@ -141,16 +140,9 @@ class Worker:
 
     @classmethod
     def from_config(cls, config: WorkerConfig | str | Path) -> Worker:
-        """The worker a config (or the config file at a path) describes.
-
-        Fingerprints cover each pipeline's factory, args and the source of the factory's module.
-        """
+        """The worker a config (or the config file at a path) describes."""
         if not isinstance(config, WorkerConfig):
             config = load_config(config)
-        origins = {
-            pipeline.name: {"factory": pipeline.factory, "args": dict(pipeline.args)}
-            for pipeline in config.pipelines
-        }
         rebuilt = {
             pipeline.name: PickledPipeline.built_by(Rebuild(config.source, pipeline))
             for pipeline in config.pipelines
@@ -160,7 +152,6 @@ class Worker:
             threads=config.threads,
             processes=config.processes,
             request_deadline_s=config.request_deadline_s,
-            origins=origins,
             rebuilt=rebuilt,
             memory_budget_bytes=config.memory_budget_bytes,
         )
