@@ -61,7 +61,10 @@ def choose(members: Sequence[Member], pipeline: str, pinned: str | None = None) 
             raise ValueError(
                 f"the targets of pipeline {pipeline!r} are split evenly between pipeline "
                 f"identities: {_groups(members, counts)}. Pin the one to use with "
-                "RemoteDataLoader(...).fingerprint(...), or point the loader at one version"
+                "RemoteDataLoader(...).fingerprint(...), or point the loader at one version. "
+                "If they all run the same code, the pipeline is not deterministic (e.g. a map "
+                "that calls np.random): `loadax-worker --check` and "
+                "`loader.check_determinism()` tell"
             )
     return Choice(
         identity,
