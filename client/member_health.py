@@ -36,7 +36,7 @@ class MemberHealth:
         self.quarantined: str | None = None  # why, until it answers again
         self.wrong = False  # quarantined for serving another pipeline identity
         self.failing = False  # its last attempt failed (back-pressure aside) or hung
-        self.answers = 0  # 0: cold, not judged hung before `request_timeout`
+        self.answers = 0  # 0: cold, its attempts given up as hung are not held against it
         self.last_error = "none"
         self.counts = MemberCounts()
 

@@ -26,8 +26,8 @@ a byte. The rules:
   member, if there is one, to confirm; then the training loop gets the exception the local
   loader raises. Neither member is counted as failing.
 - A member that has not answered yet is cold (starting processes, importing, faulting in its
-  first batch): its attempts are given up only at `request_timeout`, never as hung; hedges
-  cover the wait.
+  first batch): its attempt given up as hung is re-issued elsewhere, but never held against it
+  (no back-off, no strike towards quarantine); it may still answer, and then it is warm.
 - A fleet that has answered nothing for `no_worker_timeout` while it had requests is dead: every
   request outstanding or waiting fails at once, naming each member and its last error. While
   every member is failing, a warning says so at once and then every `WARN_EVERY` seconds.
@@ -419,14 +419,13 @@ class Policy:
             return
         attempts = [self._attempts[attempt] for attempt in request.attempts.values()]
         for attempt in attempts:
-            # A cold member (no answer yet) is slow to start, not hung.
-            limit = hung if attempt.member.answers else self.options.request_timeout
-            if not attempt.given_up and now - attempt.sent >= limit:
+            if not attempt.given_up and now - attempt.sent >= hung:
                 attempt.given_up = True
                 self._note_failure(request, now)
-                age = now - attempt.sent
-                error = f"no answer within {limit:.3g} s (after {age:.3g} s)"
-                self._note_entering(attempt.member, attempt.member.hung(error, now))
+                if attempt.member.answers:  # a cold member is slow to start: not held against it
+                    age = now - attempt.sent
+                    error = f"no answer within {hung:.3g} s (after {age:.3g} s)"
+                    self._note_entering(attempt.member, attempt.member.hung(error, now))
         live = [attempt for attempt in attempts if not attempt.given_up]
         if not live:
             # Freely after failures, when a hung attempt's member is quarantined, or at

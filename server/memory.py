@@ -70,10 +70,11 @@ class MemoryBudget:
     Requests are admitted first come, first served: one that waits for room is not overtaken by
     smaller ones behind it, so no request starves. Waiters block on a condition.
 
-    A request's size is that of the last of its kind (pipeline, rows); a kind never seen runs
-    alone. One whose size, or the size its rows would take at the bytes per row seen of its
-    pipeline (`estimate`: a line through the smallest and largest kinds seen, e.g. the worker's
-    start-up probes), is over the limit is refused (INVALID_ARGUMENT) before anything is built.
+    A request's size is that of the last of its kind (pipeline, rows), else the size its rows
+    would take at the bytes per row seen of its pipeline (`estimate`: a line through the
+    smallest and largest kinds seen, e.g. the worker's start-up probes); a request that nothing
+    tells of runs alone. One whose size is over the limit is refused (INVALID_ARGUMENT) before
+    anything is built.
     """
 
     def __init__(self, limit: int, wait_s: float) -> None:
@@ -142,9 +143,10 @@ class MemoryBudget:
             return self._used
 
     def _need(self, kind: tuple[str, int]) -> int:
-        """The bytes a request of `kind` reserves: a kind never seen runs alone."""
-        estimate = self._estimates.get(kind)
-        return self.limit if estimate is None else min(estimate, self.limit)
+        """The bytes a request of `kind` reserves: its estimate; one that nothing tells (no
+        batch of its pipeline seen yet) runs alone."""
+        estimate = self._estimate(kind)
+        return self.limit if estimate == 0 else min(estimate, self.limit)
 
     def _too_large(self, kind: tuple[str, int]) -> bool:
         return self._estimate(kind) > self.limit

@@ -137,10 +137,9 @@ def test_a_hung_worker_is_passed_over_by_its_latency_not_a_fixed_deadline(hedgin
     assert elapsed < 30, elapsed  # a hang is hedged, or judged within about a second
     # Its requests are outstanding ever longer: it is sent no more.
     assert stats.requests <= 3, stats
-    if not hedging:  # given up as hung, and counted so
-        assert stats.failures >= 1, stats
-        assert stats.last_error is not None, stats
-        assert stats.last_error.startswith("no answer within"), stats
+    # Never answered: it may be starting (loader processes, imports), so its attempts given up
+    # as hung are re-issued but not held against it.
+    assert (stats.failures, stats.quarantined) == (0, None), stats
 
 
 @pytest.mark.parametrize("transport", ["grpc", "zmq"])
@@ -159,7 +158,7 @@ def test_no_worker_timeout_is_the_time_to_the_error(tmp_path: pathlib.Path, tran
                 elapsed = time.monotonic() - frozen
     assert limit - 0.5 <= elapsed <= limit + 1.5, elapsed
     message = str(raised.value)
-    assert f"within {limit:g} s" in message
+    assert f"no worker answered for {limit:g} s" in message
     assert all(target in message for target in targets), message
 
 
