@@ -69,7 +69,8 @@ class Worker:
     `memory_budget_bytes` (by default a share of the machine's memory, `default_budget`): a
     request waits (in arrival order, up to `memory_wait_s` seconds, then RESOURCE_EXHAUSTED)
     until the budget has room for it. A request's size is the encoded size last seen for its
-    pipeline and number of rows; the first request of a kind runs alone. A batch larger than the
+    pipeline and number of rows, else what the bytes per row seen of its pipeline (the start-up
+    probes) make of its rows; one that nothing tells of runs alone. A batch larger than the
     whole budget, or than the reply its transport may send, is refused with INVALID_ARGUMENT:
     before it is built when its size can be told from the bytes per row seen (the start-up
     probes), else once it is built.

@@ -240,16 +240,22 @@ def test_a_waiting_request_is_admitted_when_room_frees() -> None:
         worker.close()
 
 
-def test_a_kind_never_seen_runs_alone() -> None:
+def test_a_kind_never_seen_reserves_what_its_pipelines_probes_tell() -> None:
+    # The start-up probes (1 and 2 rows) give the bytes per row: a 4-row request, never seen,
+    # reserves about 32 KB, not the whole budget, and does not wait behind another.
     records = GatedRecords()
-    worker = gated_worker(records, budget=1 << 20)  # room for 30 such batches once sizes are known
+    worker = gated_worker(records, budget=1 << 20)  # room for 30 such batches
     try:
         records.gate.clear()
         with watching_waits() as waits, ThreadPoolExecutor(2) as pool:
             first = pool.submit(served, worker, gated_request(worker, 0))
             assert records.started.wait(WAIT_S)
             second = pool.submit(served, worker, gated_request(worker, 1))
-            assert waits.seen.wait(WAIT_S), "a request behind one of unknown size should wait"
+            deadline = time.monotonic() + WAIT_S
+            while worker.memory_budget.reserved < 2 * 32_000 and time.monotonic() < deadline:
+                time.sleep(0.01)  # until the second has reserved its bytes, next to the first
+            assert 2 * 32_000 <= worker.memory_budget.reserved < 2 * 40_000
+            assert not waits.seen.is_set()
             records.gate.set()
             assert batch_of(first.result(WAIT_S)).shape == (4, 1000)
             assert batch_of(second.result(WAIT_S)).shape == (4, 1000)
