@@ -119,21 +119,24 @@ def test_identities_that_tie_at_build_are_an_error_unless_one_is_pinned(
             assert new.address("grpc") in loader.stats().left_out
 
 
-def test_a_process_worker_starting_slowly_is_not_quarantined(tmp_path: pathlib.Path) -> None:
+@pytest.mark.parametrize("transport", ["grpc", "zmq"])
+def test_a_process_worker_starting_slowly_is_not_quarantined(
+    tmp_path: pathlib.Path, transport: str
+) -> None:
     # Its first answer waits for its loader processes to start and import (about 2 s here):
     # longer than the hang floor of 1 s that the quick worker's answers set.
     (tmp_path / "threads").mkdir()
     (tmp_path / "processes").mkdir()
     config = images(32, records=2000)
     with (
-        worker_process(tmp_path / "threads", config) as quick,
-        worker_process(tmp_path / "processes", config, args=["--processes", "2"]) as slow,
+        worker_process(tmp_path / "threads", config, zmq=True) as quick,
+        worker_process(tmp_path / "processes", config, zmq=True, args=["--processes", "2"]) as slow,
     ):
         # Not hedged: its first attempts wait for it (the quick worker's answers set the floor).
-        targets = [quick.address("grpc"), slow.address("grpc")]
+        targets = [quick.address(transport), slow.address(transport)]
         with builder(targets).hedge_after(None).build() as loader:
             assert len(list(loader)) == 500
-            stats = loader.stats().workers[slow.address("grpc")]
+            stats = loader.stats().workers[slow.address(transport)]
     assert stats.latency_max is not None  # it served
     assert stats.quarantined is None
     assert stats.failures == 0, stats.last_error
