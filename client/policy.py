@@ -45,6 +45,7 @@ from collections import deque
 from collections.abc import Iterable
 from typing import Any
 
+from loadax.client import fleet_failures
 from loadax.client.fleet_events import (
     Action,
     Answered,
@@ -87,7 +88,6 @@ TICK = 0.02
 """Seconds between ticks while requests are outstanding."""
 WARN_EVERY = 10.0
 """Seconds between warnings while every member is failing."""
-_ERROR_CHARS = 200  # of one member's last error in a message naming every member
 
 
 @dataclasses.dataclass(eq=False)
@@ -267,23 +267,15 @@ class Policy:
         """Fail every request once the fleet has answered nothing for `no_worker_timeout`, or
         `request` alone once every member has been failing it that long."""
         limit = self.options.no_worker_timeout
+        members = self._members.values()
         if now - self._answered_at >= limit:
-            self._fail_all(
-                WorkerError(
-                    "UNAVAILABLE",
-                    f"no worker answered for {limit:g} s (no_worker_timeout), from step "
-                    f"{request.step} on; workers: {self._describe()}",
-                )
-            )
+            self._fail_all(fleet_failures.silent(request.step, limit, members))
             return True
         if request.failing_since is None or now - request.failing_since < limit:
             return False
-        error = WorkerError(
-            "UNAVAILABLE",
-            f"every worker failed step {request.step} for {limit:g} s (no_worker_timeout); "
-            f"workers: {self._describe()}",
+        self._finish(
+            request, Fail(request.id, fleet_failures.failing(request.step, limit, members))
         )
-        self._finish(request, Fail(request.id, error))
         return True
 
     def _fail_all(self, error: WorkerError) -> None:
@@ -292,17 +284,6 @@ class Policy:
             self._finish(admitted, Fail(admitted.id, error))
         self._actions += [Fail(waiting.id, error) for waiting in self._waiting]
         self._waiting.clear()
-
-    def _describe(self) -> str:
-        """Each member and the first line of its last error, for one message."""
-        return (
-            "; ".join(
-                f"{name} ({_first_line(member.last_error)}"
-                f"{'; quarantined' if member.quarantined is not None else ''})"
-                for name, member in self._members.items()
-            )
-            or "none in use"
-        )
 
     # Answers.
 
@@ -357,14 +338,7 @@ class Policy:
             entered = member.quarantine(str(error), now, wrong=serves_another(error))
             self._note_entering(member, entered)
             if all(other.wrong for other in self._members.values()):
-                self._fail_all(
-                    WorkerError(
-                        "FAILED_PRECONDITION",
-                        "no worker serves this loader's pipeline identity any more: the fleet "
-                        "now serves another (restart the job to use it); workers: "
-                        f"{self._describe()}",
-                    )
-                )
+                self._fail_all(fleet_failures.serving_another(self._members.values()))
                 return
         elif judged is Verdict.PRESSURE:
             member.pressed(str(error), now)
@@ -449,20 +423,9 @@ class Policy:
         if self._warned_at is not None and now - self._warned_at < WARN_EVERY:
             return
         self._warned_at = now
-        silent = now - self._answered_at
-        self._note(
-            logging.WARNING,
-            f"every worker is failing: none answered for {silent:.3g} s; "
-            f"iteration raises at {self.options.no_worker_timeout:g} s (no_worker_timeout). "
-            f"Workers: {self._describe()}",
-            fields(event="fleet_failing", duration_s=silent, status="UNAVAILABLE"),
+        self._actions += fleet_failures.warnings(
+            now - self._answered_at, self.options.no_worker_timeout, members
         )
-        for name, member in self._members.items():  # each target's facts, for a collector
-            self._note(
-                logging.DEBUG,
-                f"{name} is failing: {_first_line(member.last_error)}",
-                fields(event="member_failing", target=name, error=member.last_error),
-            )
 
     def _note(self, level: int, message: str, facts: dict[str, Value]) -> None:
         self._actions.append(Note(level, message, facts))
@@ -475,11 +438,6 @@ class Policy:
                 quarantined,
                 fields(event="quarantined", target=member.name, error=member.last_error),
             )
-
-
-def _first_line(text: str) -> str:
-    line = text.partition("\n")[0]
-    return line if len(line) <= _ERROR_CHARS else f"{line[: _ERROR_CHARS - 3]}..."
 
 
 def replay(

@@ -163,7 +163,12 @@ def test_the_client_never_imports_the_server() -> None:
 
 def test_the_placement_policy_has_no_threads_and_reads_no_clock() -> None:
     # Time is an argument of the policy: tests and simulations drive it on a virtual clock.
-    pure = ("loadax.client.policy", "loadax.client.member_health", "loadax.client.fleet_events")
+    pure = (
+        "loadax.client.policy",
+        "loadax.client.member_health",
+        "loadax.client.fleet_events",
+        "loadax.client.fleet_failures",
+    )
     found = [
         str(found)
         for found in ALL_IMPORTS
