@@ -1,10 +1,11 @@
 """The worker's ZeroMQ server: a ROUTER socket in front of the worker's request path.
 
-It keeps sockets and framing (`loadax.wire.zmq_frames`): every request goes to its
-`RequestPath`, and its `Ledger` holds it until libzmq is done with the reply. One I/O thread
-owns every socket it polls; a thread pool handles requests and hands the replies back to it over
-an inproc PUSH/PULL pair. Optionally CURVE encrypts and authenticates connections (with a ZAP
-allow-list of client keys), and a shared token must come with every request.
+It keeps sockets and framing (`loadax.wire.zmq_frames`): every request goes to its `RequestPath`,
+and its `Ledger` holds it until libzmq is done with the reply. One I/O thread owns every socket it
+polls; a thread pool handles requests and hands the replies back to it over an inproc PUSH/PULL
+pair. A client's cancel lets go of its request at once when no handler has taken it yet, ends its
+wait for a loading slot, or drops its reply once loaded. Optionally CURVE encrypts and authenticates
+connections (with a ZAP allow-list of client keys), and a shared token must come with every request.
 
 Memory: a request counts against its client's in-flight limit, and a batch keeps its share of
 the memory budget, until libzmq is done with the reply (written to the socket, or dropped: its
@@ -26,7 +27,7 @@ import math
 import threading
 import time
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import zmq
 from zmq.auth.thread import ThreadAuthenticator
@@ -125,6 +126,10 @@ class ZmqServer:
         self._push_lock = threading.Lock()
         self._push: zmq.Socket[bytes] | None = None
         self._outbox = Outbox(self._requests.ledger)
+        # The requests admitted and not answered yet, by routing identity and request id, that
+        # a cancel may find; the I/O thread adds them, the handlers and cancels take them.
+        self._admitted_lock = threading.Lock()
+        self._admitted: dict[tuple[bytes, int], _Admitted] = {}
 
     @property
     def ledger(self) -> Ledger:
@@ -305,6 +310,10 @@ class ZmqServer:
             # The token first: a request without the right one is refused unparsed.
             token = zmq_frames.request_token(frames)
             self._requests.admission.authenticate([] if token is None else [BEARER + token])
+            cancelled = zmq_frames.parse_cancel(frames)
+            if cancelled is not None:
+                self._cancel((identity, cancelled))
+                return
             request = zmq_frames.parse_request(frames)
             if self._stopping.is_set():
                 raise WorkerError("UNAVAILABLE", "the worker is shutting down")
@@ -324,14 +333,49 @@ class ZmqServer:
             self.ledger.done(held)
             self._send(router, [identity, *zmq_frames.error_frames(request_id, refusal)])
             return
-        self._pool.submit(self._handle, identity, held, request)
+        key = (identity, request_id)
+        admitted = _Admitted(held)
+        with self._admitted_lock:
+            self._admitted[key] = admitted
+        admitted.task = self._pool.submit(self._handle, key, admitted, request)
 
-    def _handle(self, identity: bytes, held: Held, request: zmq_frames.Request) -> None:
-        """Runs on a handler thread: the worker's answer goes back to the I/O thread. The
-        request stays `held`, and a batch keeps its share of the memory budget, until libzmq
-        is done with the reply: sent, or dropped."""
-        request_id = request.request_id
-        answer = self._requests.answer(request.message, held)
+    def _cancel(self, key: tuple[bytes, int]) -> None:
+        """The client of routing identity and request id `key` no longer waits for its reply:
+        a request not handled yet is let go of at once, one waiting for a loading slot gives
+        up its wait, and the reply of one loading is dropped (`_handle`). A request answered
+        already, or never admitted, is left alone."""
+        with self._admitted_lock:
+            admitted = self._admitted.get(key)
+            if admitted is None:
+                return
+            admitted.cancelled = True
+            # The handler cannot start once its task is cancelled, nor pass `_admitted` before.
+            unstarted = admitted.task is not None and admitted.task.cancel()
+            if unstarted:
+                del self._admitted[key]
+        if unstarted:
+            self.ledger.done(admitted.held)
+        else:
+            self._requests.recheck()
+
+    def _handle(
+        self, key: tuple[bytes, int], admitted: _Admitted, request: zmq_frames.Request
+    ) -> None:
+        """Runs on a handler thread: the worker's answer goes back to the I/O thread, unless
+        the client cancelled the request meanwhile. The request stays held, and a batch keeps
+        its share of the memory budget, until libzmq is done with the reply (sent, or dropped),
+        or until it is answered, when cancelled."""
+        identity, request_id = key
+        held = admitted.held
+        answer = self._requests.answer(request.message, held, lambda: not admitted.cancelled)
+        with self._admitted_lock:
+            if self._admitted.get(key) is admitted:
+                del self._admitted[key]
+            cancelled = admitted.cancelled
+        if cancelled:
+            self.ledger.done(held)
+            log.debug("dropped the reply to request %d of %s: cancelled", request_id, held.name)
+            return
         if isinstance(answer, WorkerError):
             self._push_reply(
                 identity, held, request_id, zmq_frames.error_frames(request_id, answer)
@@ -387,6 +431,16 @@ class ZmqServer:
             if error.errno != zmq.EHOSTUNREACH:
                 raise
             log.debug("dropped a reply to %s: it disconnected", _peer(message))
+
+
+@dataclasses.dataclass(eq=False, slots=True)
+class _Admitted:
+    """A request admitted and not answered yet: its entry in the ledger, its handler's task,
+    and whether its client cancelled it."""
+
+    held: Held
+    task: Future[None] | None = None
+    cancelled: bool = False
 
 
 class _AllowList:

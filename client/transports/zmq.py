@@ -117,12 +117,15 @@ class ZmqTransport:
         self._closed = False
         self._refused: WorkerError | None = None
         # Owned by the I/O thread: the connection as its events tell it; the requests sent and
-        # not answered yet (cancelled ones too: the worker still answers them); patient
-        # requests that found no connection, in order.
+        # neither answered nor cancelled yet; patient requests that found no connection, in
+        # order.
         self._connection = ConnectionMonitor(address, security.curve_server_key is not None)
         self._sent: set[int] = set()
         self._held: collections.deque[tuple[int, list[bytes]]] = collections.deque()
-        self._outbox: queue.SimpleQueue[tuple[int, list[bytes]] | None] = queue.SimpleQueue()
+        # Requests to send, cancels of requests (their ids), and None: stop.
+        self._outbox: queue.SimpleQueue[tuple[int, list[bytes]] | _Cancel | None] = (
+            queue.SimpleQueue()
+        )
         self._ids = itertools.count(1)
         self._thread = threading.Thread(target=self._serve, name="loadax-zmq-client", daemon=True)
         self._thread.start()
@@ -144,7 +147,8 @@ class ZmqTransport:
 
         Its exception is a `WorkerError`: the worker's, BAD_REPLY (DATA_LOSS) for framing that
         does not hold, or UNAVAILABLE without a connection to the worker (once there was one),
-        with one lost, or once the transport is closed.
+        with one lost, or once the transport is closed. Cancelling it tells the worker, which
+        then lets go of the request without loading it, if it has not started to.
         """
         return self._submit(request, _batch_reply, patient=False, batch=True)
 
@@ -193,9 +197,13 @@ class ZmqTransport:
             self._wake_out.send(b"")
 
         def forget(done: Future[T]) -> None:
-            if done.cancelled():
-                with self._lock:
-                    self._pending.pop(request_id, None)
+            """A request cancelled before its answer is forgotten, and the worker told."""
+            if not done.cancelled():
+                return
+            with self._lock:
+                if self._pending.pop(request_id, None) is not None and not self._closed:
+                    self._outbox.put(_Cancel(request_id))
+                    self._wake_out.send(b"")
 
         future.add_done_callback(forget)
         return future
@@ -249,6 +257,9 @@ class ZmqTransport:
                 return True
             if item is None:
                 return False
+            if isinstance(item, _Cancel):
+                self._send_cancel(item.request_id)
+                continue
             request_id, frames = item
             if self._held:  # no connection yet: behind those waiting for one, or failed
                 self._unsent(request_id, frames)
@@ -261,6 +272,20 @@ class ZmqTransport:
                 self._unsent(request_id, frames)
             else:
                 self._sent.add(request_id)
+
+    def _send_cancel(self, request_id: int) -> None:
+        """Tell the worker that the request `request_id` is no longer waited for, if it was sent
+        and not answered (one never sent is dropped from those held, as it comes). Best
+        effort: without room to send it, the worker answers the request, a reply dropped here."""
+        if request_id not in self._sent:
+            return
+        self._sent.discard(request_id)
+        try:
+            self._dealer.send_multipart(
+                zmq_frames.cancel_frames(request_id, self._token), zmq.NOBLOCK
+            )
+        except zmq.Again:
+            log.debug("could not tell %s of the cancel of request %d", self.name, request_id)
 
     def _unsent(self, request_id: int, frames: list[bytes]) -> None:
         """A request that found no connection: held until there is one if it is patient (and
@@ -361,6 +386,13 @@ class ZmqTransport:
         self._monitor.close(linger=0)
         self._dealer.close(linger=0)
         self._context.term()
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Cancel:
+    """A cancel of the request `request_id`, for the I/O thread to send."""
+
+    request_id: int
 
 
 def _batch_reply(frames: Frames) -> Reply:

@@ -4,6 +4,11 @@ A request is `[request_id, method, body]`, or `[request_id, method, body, b"Bear
 to a worker that requires a token (a shared secret); a reply is `[request_id, b"ok", body]`,
 `[request_id, b"ok", head, *payload]` for a batch, or `[request_id, b"error", ErrorReply]`.
 The request id is 8 bytes, a big-endian uint64 the client chooses; the worker echoes it.
+A cancel, `[request_id, b"Cancel", b""]` (with the token as 4th frame, as any request), says that
+the client no longer waits for its request `request_id`. It has no reply: the worker gives that
+request up if it still waits to load, drops its reply if it is loading, and ignores a cancel of
+a request it has answered or never had. A malformed one (a body that is not empty) is refused
+with INVALID_ARGUMENT, as any malformed request.
 A batch reply carries its payload as frames of their own (`loadax.wire.codec.encode_frames`: the
 codec's header, then each array's bytes, sent from the array without a copy, in frames of at
 most `PAYLOAD_FRAME_BYTES`), not inside the protobuf (parsing a protobuf copies `bytes`): its
@@ -29,6 +34,7 @@ from loadax.wire.payloads import EncodedBatch
 from loadax.wire.v1 import worker_pb2 as wire
 
 OK, ERROR = b"ok", b"error"
+CANCEL = b"Cancel"
 MAX_REQUEST_ID = 2**64 - 1
 PAYLOAD_FRAME_BYTES = 1 << 20
 """The most bytes one payload frame of a batch reply holds; a larger array is sent as several
@@ -99,8 +105,31 @@ def request_frames(
     return frames
 
 
+def cancel_frames(request_id: int, token: str | None = None) -> list[bytes]:
+    """The frames of a cancel of the request `request_id` (see the module docstring)."""
+    frames = [encode_request_id(request_id), CANCEL, b""]
+    if token is not None:
+        frames.append(bearer(token))
+    return frames
+
+
+def parse_cancel(frames: Sequence[Buffer]) -> int | None:
+    """The request id that the cancel in `frames` gives up (without the ROUTER's identity frame,
+    and the token checked already); None if `frames` is not a cancel."""
+    request_id = parse_request_id(frames[0])
+    if bytes(frames[1][: len(CANCEL) + 1]) != CANCEL:
+        return None
+    if len(frames[2]):
+        raise WorkerError(
+            "INVALID_ARGUMENT",
+            f"the body of a Cancel is empty, got {len(frames[2])} bytes",
+        )
+    return request_id
+
+
 def parse_request(frames: Sequence[Buffer]) -> Request:
-    """The request in `frames` (without the ROUTER's identity frame)."""
+    """The request in `frames` (without the ROUTER's identity frame); not a cancel
+    (`parse_cancel`)."""
     token = request_token(frames)
     request_id = parse_request_id(frames[0])
     method = bytes(frames[1])
@@ -108,7 +137,7 @@ def parse_request(frames: Sequence[Buffer]) -> Request:
     if kind is None:
         raise WorkerError(
             "INVALID_ARGUMENT",
-            f"unknown method {method[:40]!r}: expected one of {sorted(_METHOD_FRAMES)}",
+            f"unknown method {method[:40]!r}: expected one of {sorted([*_METHOD_FRAMES, CANCEL])}",
         )
     return Request(request_id, _parse(kind, frames[2], f"a {method.decode()} request"), token)
 
