@@ -147,7 +147,7 @@ def test_after_a_storm_of_failures_clients_are_served_at_once_and_a_stop_is_prom
 
 def test_requests_a_client_gave_up_free_its_slots_at_once(tmp_path: Path) -> None:
     """gRPC tells the worker of a cancelled call: what waited to load is let go of, and the
-    client's next request is admitted and served (ZeroMQ requests have no cancel)."""
+    client's next request is admitted and served (ZeroMQ's cancel: tests/test_zmq_cancel.py)."""
     with worker_process(
         tmp_path,
         PIPELINES,
