@@ -1,0 +1,347 @@
+"""The simulation of `fleet_sim.py`: T trainer hosts, each with its own real
+`loadax.client.policy.Policy`, on a virtual clock (a heap of timed events) over the workers of
+`fleet_sim_world.py`.
+
+It plays only the world around the policy (no copy of its rules): what `client/driver.py` does
+with its actions (Send: the worker takes the work; Cancel: the worker drops it if queued;
+Resolve/Fail: the batch is delivered or fails) and when it ticks (a Tick when an event comes at
+or after `wake_at`, or when nothing came by then), and what the iterator (`RemoteExecutor`,
+`BatchIterator`) does with `depth`: `prefetch + depth(now)` requests submitted in step order,
+one batch taken per training step.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import random
+import time
+from collections import deque
+from typing import Any
+
+from fleet_sim_world import Fault, Job, SimWorker, World
+
+from loadax.client.fleet_events import (
+    Action,
+    Answered,
+    Cancel,
+    Event,
+    Fail,
+    Failed,
+    Joined,
+    Left,
+    Resolve,
+    Send,
+    Submit,
+    Tick,
+    Withdraw,
+)
+from loadax.client.fleet_options import FleetOptions
+from loadax.client.policy import Policy
+from loadax.errors import WorkerError
+
+# Timed events: (time, sequence, kind, a, b); the sequence keeps equal times in order.
+_ARRIVE, _DONE, _CANCEL, _REPLY, _TAKE, _TIMER, _FAULT = range(7)
+
+
+class SimTrainer:
+    """One trainer host: its policy, its training loop's window of requests (`BatchIterator`'s
+    in-flight deque) and what it saw."""
+
+    def __init__(self, index: int, step_s: float, options: FleetOptions) -> None:
+        self.index, self.step_s = index, step_s
+        self.policy = Policy(options)
+        self.window: deque[tuple[int, int]] = deque()  # (step, request), submitted in order
+        self.next_submit = 0
+        self.requests = itertools.count(1)
+        self.outcomes: dict[int, bool] = {}  # request -> delivered (True) or failed (False)
+        self.attempts: dict[int, tuple[SimWorker, Job]] = {}  # the driver's live attempts
+        self.sent_requests: set[int] = set()
+        self.current: tuple[int, int] | None = None  # the batch the loop waits for
+        self.wanted_at = 0.0  # since when the loop has wanted its next batch
+        self.retrying = False  # its last batch failed: the loop retries that step
+        self.last_batch: float | None = None
+        self.gaps: list[float] = []
+        self.delivered = self.failures = 0
+        self.stalled = 0.0
+        self.wake: float | None = None
+        self.timer_at: float | None = None
+
+
+class Simulation:
+    """Runs `world` for its `seconds` with each trainer's policy made from `options`."""
+
+    def __init__(self, world: World, options: FleetOptions | None = None) -> None:
+        self.world, self.options = world, options or FleetOptions()
+        self._rng = random.Random(world.seed)
+        self._heap: list[tuple[float, int, int, Any, Any]] = []
+        self._seq = itertools.count()
+        self._workers: dict[str, SimWorker] = {}
+        straggling = set(
+            self._rng.sample(range(world.workers), round(world.stragglers * world.workers))
+        )
+        for index in range(world.workers):
+            self._new_worker(world.straggler_factor if index in straggling else 1.0)
+        self.trainers = [
+            SimTrainer(
+                index,
+                world.step_s * (1 + world.step_spread * self._rng.uniform(-1, 1)),
+                self.options,
+            )
+            for index in range(world.trainers)
+        ]
+        self.attempts = self.lost = self.refusals = self.decisions = self.ticks = self.events = 0
+        self.policy_cpu = 0.0
+        self.connections_per_trainer_max = self.connections_per_worker_max = 0
+
+    # The run.
+
+    def run(self) -> dict[str, Any]:
+        started = time.perf_counter()
+        for trainer in self.trainers:
+            for name in self._workers:  # as `Membership.bind` joins them: one event each
+                self._decide(trainer, Joined(name, self.world.limit), 0.0)
+        self._count_connections()
+        for index, fault in enumerate(self.world.faults):
+            self._push(fault.at, _FAULT, index, None)
+        for trainer in self.trainers:
+            self._next_batch(trainer, 0.0)
+        end, heap = self.world.seconds, self._heap
+        while heap and heap[0][0] <= end:
+            now, _, kind, a, b = heapq.heappop(heap)
+            self.events += 1
+            if kind == _ARRIVE:
+                self._arrive(a, b, now)
+            elif kind == _DONE:
+                self._done(a, b, now)
+            elif kind == _CANCEL:
+                a.cancel(b)
+            elif kind == _REPLY:
+                self._reply(a, b, now)
+            elif kind == _TAKE:
+                self._next_batch(a, now)
+            elif kind == _TIMER:
+                self._timer(a, now)
+            else:
+                self._fault(self.world.faults[a], now)
+        return self._report(time.perf_counter() - started)
+
+    def _push(self, when: float, kind: int, a: Any, b: Any) -> None:
+        heapq.heappush(self._heap, (when, next(self._seq), kind, a, b))
+
+    # The driver: events to the policy, its actions carried out.
+
+    def _decide(self, trainer: SimTrainer, event: Event | None, now: float) -> None:
+        events: list[Event] = [] if event is None else [event]
+        if trainer.wake is not None and now >= trainer.wake:
+            events.append(Tick())
+        policy, actions = trainer.policy, []
+        cpu = time.process_time()
+        for each in events:
+            actions += policy.decide(each, now)
+        trainer.wake = wake = policy.wake_at(now)
+        self.policy_cpu += time.process_time() - cpu
+        self.decisions += len(events)
+        self.ticks += len(events) - (event is not None)
+        if wake is not None and (trainer.timer_at is None or wake < trainer.timer_at):
+            trainer.timer_at = wake
+            self._push(wake, _TIMER, trainer, None)
+        for action in actions:
+            self._carry_out(trainer, action, now)
+
+    def _timer(self, trainer: SimTrainer, now: float) -> None:
+        """The driver's wait for `wake_at` ran out: a Tick, unless events moved the wake on."""
+        trainer.timer_at = None
+        if trainer.wake is None:
+            return
+        if now >= trainer.wake:
+            self._decide(trainer, None, now)
+        else:
+            trainer.timer_at = trainer.wake
+            self._push(trainer.wake, _TIMER, trainer, None)
+
+    def _carry_out(self, trainer: SimTrainer, action: Action, now: float) -> None:
+        if isinstance(action, Send):
+            worker = self._workers[action.member]
+            job = Job(trainer.index, action.attempt)
+            trainer.attempts[action.attempt] = (worker, job)
+            trainer.sent_requests.add(action.request)
+            self.attempts += 1
+            self._push(now + self.world.rtt_s / 2, _ARRIVE, worker, job)
+        elif isinstance(action, Cancel):
+            held = trainer.attempts.pop(action.attempt, None)
+            if held is not None:
+                self._push(now + self.world.rtt_s / 2, _CANCEL, *held)
+        elif isinstance(action, Resolve | Fail):
+            trainer.outcomes[action.request] = isinstance(action, Resolve)
+            if trainer.current is not None and trainer.current[1] == action.request:
+                self._settled(trainer, now)
+
+    def _reply(self, job: Job, error: BaseException | None, now: float) -> None:
+        trainer = self.trainers[job.trainer]
+        if trainer.attempts.pop(job.attempt, None) is None:
+            return  # cancelled: the driver no longer listens for it
+        event = Answered(job.attempt) if error is None else Failed(job.attempt, error)
+        self._decide(trainer, event, now)
+
+    # The workers.
+
+    def _arrive(self, worker: SimWorker, job: Job, now: float) -> None:
+        if job.cancelled or worker.state in ("hung", "gone"):
+            return
+        if worker.state == "dead":
+            error = WorkerError("UNAVAILABLE", f"{worker.name}: connection refused")
+            self._push(now + self.world.rtt_s / 2, _REPLY, job, error)
+            return
+        started, refused = worker.arrive(job, now)
+        if refused:
+            self.refusals += 1
+            error = WorkerError("RESOURCE_EXHAUSTED", f"{worker.name}: over the client's limit")
+            self._push(now + self.world.rtt_s / 2, _REPLY, job, error)
+        for done_at, each in started:
+            self._push(done_at, _DONE, worker, each)
+
+    def _done(self, worker: SimWorker, job: Job, now: float) -> None:
+        if worker.state != "up":
+            return
+        for done_at, each in worker.done(job, now):
+            self._push(done_at, _DONE, worker, each)
+        if not job.cancelled:
+            self._push(now + self.world.rtt_s / 2, _REPLY, job, None)
+
+    def _new_worker(self, factor: float) -> SimWorker:
+        name = f"w{len(self._workers)}"
+        worker = SimWorker(name, self.world, factor, self._rng)
+        self._workers[name] = worker
+        return worker
+
+    def _fault(self, fault: Fault, now: float) -> None:
+        if fault.kind == "add":
+            for _ in range(int(fault.amount)):
+                worker = self._new_worker(1.0)
+                for trainer in self.trainers:
+                    self._decide(trainer, Joined(worker.name, self.world.limit), now)
+            self._count_connections()
+            return
+        up = [worker for worker in self._workers.values() if worker.state == "up"]
+        for worker in self._rng.sample(up, min(round(fault.amount * len(up)), len(up))):
+            if fault.kind == "slow":
+                worker.factor *= fault.factor
+            elif fault.kind == "hang":
+                worker.state = "hung"
+            elif fault.kind == "kill":
+                worker.state = "dead"
+                error = WorkerError("UNAVAILABLE", f"{worker.name}: connection lost")
+                for job in worker.fail_all():
+                    self.lost += 1
+                    self._push(now + self.world.loss_s, _REPLY, job, error)
+            else:
+                worker.state = "gone"
+                for trainer in self.trainers:
+                    self._decide(trainer, Left(worker.name), now)
+        self._count_connections()
+
+    def _count_connections(self) -> None:
+        """Today every trainer connects to every member it was told of (no subsetting)."""
+        per_worker: dict[str, int] = {}
+        for trainer in self.trainers:
+            members = trainer.policy.members
+            self.connections_per_trainer_max = max(self.connections_per_trainer_max, len(members))
+            for name in members:
+                per_worker[name] = per_worker.get(name, 0) + 1
+        self.connections_per_worker_max = max(
+            self.connections_per_worker_max, *per_worker.values(), 0
+        )
+
+    # The training loop: `BatchIterator.__next__` and a training step per batch.
+
+    def _next_batch(self, trainer: SimTrainer, now: float) -> None:
+        """The loop wants its next batch: fill the window, take its front, fill it again."""
+        if not trainer.retrying:
+            trainer.wanted_at = now
+        trainer.retrying = False
+        self._fill(trainer, now)
+        trainer.current = current = trainer.window.popleft()
+        self._fill(trainer, now)
+        if trainer.current is current and current[1] in trainer.outcomes:
+            self._settled(trainer, now)
+
+    def _fill(self, trainer: SimTrainer, now: float) -> None:
+        cpu = time.process_time()
+        ahead = self.world.prefetch + trainer.policy.depth(now)
+        self.policy_cpu += time.process_time() - cpu
+        while len(trainer.window) < ahead:
+            request = next(trainer.requests)
+            trainer.window.append((trainer.next_submit, request))
+            self._decide(trainer, Submit(request, trainer.next_submit), now)
+            trainer.next_submit += 1
+
+    def _settled(self, trainer: SimTrainer, now: float) -> None:
+        """The batch the loop waits for is delivered (a training step follows) or failed (the
+        loop's next `next()` retries its step after a step's time, the window withdrawn)."""
+        assert trainer.current is not None
+        step, request = trainer.current
+        trainer.current = None
+        if trainer.outcomes.pop(request):
+            if now < self.world.seconds:
+                trainer.stalled += now - trainer.wanted_at
+                trainer.delivered += 1
+                if trainer.last_batch is not None:
+                    trainer.gaps.append(now - trainer.last_batch)
+                trainer.last_batch = now
+            self._push(now + trainer.step_s, _TAKE, trainer, None)
+            return
+        trainer.failures += 1
+        while trainer.window:
+            _, withdrawn = trainer.window.popleft()
+            trainer.outcomes.pop(withdrawn, None)
+            self._decide(trainer, Withdraw(withdrawn), now)
+        trainer.next_submit, trainer.retrying = step, True
+        self._push(now + trainer.step_s, _TAKE, trainer, None)
+
+    # What it reports.
+
+    def _report(self, wall_s: float) -> dict[str, Any]:
+        world, end = self.world, self.world.seconds
+        for trainer in self.trainers:  # still waiting when the run ends
+            if trainer.current is not None or trainer.retrying:
+                trainer.stalled += max(end - trainer.wanted_at, 0.0)
+        demand = [end / trainer.step_s for trainer in self.trainers]
+        gaps = sorted(gap for trainer in self.trainers for gap in trainer.gaps)
+        requests = sum(len(trainer.sent_requests) for trainer in self.trainers)
+        loads = [worker.requests for worker in self._workers.values()]
+        mean_load = sum(loads) / len(loads)
+        return {
+            "workers": world.workers,
+            "trainers": world.trainers,
+            "seconds": end,
+            "seed": world.seed,
+            "delivered_fraction": sum(t.delivered for t in self.trainers) / sum(demand),
+            "delivered_fraction_min": min(
+                t.delivered / wanted for t, wanted in zip(self.trainers, demand, strict=True)
+            ),
+            "stall_fraction": sum(t.stalled for t in self.trainers) / (end * world.trainers),
+            "p50_gap_s": _quantile(gaps, 0.5),
+            "p99_gap_s": _quantile(gaps, 0.99),
+            "max_gap_s": gaps[-1] if gaps else None,
+            "requests": requests,
+            "attempts": self.attempts,
+            "extra_load": (self.attempts - requests) / requests if requests else 0.0,
+            "failed_batches": sum(t.failures for t in self.trainers),
+            "lost_attempts": self.lost,
+            "refusals": self.refusals,
+            "connections_cap": None,
+            "connections_per_trainer_max": self.connections_per_trainer_max,
+            "connections_per_worker_max": self.connections_per_worker_max,
+            "load_spread": max(loads) / mean_load if mean_load else None,
+            "decisions": self.decisions,
+            "ticks": self.ticks,
+            "events": self.events,
+            "policy_cpu_s": self.policy_cpu,
+            "policy_cpu_per_decision_s": self.policy_cpu / max(self.decisions, 1),
+            "wall_s": wall_s,
+        }
+
+
+def _quantile(ordered: list[float], share: float) -> float | None:
+    return ordered[min(int(share * len(ordered)), len(ordered) - 1)] if ordered else None

@@ -1,0 +1,116 @@
+"""The fleet simulator (benchmarks/fleet_sim.py) drives the real placement policy: a small fleet
+keeps its trainers fed, a run is the same for a seed, a killed worker's requests are re-issued,
+stragglers cost hedges within the policy's share, and the CLI writes every key of its report."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from loadax.client.fleet_options import FleetOptions
+from loadax.client.policy import EXTRA_SHARE
+
+BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+sys.path.insert(0, str(BENCHMARKS))
+
+from fleet_sim_run import Simulation  # noqa: E402
+from fleet_sim_world import Fault, World  # noqa: E402
+
+# 4 single-slot workers at 20 ms make 200 batches/s; 2 trainers at a 20 ms step want 100.
+SMALL = World(workers=4, trainers=2, seconds=20.0, threads=1, service_s=0.02, step_s=0.02)
+KEYS = {
+    "delivered_fraction",
+    "stall_fraction",
+    "p50_gap_s",
+    "p99_gap_s",
+    "max_gap_s",
+    "extra_load",
+    "connections_cap",
+    "connections_per_trainer_max",
+    "connections_per_worker_max",
+    "load_spread",
+    "wall_s",
+    "policy_cpu_per_decision_s",
+}
+TIMINGS = {"wall_s", "policy_cpu_s", "policy_cpu_per_decision_s"}
+
+
+def run(world: World) -> dict[str, Any]:
+    return Simulation(world).run()
+
+
+def test_a_small_fleet_with_uniform_service_delivers_the_demand() -> None:
+    report = run(SMALL)
+    assert report["delivered_fraction"] >= 0.95, report
+    assert report["stall_fraction"] < 0.05, report
+    assert report["failed_batches"] == 0
+    assert report["p50_gap_s"] == pytest.approx(SMALL.step_s, rel=0.01)
+    # Today every trainer connects to every worker.
+    assert report["connections_per_trainer_max"] == SMALL.workers
+    assert report["connections_per_worker_max"] == SMALL.trainers
+
+
+def test_a_run_is_the_same_for_a_seed_and_another_for_another_seed() -> None:
+    world = dataclasses.replace(
+        SMALL,
+        service_sigma=0.5,
+        stragglers=0.25,
+        seed=7,
+        faults=(Fault("kill", 8.0, 0.25), Fault("slow", 12.0, 0.5, factor=3.0)),
+    )
+    first, second = run(world), run(world)
+    other = run(dataclasses.replace(world, seed=8))
+    for report in (first, second, other):
+        for key in TIMINGS:
+            del report[key]
+    assert first == second
+    assert first != other
+
+
+def test_a_killed_worker_costs_a_bounded_gap_and_no_batch() -> None:
+    # Without hedges, the killed worker's requests come back only as failures, once the lost
+    # connection is noticed (0.5 s: longer than the trainers are ahead), and are re-issued.
+    killed = dataclasses.replace(SMALL, loss_s=0.5, faults=(Fault("kill", 10.0, 0.25),))
+    report = Simulation(killed, FleetOptions(hedge_after=None)).run()
+    assert report["lost_attempts"] > 0  # the seed kills a worker holding requests
+    assert report["failed_batches"] == 0
+    assert report["delivered_fraction"] >= 0.95, report
+    assert killed.step_s < report["max_gap_s"] < 5 * (killed.loss_s + killed.step_s), report
+    assert report["extra_load"] > 0  # the re-issues
+
+
+def test_stragglers_cost_hedges_within_the_policys_share() -> None:
+    report = run(dataclasses.replace(SMALL, stragglers=0.25, straggler_factor=10.0))
+    assert 0 < report["extra_load"] <= EXTRA_SHARE + 0.02, report
+    assert report["delivered_fraction"] >= 0.95, report
+
+
+def test_the_cli_writes_every_key_and_prints_a_summary(tmp_path: Path) -> None:
+    out = tmp_path / "sim.json"
+    command = [sys.executable, str(BENCHMARKS / "fleet_sim.py")]
+    size = ["--workers", "4", "--trainers", "2", "--seconds", "5", "--threads", "1"]
+    result = subprocess.run(
+        [*command, *size, "--stragglers", "0.25", "--kill", "0.25", "--json", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    report = json.loads(out.read_text())
+    assert report.keys() >= KEYS
+    assert report["connections_cap"] is None
+    assert result.stdout.startswith("4 workers x 2 trainers x 5 s: delivered ")
+    refused = subprocess.run(
+        [*command, *size, "--kill", "1.5", "--json", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert refused.returncode == 2
+    assert "kill takes a share of the workers in (0, 1], got 1.5" in refused.stderr
