@@ -264,8 +264,9 @@ class Policy:
         )
 
     def _gave_up(self, request: _Request, now: float) -> bool:
-        """Fail every request once the fleet has answered nothing for `no_worker_timeout`, or
-        `request` alone once every member has been failing it that long."""
+        """Fail every request once the fleet has answered nothing for `no_worker_timeout`;
+        `request` once every member has been failing it that long (and every other request
+        with it when every member is failing now: the fleet serves nothing)."""
         limit = self.options.no_worker_timeout
         members = self._members.values()
         if now - self._answered_at >= limit:
@@ -273,9 +274,11 @@ class Policy:
             return True
         if request.failing_since is None or now - request.failing_since < limit:
             return False
-        self._finish(
-            request, Fail(request.id, fleet_failures.failing(request.step, limit, members))
-        )
+        error = fleet_failures.failing(request.step, limit, members)
+        if all(member.failing for member in members):
+            self._fail_all(error)
+        else:
+            self._finish(request, Fail(request.id, error))
         return True
 
     def _fail_all(self, error: WorkerError) -> None:

@@ -57,7 +57,11 @@ def test_a_dead_fleet_is_one_error_on_time_after_the_batches_received(
         killed = time.monotonic()
         with (
             caplog.at_level(logging.WARNING, logger="loadax.client"),
-            pytest.raises(WorkerError, match="no worker answered for 3 s") as raised,
+            # Silent since its last answer, or failing every request since the kill: one error.
+            pytest.raises(
+                WorkerError,
+                match=r"no worker answered for 3 s|every worker failed step \d+ for 3 s",
+            ) as raised,
         ):
             drain(iterator)  # the batches received before the kill, then the error
         waited = time.monotonic() - killed

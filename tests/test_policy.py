@@ -331,6 +331,33 @@ def test_a_dead_fleet_fails_every_request_at_once_from_its_last_answer() -> None
     assert made.at(30.0) == []  # nothing left to fail later
 
 
+def test_a_request_every_member_fails_fails_every_request_when_all_are_failing() -> None:
+    # Step 0 fails on "a" from 0.1 s; step 1 is answered at 1 s; step 2 is outstanding when,
+    # at 5.1 s, step 0 has failed for no_worker_timeout and "a" is failing: both fail as one.
+    made = fleet({"a": 16}, no_worker_timeout=5.0, backoff_max=0.1, request_timeout=100.0)
+    refused = WorkerError("UNAVAILABLE", "refused")
+    pending = sends(made.submit(2))
+    failed: list[Fail] = []
+    while not failed and made.now < 10.0:
+        for send in list(pending):
+            if send.request == 1 and made.now >= 0.1:
+                pending += sends(made.tell(Failed(send.attempt, refused)))
+            elif send.request == 2 and made.now >= 1.0:
+                made.tell(Answered(send.attempt))
+            else:
+                continue
+            pending.remove(send)
+        if made.now >= 2.0 and made.requests == 2:
+            pending += sends(made.submit())
+        made.now += TICK
+        actions = made.tell(Tick())
+        pending += sends(actions)
+        failed = [action for action in actions if isinstance(action, Fail)]
+    assert made.now == pytest.approx(5.1, abs=3 * TICK)  # 5 s after step 0 began failing
+    assert sorted(fail.request for fail in failed) == [1, 3]
+    assert all("every worker failed step 0 for 5 s" in str(fail.error) for fail in failed)
+
+
 def test_an_idle_fleet_is_not_silent() -> None:
     made = fleet({"a": 2}, no_worker_timeout=5.0)
     (send,) = sends(made.submit())
