@@ -14,17 +14,15 @@ loader closes, and joins when it answers right.
 from __future__ import annotations
 
 import dataclasses
-import ipaddress
 import logging
-import socket
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import TypeGuard
 
 from loadax.client.driver import Driver
 from loadax.client.identity import agreeing, choose, require
 from loadax.client.member import LEAVES_OUT, Identity, Member, ask
+from loadax.client.names import Resolver, host_is_name, listed_addresses
 from loadax.client.transports import TargetSpec, Transport
 from loadax.client.transports.diagnosis import Diagnosis
 from loadax.errors import WorkerError
@@ -45,15 +43,6 @@ DIAGNOSIS_S = 0.5
 
 Diagnose = Callable[[str], Diagnosis | None]
 """An address -> why it does not answer (None: its port speaks what the client does)."""
-
-Resolver = Callable[[str], list[str]]
-"""A host name -> the IP addresses it lists."""
-
-
-def resolve_host(host: str) -> list[str]:
-    """Every address DNS (or /etc/hosts) lists for `host`, sorted."""
-    infos = socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
-    return sorted({str(info[4][0]) for info in infos})
 
 
 @dataclasses.dataclass
@@ -387,12 +376,7 @@ class Membership:
 
     def _resolve(self, spec: str) -> list[str]:
         """The addresses a spec with a host name stands for: one per address it lists."""
-        scheme, rest = spec.split("://", 1)
-        host, port = rest.rsplit(":", 1)
-        addresses = [
-            f"{scheme}://[{address}]:{port}" if ":" in address else f"{scheme}://{address}:{port}"
-            for address in self._resolver(host)
-        ]
+        addresses = listed_addresses(spec, self._resolver)
         with self._condition:
             self._named.update(addresses)
         return addresses
@@ -412,15 +396,3 @@ class Membership:
             f"{agreeing} of {count} targets agreed to serve pipeline {self._pipeline!r} within "
             f"{self._timeout:g} s; {min_workers} needed (min_workers). {said}",
         )
-
-
-def host_is_name(spec: TargetSpec) -> TypeGuard[str]:
-    """Whether `spec` is an address whose host is a name (not an IP address)."""
-    if not isinstance(spec, str) or "://" not in spec:
-        return False
-    host = spec.split("://", 1)[1].rsplit(":", 1)[0].strip("[]")
-    try:
-        ipaddress.ip_address(host)
-    except ValueError:
-        return True
-    return False

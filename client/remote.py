@@ -25,7 +25,8 @@ from loadax.client.driver import Driver
 from loadax.client.fleet_options import FleetOptions
 from loadax.client.job import agree, mesh_processes
 from loadax.client.member import Identity, handshake_request
-from loadax.client.membership import DIAGNOSIS_S, Membership, Resolver, resolve_host
+from loadax.client.membership import DIAGNOSIS_S, Membership
+from loadax.client.names import Resolver, resolve_host
 from loadax.client.security import ClientSecurity
 from loadax.client.transports import TargetSpec, check_spec, connect
 from loadax.client.transports.diagnosis import diagnose

@@ -1,0 +1,50 @@
+"""Targets named by a host name: each stands for every address the name lists (DNS or
+/etc/hosts), looked up again over time, e.g. a Kubernetes headless service."""
+
+from __future__ import annotations
+
+import ipaddress
+import socket
+from collections.abc import Callable
+from typing import TypeGuard
+
+from loadax.client.transports import TargetSpec
+
+Resolver = Callable[[str], list[str]]
+"""A host name -> the IP addresses it lists."""
+
+
+def resolve_host(host: str) -> list[str]:
+    """Every address DNS (or /etc/hosts) lists for `host`, sorted."""
+    infos = socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
+    return sorted({str(info[4][0]) for info in infos})
+
+
+def host_is_name(spec: TargetSpec) -> TypeGuard[str]:
+    """Whether `spec` is an address whose host is a name (not an IP address).
+
+    >>> host_is_name("grpc://workers.data:50051"), host_is_name("zmq://[::1]:5555")
+    (True, False)
+    """
+    if not isinstance(spec, str) or "://" not in spec:
+        return False
+    host = spec.split("://", 1)[1].rsplit(":", 1)[0].strip("[]")
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return True
+    return False
+
+
+def listed_addresses(spec: str, resolver: Resolver) -> list[str]:
+    """The addresses `spec`, whose host is a name, stands for: one per address `resolver` lists.
+
+    >>> listed_addresses("grpc://workers:50051", lambda host: ["10.0.0.5", "fd00::7"])
+    ['grpc://10.0.0.5:50051', 'grpc://[fd00::7]:50051']
+    """
+    scheme, rest = spec.split("://", 1)
+    host, port = rest.rsplit(":", 1)
+    return [
+        f"{scheme}://[{address}]:{port}" if ":" in address else f"{scheme}://{address}:{port}"
+        for address in resolver(host)
+    ]
