@@ -5,7 +5,7 @@ error, bounded whatever the members said."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 
 from loadax.client.fleet_events import Note
 from loadax.client.member_health import MemberHealth
@@ -14,6 +14,8 @@ from loadax.logfields import fields
 
 ERROR_CHARS = 200
 """The most characters of one member's last error in a message naming every member."""
+WARN_EVERY = 10.0
+"""Seconds between warnings while every member is failing."""
 
 
 def silent(step: int, limit: float, members: Iterable[MemberHealth]) -> WorkerError:
@@ -41,6 +43,32 @@ def serving_another(members: Iterable[MemberHealth]) -> WorkerError:
         "no worker serves this loader's pipeline identity any more: the fleet now serves "
         f"another (restart the job to use it); workers: {describe(members)}",
     )
+
+
+class FailingWarnings:
+    """The warning that every member is failing: at once, then every `WARN_EVERY` seconds while
+    it lasts and requests wait."""
+
+    def __init__(self) -> None:
+        self._warned_at: float | None = None
+
+    def due(
+        self,
+        now: float,
+        waiting: bool,
+        silent_s: float,
+        limit: float,
+        members: Collection[MemberHealth],
+    ) -> list[Note]:
+        """What to log at `now` (`silent_s`: since the fleet last answered; `limit`:
+        `no_worker_timeout`). Called at every tick: a healthy fleet costs one member's look."""
+        if not waiting or not all(member.failing for member in members):
+            self._warned_at = None
+            return []
+        if self._warned_at is not None and now - self._warned_at < WARN_EVERY:
+            return []
+        self._warned_at = now
+        return warnings(silent_s, limit, members)
 
 
 def warnings(silent_s: float, limit: float, members: Iterable[MemberHealth]) -> list[Note]:

@@ -30,7 +30,7 @@ a byte. The rules:
   (no back-off, no strike towards quarantine); it may still answer, and then it is warm.
 - A fleet that has answered nothing for `no_worker_timeout` while it had requests is dead: every
   request outstanding or waiting fails at once, naming each member and its last error. While
-  every member is failing, a warning says so at once and then every `WARN_EVERY` seconds.
+  every member is failing, a warning says so at once and then every 10 s (`FailingWarnings`).
 - A request every member has been failing for `no_worker_timeout` fails alone. When every
   member serves another pipeline identity (a rolling update), every request fails at once.
 """
@@ -86,8 +86,6 @@ DEFAULT_LIMIT = 16
 """The most requests a member is sent at once when it did not announce its own limit."""
 TICK = 0.02
 """Seconds between ticks while requests are outstanding."""
-WARN_EVERY = 10.0
-"""Seconds between warnings while every member is failing."""
 
 
 @dataclasses.dataclass(eq=False)
@@ -132,7 +130,7 @@ class Policy:
         self._latency = FleetLatency()
         self._extra_credit = EXTRA_BURST
         self._answered_at = 0.0  # when the fleet last answered, joined or was last idle
-        self._warned_at: float | None = None  # the last warning that every member is failing
+        self._failing = fleet_failures.FailingWarnings()
         self._actions: list[Action] = []
         self._now = 0.0  # the time of the event being applied
 
@@ -370,7 +368,13 @@ class Policy:
     # Time.
 
     def _tick(self, now: float) -> None:
-        self._warn_if_failing(now)
+        self._actions += self._failing.due(
+            now,
+            bool(self._admitted),
+            now - self._answered_at,
+            self.options.no_worker_timeout,
+            self._members.values(),
+        )
         hung, hedge = self._thresholds()
         # Requests go out in step order: the oldest ones outstanding block the in-order delivery
         # of the others, and are the only ones worth hedging.
@@ -415,20 +419,6 @@ class Policy:
             self._dispatch(request, now, extra=bool(attempts) and not free)
         elif len(live) == 1 and hedge is not None and now - live[0].sent >= hedge:
             self._dispatch(request, now, extra=True)
-
-    def _warn_if_failing(self, now: float) -> None:
-        """Warn at once, then every `WARN_EVERY` seconds, while requests wait and every member
-        is failing."""
-        members = self._members.values()
-        if not self._admitted or not all(member.failing for member in members):
-            self._warned_at = None
-            return
-        if self._warned_at is not None and now - self._warned_at < WARN_EVERY:
-            return
-        self._warned_at = now
-        self._actions += fleet_failures.warnings(
-            now - self._answered_at, self.options.no_worker_timeout, members
-        )
 
     def _note(self, level: int, message: str, facts: dict[str, Value]) -> None:
         self._actions.append(Note(level, message, facts))
