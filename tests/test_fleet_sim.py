@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from loadax.client.fleet_options import FleetOptions
-from loadax.client.policy import EXTRA_SHARE
+from loadax.client.policy import EXTRA_SHARE, TICK
 
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 sys.path.insert(0, str(BENCHMARKS))
@@ -89,6 +89,16 @@ def test_stragglers_cost_hedges_within_the_policys_share() -> None:
     report = run(dataclasses.replace(SMALL, stragglers=0.25, straggler_factor=10.0))
     assert 0 < report["extra_load"] <= EXTRA_SHARE + 0.02, report
     assert report["delivered_fraction"] >= 0.95, report
+
+
+def test_the_drivers_ticks_are_put_off_by_events_that_come_more_often_than_a_tick() -> None:
+    # 2 trainers with a batch every 5 ms each tell their driver of something every few ms: as
+    # the driver asks `wake_at` again after every event, the tick it wants is put off each time.
+    busy = dataclasses.replace(SMALL, step_s=0.005, threads=4, stragglers=0.25)
+    wanted = busy.trainers * busy.seconds / TICK
+    steady = Simulation(busy, steady_ticks=True).run()
+    assert steady["ticks"] == pytest.approx(wanted, rel=0.05)
+    assert run(busy)["ticks"] < wanted / 10
 
 
 def test_the_cli_writes_every_key_and_prints_a_summary(tmp_path: Path) -> None:
