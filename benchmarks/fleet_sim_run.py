@@ -60,7 +60,9 @@ class SimTrainer:
         self.current: tuple[int, int] | None = None  # the batch the loop waits for
         self.wanted_at = 0.0  # since when the loop has wanted its next batch
         self.retrying = False  # its last batch failed: the loop retries that step
+        self.first_batch: float | None = None
         self.last_batch: float | None = None
+        self.longest_gap = (0.0, 0.0)  # (the gap, when it ended)
         self.gaps: list[float] = []
         self.delivered = self.failures = 0
         self.stalled = 0.0
@@ -296,8 +298,12 @@ class Simulation:
             if now < self.world.seconds:
                 trainer.stalled += now - trainer.wanted_at
                 trainer.delivered += 1
-                if trainer.last_batch is not None:
-                    trainer.gaps.append(now - trainer.last_batch)
+                if trainer.last_batch is None:
+                    trainer.first_batch = now
+                else:
+                    gap = now - trainer.last_batch
+                    trainer.gaps.append(gap)
+                    trainer.longest_gap = max(trainer.longest_gap, (gap, now))
                 trainer.last_batch = now
             self._push(now + trainer.step_s, _TAKE, trainer, None)
             return
@@ -334,6 +340,10 @@ class Simulation:
             "p50_gap_s": _quantile(gaps, 0.5),
             "p99_gap_s": _quantile(gaps, 0.99),
             "max_gap_s": gaps[-1] if gaps else None,
+            "max_gap_ended_at_s": max(t.longest_gap for t in self.trainers)[1] if gaps else None,
+            "first_batch_max_s": max(
+                (t.first_batch for t in self.trainers if t.first_batch is not None), default=None
+            ),
             "requests": requests,
             "attempts": self.attempts,
             "extra_load": (self.attempts - requests) / requests if requests else 0.0,
