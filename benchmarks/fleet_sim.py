@@ -49,11 +49,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         parser.add_argument(f"--{kind}", type=float, default=None, help=what)
         parser.add_argument(f"--{kind}-at", type=float, default=None, help="default: half-way")
     parser.add_argument("--slow-factor", type=float, default=10.0)
-    parser.add_argument(
-        "--steady-ticks",
-        action="store_true",
-        help="tick every 20 ms while requests are outstanding, not put off by events (a what-if)",
-    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", type=Path, required=True, help="where the report goes")
     return parser.parse_args(argv)
@@ -100,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as error:
         print(f"fleet_sim: {error}", file=sys.stderr)
         return 2
-    report = Simulation(world, options, steady_ticks=args.steady_ticks).run()
+    report = Simulation(world, options).run()
     args.json.write_text(json.dumps(report, indent=2) + "\n")
     print(
         f"{world.workers} workers x {world.trainers} trainers x {world.seconds:g} s: "

@@ -73,14 +73,8 @@ class SimTrainer:
 class Simulation:
     """Runs `world` for its `seconds` with each trainer's policy made from `options`."""
 
-    def __init__(
-        self, world: World, options: FleetOptions | None = None, steady_ticks: bool = False
-    ) -> None:
-        """`steady_ticks`: tick every `TICK` while the policy wants it, instead of as the driver
-        does today (its `wake_at` is asked again after every event, so events that come more
-        often than every `TICK` put the ticks off)."""
+    def __init__(self, world: World, options: FleetOptions | None = None) -> None:
         self.world, self.options = world, options or FleetOptions()
-        self._steady_ticks = steady_ticks
         self._rng = random.Random(world.seed)
         self._heap: list[tuple[float, int, int, Any, Any]] = []
         self._seq = itertools.count()
@@ -141,16 +135,16 @@ class Simulation:
 
     def _decide(self, trainer: SimTrainer, event: Event | None, now: float) -> None:
         events: list[Event] = [] if event is None else [event]
-        if trainer.wake is not None and now >= trainer.wake:
+        ticked = trainer.wake is not None and now >= trainer.wake
+        if ticked:
             events.append(Tick())
         policy, actions = trainer.policy, []
         cpu = time.process_time()
         for each in events:
             actions += policy.decide(each, now)
-        wake = policy.wake_at(now)
-        ticked = len(events) > (event is not None)
-        if self._steady_ticks and not ticked and wake is not None and trainer.wake is not None:
-            wake = trainer.wake  # the tick due stays due
+        # As the driver: a tick due stays due however often other events come.
+        wanted = policy.wake_at(now)
+        wake = wanted if wanted is None or trainer.wake is None or ticked else trainer.wake
         trainer.wake = wake
         self.policy_cpu += time.process_time() - cpu
         self.decisions += len(events)

@@ -158,7 +158,8 @@ class Driver:
                     return
                 now = time.monotonic()
                 events = [event for event in map(self._accept, items) if event is not None]
-                if wake is not None and now >= wake:
+                ticked = wake is not None and now >= wake
+                if ticked:
                     events.append(Tick())
                 actions: list[Action] = []
                 with self._lock:
@@ -167,7 +168,10 @@ class Driver:
                         if self._record is not None:
                             self._record.append((now, event, decided))
                         actions += decided
-                    wake = self._policy.wake_at(now)
+                    # Ticks keep their pace however often other events come: a wake put off
+                    # at every event would starve hedges and hang checks under load.
+                    wanted = self._policy.wake_at(now)
+                    wake = wanted if wanted is None or wake is None or ticked else wake
                 for action in actions:
                     self._carry_out(action)
                 for item in items:

@@ -3,6 +3,7 @@ answer another, and quarantines a worker that turns out wrong for it, with uncha
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import dataclasses
 import doctest
@@ -28,10 +29,10 @@ import loadax.server.throttled_log
 from loadax import DataLoader, RecordError, WorkerError
 from loadax.client import RemoteDataLoader
 from loadax.client.driver import Driver, Recorded
-from loadax.client.fleet_events import Send
+from loadax.client.fleet_events import Send, Tick
 from loadax.client.fleet_options import FleetOptions
 from loadax.client.member import Member, handshake_request
-from loadax.client.policy import replay
+from loadax.client.policy import TICK, replay
 from loadax.client.replies import ReplyDecoder
 from loadax.client.transports.in_process import InProcessTransport
 from loadax.client.verdicts import Verdict, verdict
@@ -603,3 +604,29 @@ def test_a_driven_run_is_recorded_and_replays_to_the_same_decisions() -> None:
     assert len(sends) >= 8
     replayed = replay(options, recorded)
     assert [repr(actions) for actions in replayed] == [repr(actions) for _, _, actions in recorded]
+
+
+def test_the_drivers_ticks_keep_their_pace_while_answers_stream_in() -> None:
+    # Answers come every millisecond or so; the ticks (hedges, hang checks) still come every
+    # TICK, not put off by each event.
+    good = numbers_worker()
+    recorded: list[Recorded] = []
+    driver = Driver(FleetOptions(request_timeout=30.0, no_worker_timeout=30.0), record=recorded)
+    for name in ("first", "second"):
+        transport = named(numbers_worker(), name)
+        driver.join(Member(transport, ReplyDecoder(name), None))
+    started = time.monotonic()
+    steps = 0
+    try:
+        pending: collections.deque[Future[Any]] = collections.deque()
+        while time.monotonic() - started < 1.0:
+            while len(pending) < 4:
+                pending.append(driver.submit(steps, functools.partial(request, good, steps % 4)))
+                steps += 1
+            pending.popleft().result(timeout=10)
+    finally:
+        driver.close()
+    elapsed = time.monotonic() - started
+    ticks = sum(isinstance(event, Tick) for _, event, _ in recorded)
+    assert steps > 2 * elapsed / TICK  # answers came more often than ticks
+    assert ticks >= 0.5 * elapsed / TICK, (ticks, steps, elapsed)

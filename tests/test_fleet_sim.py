@@ -91,14 +91,12 @@ def test_stragglers_cost_hedges_within_the_policys_share() -> None:
     assert report["delivered_fraction"] >= 0.95, report
 
 
-def test_the_drivers_ticks_are_put_off_by_events_that_come_more_often_than_a_tick() -> None:
-    # 2 trainers with a batch every 5 ms each tell their driver of something every few ms: as
-    # the driver asks `wake_at` again after every event, the tick it wants is put off each time.
+def test_ticks_keep_their_pace_when_events_come_more_often_than_a_tick() -> None:
+    # 2 trainers with a batch every 5 ms each hear of something every few ms: the tick due
+    # every TICK stays due (a wake put off at every event would starve hedges and hang checks).
     busy = dataclasses.replace(SMALL, step_s=0.005, threads=4, stragglers=0.25)
     wanted = busy.trainers * busy.seconds / TICK
-    steady = Simulation(busy, steady_ticks=True).run()
-    assert steady["ticks"] == pytest.approx(wanted, rel=0.05)
-    assert run(busy)["ticks"] < wanted / 10
+    assert run(busy)["ticks"] == pytest.approx(wanted, rel=0.05)
 
 
 def test_the_cli_writes_every_key_and_prints_a_summary(tmp_path: Path) -> None:
