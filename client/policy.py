@@ -185,7 +185,9 @@ class Policy:
     # Requests.
 
     def _admit(self, now: float) -> None:
-        if self._waiting and not self._admitted:  # idle until now: silence counts from here
+        if not self._waiting:
+            return  # nothing to admit: the depth (a look at every member) is not needed
+        if not self._admitted:  # idle until now: silence counts from here
             self._answered_at = max(self._answered_at, now)
         depth = self.depth(now)
         while self._waiting and len(self._admitted) < depth:
