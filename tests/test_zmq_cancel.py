@@ -1,20 +1,17 @@
 """A ZeroMQ client's cancel reaches the worker: a request no handler has taken is let go of at
-once, the reply of one loading is dropped and what it holds let go of once it is built, and the
-client is served on its next request at once, as a gRPC client whose call is cancelled is."""
+once, the reply of one loading is dropped and what it holds let go of once it is built. (A real
+client served at once after cancelling: tests/test_admission_release.py, both transports.)"""
 
 from __future__ import annotations
 
 import threading
 import time
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 import zmq
-from test_admission_release import AT_ONCE_S, LIMIT, PIPELINES, SLOTS, Client, wait_in_flight
-from workers import worker_process
 
 import loadax
 from loadax.errors import WorkerError
@@ -156,32 +153,3 @@ def test_a_cancel_of_a_request_answered_or_unknown_is_ignored_and_a_malformed_on
     dealer.send_multipart(request(2))
     assert reply_id(dealer) == 2
     wait_until(lambda: server.ledger.held == 0, "every request let go of")
-
-
-def test_a_zmq_client_that_cancelled_its_requests_is_served_at_once(tmp_path: Path) -> None:
-    """`test_admission_release`'s gRPC test of a client giving up its requests, over ZeroMQ: a
-    real worker lets go of the cancelled requests, and the client's next one is admitted."""
-    with worker_process(
-        tmp_path,
-        PIPELINES,
-        grpc=False,
-        zmq=True,
-        threads=SLOTS,
-        max_in_flight_per_client=LIMIT,
-        args=["--processes", str(SLOTS), "--metrics", "127.0.0.1:0"],
-    ) as worker:
-        client = Client(worker)
-        try:
-            given_up = [client.send("slow", step) for step in range(LIMIT)]
-            wait_in_flight(worker, SLOTS)  # loading; the rest wait for a handler
-            for answer in given_up:
-                answer.cancel()
-            try:
-                client.served_at_once()
-            except WorkerError as error:
-                pytest.fail(f"the client was refused after cancelling: {error}")
-        finally:
-            client.close()
-        started = time.monotonic()
-        assert worker.terminate(WAIT_S) == 0
-        assert time.monotonic() - started < AT_ONCE_S
