@@ -66,7 +66,22 @@ class Left:
     member: str
 
 
-Event = Submit | Withdraw | Answered | Failed | Tick | Joined | Left
+@dataclasses.dataclass(frozen=True, slots=True)
+class Listed:
+    """Member `member` is in the fleet but not connected: the policy may `Connect` it."""
+
+    member: str
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Unreachable:
+    """A `Connect` of `member` failed with `error`: it stays listed, tried again later."""
+
+    member: str
+    error: str
+
+
+Event = Submit | Withdraw | Answered | Failed | Tick | Joined | Left | Listed | Unreachable
 
 # Actions: what the driver carries out.
 
@@ -113,4 +128,20 @@ class Note:
     facts: Mapping[str, Value] = dataclasses.field(default_factory=dict, compare=False)
 
 
-Action = Send | Cancel | Resolve | Fail | Note
+@dataclasses.dataclass(frozen=True, slots=True)
+class Connect:
+    """Connect listed member `member` and check it serves the loader's identity; then it is
+    `Joined`, or `Unreachable`."""
+
+    member: str
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Disconnect:
+    """Close the connection to member `member`, which nothing is outstanding on: it is listed
+    again."""
+
+    member: str
+
+
+Action = Send | Cancel | Resolve | Fail | Note | Connect | Disconnect

@@ -21,6 +21,8 @@ class FleetOptions:
     - `memory_budget_mb`: the most batch bytes an iterator holds, outstanding and ready.
     - `startup_timeout`: how long `build()` waits for `min_workers` targets to agree;
       `give_up_after`: sooner, how long every target may have failed for good (None: never).
+    - `subset`: the most members connected at once (`loadax.client.subset`); the policy uses
+      fewer while they keep up, and reaches past them when they fail.
     - `poison_retries`: how many more workers are asked work that killed or stalled one.
     - `backoff_*`, `quarantine_*`: how long a failed or a quarantined worker is kept off,
       doubling from the initial value up to the maximum.
@@ -34,6 +36,7 @@ class FleetOptions:
     startup_timeout: float = 30.0
     give_up_after: float | None = 10.0
     min_workers: int = 1
+    subset: int = 64
     poison_retries: int = 1
     backoff_initial: float = 0.05
     backoff_max: float = 2.0
@@ -55,7 +58,7 @@ class FleetOptions:
             require_positive("give_up_after", self.give_up_after, unit="seconds")
         if self.hedge_after not in (None, "auto"):
             require_positive("hedge_after", self.hedge_after, unit="seconds")
-        for name in ("in_flight_per_worker", "memory_budget_mb", "min_workers"):
+        for name in ("in_flight_per_worker", "memory_budget_mb", "min_workers", "subset"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be an int >= 1, got {value!r}")

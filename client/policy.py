@@ -6,10 +6,19 @@ code runs under the loader's driver, in tests on a virtual clock and in simulati
 a pure function of (pipeline, plan, step, rows), so placement may follow load without changing
 a byte. The rules:
 
-- Depth: requests are admitted in order while fewer than `in_flight_per_worker` per member that
-  is up (within its limit) are outstanding, at least one.
+- Subset: requests go to the members of the client's aperture (`loadax.client.subset`): an arc
+  of the ring of members at least its share of the fleet wide (so the job's clients use every
+  member evenly), grown by half when requests waited beyond the depth for half of a
+  `RESHAPE_EVERY`, narrowed by one member at a time while fewer would do, never more than
+  `subset` members. Listed members that enter the arc are connected (`Connect`); members out of
+  it for `LINGER` with nothing outstanding are disconnected. A member that is down is stepped
+  over (the arc reaches one further), and when no member of the arc is free any connected
+  member is used: failover reaches the whole fleet.
+- Depth: requests are admitted in order while fewer than `in_flight_per_worker` per member of
+  the aperture that is up (within its limit) are outstanding, at least one.
 - Each attempt goes to the member expected to answer first: (outstanding + 1) x its recent
-  latency (an EWMA, at least the age of its oldest attempt). None holds more than it announced
+  latency (an EWMA, at least the age of its oldest attempt); of those alike, the one sent the
+  fewest for its share of the arc. None holds more than it announced
   it takes from one client; RESOURCE_EXHAUSTED is back-pressure: that member is sent less for a
   while, and nothing counts as failed.
 - Tails: one of the `HEDGED_FRONT` oldest requests (those that block in-order delivery) is also
@@ -38,6 +47,7 @@ a byte. The rules:
 from __future__ import annotations
 
 import dataclasses
+import bisect
 import heapq
 import itertools
 import logging
@@ -50,20 +60,25 @@ from loadax.client.fleet_events import (
     Action,
     Answered,
     Cancel,
+    Connect,
+    Disconnect,
     Event,
     Fail,
     Failed,
     Joined,
     Left,
+    Listed,
     Note,
     Resolve,
     Send,
     Submit,
     Tick,
+    Unreachable,
     Withdraw,
 )
 from loadax.client.fleet_options import FleetOptions
 from loadax.client.member_health import FleetLatency, MemberHealth
+from loadax.client.subset import MIN_WIDTH, Seat, aperture
 from loadax.client.verdicts import Verdict, serves_another, verdict
 from loadax.errors import WorkerError
 from loadax.iterators.stats import WorkerStats
@@ -86,6 +101,14 @@ DEFAULT_LIMIT = 16
 """The most requests a member is sent at once when it did not announce its own limit."""
 TICK = 0.02
 """Seconds between ticks while requests are outstanding."""
+RESHAPE_EVERY = 0.5
+"""Seconds between looks at how wide the aperture must be."""
+START_WIDTH = 8.0
+"""The aperture's width before demand is known (at least the client's share of the fleet)."""
+GROWTH = 1.5
+"""How much wider the aperture gets when requests waited beyond the depth."""
+LINGER = 5.0
+"""Seconds a connected member stays out of the aperture before it is disconnected."""
 
 
 @dataclasses.dataclass(eq=False)
@@ -120,9 +143,22 @@ class Policy:
     [Resolve(request=1, attempt=1)]
     """
 
-    def __init__(self, options: FleetOptions) -> None:
+    def __init__(self, options: FleetOptions, seat: Seat | None = None) -> None:
         self.options = options
-        self._members: dict[str, MemberHealth] = {}
+        self.seat = seat or Seat()
+        self._members: dict[str, MemberHealth] = {}  # connected
+        self._ring: list[str] = []  # every member, connected or not, sorted
+        self._listed: set[str] = set()  # not connected
+        self._connecting: set[str] = set()  # ... asked to connect
+        self._unreachable: dict[str, tuple[float, float]] = {}  # -> (tried again at, back-off)
+        self._active: dict[str, float] = {}  # the aperture: member -> its share of the arc
+        self._outside: dict[str, float] = {}  # connected, out of the aperture since
+        self._width = START_WIDTH
+        self._reshaped = 0.0  # when the aperture was last sized
+        self._reshape_due = True  # the membership changed
+        self._starved = 0.0  # seconds requests waited beyond the depth, since then
+        self._peak = 0  # the most requests outstanding, since then
+        self._seen = 0.0  # when the last event happened
         self._waiting: deque[_Request] = deque()  # submitted, beyond the depth
         self._admitted: dict[int, _Request] = {}  # outstanding, in step order
         self._attempts: dict[int, _Attempt] = {}
@@ -138,17 +174,24 @@ class Policy:
 
     @property
     def members(self) -> list[str]:
+        """The members connected."""
         return list(self._members)
 
+    @property
+    def aperture(self) -> dict[str, float]:
+        """The members requests go to, each with its share of the arc (see the module)."""
+        return dict(self._active)
+
     def depth(self, now: float) -> int:
-        """How many requests to keep outstanding: `in_flight_per_worker` per member that is up,
-        within its limit (at least 1, so that requests still find out when none is)."""
+        """How many requests to keep outstanding: `in_flight_per_worker` per member of the
+        aperture that is up, within its limit (at least 1, so that requests still find out when
+        none is)."""
         per_member = self.options.in_flight_per_worker
-        total = sum(
-            min(member.limit, per_member)
-            for member in self._members.values()
-            if member.quarantined is None and member.down_until <= now
-        )
+        total = 0
+        for name in self._active:
+            member = self._members.get(name)
+            if member is not None and member.quarantined is None and member.down_until <= now:
+                total += min(member.limit, per_member)
         return max(total, 1)
 
     def wake_at(self, now: float) -> float | None:
@@ -172,14 +215,21 @@ class Policy:
         elif isinstance(event, Tick):
             self._tick(now)
         elif isinstance(event, Joined):
-            if event.member not in self._members:
-                if not self._members:
-                    self._answered_at = now
-                announced = event.limit or DEFAULT_LIMIT
-                self._members[event.member] = MemberHealth(event.member, announced, self.options)
+            self._joined(event, now)
+        elif isinstance(event, Listed):
+            if event.member not in self._members and self._place(event.member):
+                self._listed.add(event.member)
+        elif isinstance(event, Unreachable):
+            self._unreached(event, now)
         elif isinstance(event, Left):
             self._leave(event.member, now)
+        if self._reshape_due or now >= self._reshaped + RESHAPE_EVERY:
+            self._reshape(now)
         self._admit(now)
+        if self._waiting:  # beyond the depth: the aperture may be too narrow
+            self._starved += now - self._seen
+        self._peak = max(self._peak, len(self._admitted))
+        self._seen = now
         return self._actions
 
     # Requests.
@@ -249,8 +299,17 @@ class Policy:
         self._actions.append(Send(attempt_id, request.id, member.name))
 
     def _choose(self, busy: set[str], now: float) -> MemberHealth | None:
-        """The member expected to answer first, not in `busy`, with room."""
-        members = [m for m in self._members.values() if m.name not in busy and m.free(now)]
+        """The member of the aperture expected to answer first, not in `busy`, with room; of
+        any connected member when none of the aperture is."""
+        shares = self._active
+        members = [
+            member
+            for member in map(self._members.get, shares)
+            if member is not None and member.name not in busy and member.free(now)
+        ]
+        if not members:
+            shares = {}
+            members = [m for m in self._members.values() if m.name not in busy and m.free(now)]
         if not members:
             return None
         known = [m.fresh_latency(now) for m in members]
@@ -260,6 +319,7 @@ class Policy:
             key=lambda member: (
                 (len(member.sent) + 1) * member.expected_latency(now, typical),
                 len(member.sent),
+                member.counts.requests / shares.get(member.name, 1.0),
             ),
         )
 
@@ -356,7 +416,91 @@ class Policy:
 
     # Members.
 
+    def _place(self, name: str) -> bool:
+        """Put `name` on the ring; False if it is there already."""
+        at = bisect.bisect_left(self._ring, name)
+        if at < len(self._ring) and self._ring[at] == name:
+            return False
+        self._ring.insert(at, name)
+        self._reshape_due = True
+        return True
+
+    def _joined(self, event: Joined, now: float) -> None:
+        name = event.member
+        if name in self._members:
+            return
+        self._place(name)
+        self._listed.discard(name)
+        self._connecting.discard(name)
+        self._unreachable.pop(name, None)
+        if not self._members:
+            self._answered_at = now
+        announced = event.limit or DEFAULT_LIMIT
+        self._members[name] = MemberHealth(name, announced, self.options)
+        self._reshape_due = True
+
+    def _unreached(self, event: Unreachable, now: float) -> None:
+        """A connect failed: the member stays listed, tried again after a doubling back-off."""
+        if event.member not in self._connecting:
+            return
+        self._connecting.discard(event.member)
+        _, previous = self._unreachable.get(event.member, (0.0, 0.0))
+        options = self.options
+        backoff = min(max(previous * 2, options.quarantine_initial), options.quarantine_max)
+        self._unreachable[event.member] = (now + backoff, backoff)
+        self._reshape_due = True
+        self._note(
+            logging.WARNING,
+            f"{event.member} could not be connected: {event.error}",
+            fields(event="unreachable", target=event.member, error=event.error),
+        )
+
+    def _usable(self, name: str, now: float) -> bool:
+        """Whether the aperture may hold `name` now: up if connected, else not backing off."""
+        member = self._members.get(name)
+        if member is not None:
+            return member.down_until <= now
+        return self._unreachable.get(name, (0.0, 0.0))[0] <= now
+
+    def _reshape(self, now: float) -> None:
+        """Size the aperture to the demand seen since the last time, then connect the listed
+        members that entered it and disconnect those out of it for `LINGER` with nothing
+        outstanding."""
+        elapsed = now - self._reshaped
+        if elapsed >= RESHAPE_EVERY:
+            if self._starved >= elapsed / 2:
+                self._width = self._width * GROWTH + 1
+            else:
+                needed = self._peak / self.options.in_flight_per_worker + 1
+                self._width = needed if needed > self._width else max(needed, self._width - 1)
+            self._width = min(self._width, float(self.options.subset))
+            self._starved, self._peak, self._reshaped = 0.0, len(self._admitted), now
+        self._reshape_due = False
+        count = len(self._ring)
+        width = min(max(self.seat.cover(count), self._width, MIN_WIDTH), self.options.subset)
+        self._active = aperture(self._ring, self.seat, width, lambda name: self._usable(name, now))
+        for name in self._active:
+            if name in self._listed and name not in self._connecting:
+                self._connecting.add(name)
+                self._actions.append(Connect(name))
+        for name, member in list(self._members.items()):
+            if name in self._active:
+                self._outside.pop(name, None)
+            elif now - self._outside.setdefault(name, now) >= LINGER and not member.sent:
+                del self._members[name], self._outside[name]
+                self._listed.add(name)
+                self._actions.append(Disconnect(name))
+
     def _leave(self, name: str, now: float) -> None:
+        at = bisect.bisect_left(self._ring, name)
+        if at < len(self._ring) and self._ring[at] == name:
+            del self._ring[at]
+            self._reshape_due = True
+        self._listed.discard(name)
+        self._connecting.discard(name)
+        self._unreachable.pop(name, None)
+        self._active.pop(name, None)
+        self._outside.pop(name, None)
         member = self._members.pop(name, None)
         if member is None:
             return
