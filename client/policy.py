@@ -46,8 +46,8 @@ a byte. The rules:
 
 from __future__ import annotations
 
-import dataclasses
 import bisect
+import dataclasses
 import heapq
 import itertools
 import logging
