@@ -11,9 +11,10 @@ a byte. The rules:
   member evenly), grown by half when requests waited beyond the depth for half of a
   `RESHAPE_EVERY`, narrowed by one member at a time while fewer would do, never more than
   `subset` members. Listed members that enter the arc are connected (`Connect`); members out of
-  it for `LINGER` with nothing outstanding are disconnected. A member that is down is stepped
-  over (the arc reaches one further), and when no member of the arc is free any connected
-  member is used: failover reaches the whole fleet.
+  it for `LINGER` with nothing outstanding are disconnected. When no member of the arc is free,
+  any connected
+  member is used: failover reaches the whole fleet. A member failing stays in the arc (it is
+  probed as below) but takes none of its width: the arc reaches one member further.
 - Depth: requests are admitted in order while fewer than `in_flight_per_worker` per member of
   the aperture that is up (within its limit) are outstanding, at least one.
 - Each attempt goes to the member expected to answer first: (outstanding + 1) x its recent
@@ -48,6 +49,7 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
+import functools
 import heapq
 import itertools
 import logging
@@ -223,7 +225,9 @@ class Policy:
             self._unreached(event, now)
         elif isinstance(event, Left):
             self._leave(event.member, now)
-        if self._reshape_due or now >= self._reshaped + RESHAPE_EVERY:
+        # Not at each member listed: a fleet is listed one member at a time.
+        due = self._reshape_due or now >= self._reshaped + RESHAPE_EVERY
+        if due and not isinstance(event, Listed):
             self._reshape(now)
         self._admit(now)
         if self._waiting:  # beyond the depth: the aperture may be too narrow
@@ -456,11 +460,14 @@ class Policy:
         )
 
     def _usable(self, name: str, now: float) -> bool:
-        """Whether the aperture may hold `name` now: up if connected, else not backing off."""
+        """Whether the aperture may hold `name` now: connected, or not backing off from a
+        failed connect."""
+        return name in self._members or self._unreachable.get(name, (0.0, 0.0))[0] <= now
+
+    def _counted(self, name: str) -> bool:
+        """Whether `name` takes its share of the aperture's width: not while it is failing."""
         member = self._members.get(name)
-        if member is not None:
-            return member.down_until <= now
-        return self._unreachable.get(name, (0.0, 0.0))[0] <= now
+        return member is None or not member.failing
 
     def _reshape(self, now: float) -> None:
         """Size the aperture to the demand seen since the last time, then connect the listed
@@ -477,8 +484,10 @@ class Policy:
             self._starved, self._peak, self._reshaped = 0.0, len(self._admitted), now
         self._reshape_due = False
         count = len(self._ring)
-        width = min(max(self.seat.cover(count), self._width, MIN_WIDTH), self.options.subset)
-        self._active = aperture(self._ring, self.seat, width, lambda name: self._usable(name, now))
+        cap = self.options.subset
+        width = min(max(self.seat.cover(count), self._width, MIN_WIDTH), cap)
+        usable = functools.partial(self._usable, now=now)
+        self._active = aperture(self._ring, self.seat, width, usable, cap, self._counted)
         for name in self._active:
             if name in self._listed and name not in self._connecting:
                 self._connecting.add(name)

@@ -7,7 +7,8 @@ Finagle). The clients of one job sit evenly around the ring (process `index` of 
 arcs cover the ring and every member is used by the same share of clients: an edge member of an
 arc is used in proportion to how much of it the arc covers (its weight). A member added or
 removed moves each arc by at most one member, so few connections move. Members that cannot be
-used now are stepped over, and the arc reaches one member further instead.
+used now are stepped over, and those failing are not counted: the arc reaches one member further
+for each.
 """
 
 from __future__ import annotations
@@ -55,10 +56,16 @@ class Seat:
 
 
 def aperture(
-    ring: Sequence[str], seat: Seat, width: float, usable: Callable[[str], bool]
+    ring: Sequence[str],
+    seat: Seat,
+    width: float,
+    usable: Callable[[str], bool],
+    at_most: int | None = None,
+    counted: Callable[[str], bool] = lambda name: True,
 ) -> dict[str, float]:
     """The members of the arc of `width` members (sorted `ring`) from `seat`, stepping over
-    those not `usable`, each with the share of it the arc covers (0 to 1].
+    those not `usable`, each with the share of it the arc covers (0 to 1]; `at_most` of them
+    (the arc ends sooner). A member not `counted` is in the arc but takes none of its width.
 
     >>> aperture(["a", "b", "c", "d"], Seat(0.125), 2.0, lambda name: True)
     {'a': 0.5, 'b': 1.0, 'c': 0.5}
@@ -80,7 +87,8 @@ def aperture(
         share = min(1.0 - cut, left)
         cut = 0.0
         arc[name] = share
-        left -= share
-        if left <= 1e-9:
+        if counted(name):
+            left -= share
+        if left <= 1e-9 or len(arc) == at_most:
             break
     return arc

@@ -408,8 +408,8 @@ def test_a_cold_member_hung_is_passed_over_but_never_held_against() -> None:
     made.tell(Joined("cold", 16))
     for cold_so_far in (True, False):
         started = made.now
-        to_warm, to_cold = sends(made.submit(2))  # "warm" takes one at a time
-        assert (to_warm.member, to_cold.member) == ("warm", "cold")
+        sent = {send.member: send for send in sends(made.submit(2))}
+        to_warm, to_cold = sent["warm"], sent["cold"]  # "warm" takes one at a time
         made.tell(Answered(to_warm.attempt))
         (again,) = sends(made.at(started + HUNG_FLOOR + TICK))  # passed over either way
         assert (again.request, again.member) == (to_cold.request, "warm")

@@ -1,0 +1,181 @@
+"""Subsetting: each client uses an arc of the ring of members (its aperture), on a virtual clock.
+The arcs of a job's clients use every member evenly, a membership change moves few connections,
+the arc grows with demand and past members that fail, and never holds more than the cap."""
+
+from __future__ import annotations
+
+import collections
+from typing import Any
+
+import pytest
+
+from loadax.client.fleet_events import (
+    Answered,
+    Connect,
+    Disconnect,
+    Event,
+    Failed,
+    Joined,
+    Listed,
+    Resolve,
+    Send,
+    Submit,
+    Tick,
+    Unreachable,
+)
+from loadax.client.fleet_options import FleetOptions
+from loadax.client.policy import LINGER, RESHAPE_EVERY, TICK, Policy
+from loadax.client.subset import Seat, aperture
+from loadax.errors import WorkerError
+
+
+def names(count: int) -> list[str]:
+    return [f"w{index:05d}" for index in range(count)]
+
+
+@pytest.mark.parametrize(("members", "clients"), [(1000, 256), (100, 16), (64, 3), (10, 40)])
+def test_the_arcs_of_a_jobs_clients_use_every_member_evenly(members: int, clients: int) -> None:
+    ring = names(members)
+    used: collections.Counter[str] = collections.Counter()
+    for index in range(clients):
+        seat = Seat.of(index, clients, "job")
+        arc = aperture(ring, seat, seat.cover(members), lambda name: True)
+        assert len(arc) <= int(seat.cover(members)) + 2
+        used.update(arc)
+    shares = [used[name] for name in ring]
+    assert max(shares) == pytest.approx(min(shares), rel=1e-6)
+
+
+def test_a_member_added_or_removed_moves_few_connections() -> None:
+    ring = names(1000)
+    for index in range(64):
+        seat = Seat.of(index, 64, "job")
+        before = set(aperture(ring, seat, 32.0, lambda name: True))
+        added = set(aperture(sorted([*ring, "w00500x"]), seat, 32.0, lambda name: True))
+        removed = set(aperture(ring[:1] + ring[2:], seat, 32.0, lambda name: True))
+        assert len(before ^ added) <= 4
+        assert len(before ^ removed) <= 4
+
+
+def test_seats_are_checked() -> None:
+    with pytest.raises(ValueError, match="process index 4 is not below the process count 4"):
+        Seat.of(4, 4, "job")
+    with pytest.raises(ValueError, match=r"position must be in \[0, 1\), got 1.5"):
+        Seat(1.5)
+    with pytest.raises(ValueError, match="subset"):
+        FleetOptions(subset=0)
+
+
+class Client:
+    """A policy seated among `clients`, told of `members` listed members, on a virtual clock; it
+    connects what it is asked to at once (each member takes 16), unless `unreachable`."""
+
+    def __init__(
+        self, members: int, clients: int, unreachable: frozenset[str] = frozenset(), **options: Any
+    ) -> None:
+        self.policy = Policy(FleetOptions(**options), Seat.of(0, clients, "job"))
+        self.now = 0.0
+        self.requests = 0
+        self.unreachable = set(unreachable)
+        self.connects: list[str] = []
+        self.disconnects: list[str] = []
+        self.sent: dict[int, Send] = {}  # attempt -> its send, until answered
+        self.to: collections.Counter[str] = collections.Counter()  # member -> attempts sent
+        self.done: set[int] = set()  # requests answered
+        for name in names(members):
+            self.tell(Listed(name))
+        self.tell(Tick())  # the arc is sized when requests come or time passes
+
+    def tell(self, event: Event) -> None:
+        pending = [event]
+        while pending:
+            for action in self.policy.decide(pending.pop(0), self.now):
+                if isinstance(action, Connect):
+                    self.connects.append(action.member)
+                    refused = action.member in self.unreachable
+                    joined = Joined(action.member, 16)
+                    pending.append(Unreachable(action.member, "refused") if refused else joined)
+                elif isinstance(action, Disconnect):
+                    self.disconnects.append(action.member)
+                elif isinstance(action, Send):
+                    self.sent[action.attempt] = action
+                    self.to[action.member] += 1
+                elif isinstance(action, Resolve):
+                    self.done.add(action.request)
+
+    def run(self, seconds: float, outstanding: int, latency: float) -> None:
+        """Keep `outstanding` requests submitted for `seconds`, each attempt answered `latency`
+        after it was sent, ticking every TICK."""
+        end = self.now + seconds
+        sent_at: dict[int, float] = {}
+        while self.now < end:
+            while self.requests - len(self.done) < outstanding:
+                self.requests += 1
+                self.tell(Submit(self.requests, self.requests))
+            for attempt in self.sent:
+                sent_at.setdefault(attempt, self.now)
+            for attempt, when in list(sent_at.items()):
+                if self.now - when >= latency:
+                    del sent_at[attempt], self.sent[attempt]
+                    self.tell(Answered(attempt))
+            self.now += TICK
+            self.tell(Tick())
+
+
+def test_a_client_connects_only_its_arc_and_sends_only_to_it() -> None:
+    client = Client(1000, clients=100)
+    assert 10 <= len(client.connects) <= 11  # its share: 1000 / 100, and an edge member
+    assert set(client.policy.members) == set(client.connects)
+    client.run(2.0, outstanding=4, latency=0.05)
+    assert set(client.to) <= set(client.policy.aperture)
+    assert len(client.to) >= 8  # spread over the arc, not the first member
+
+
+def test_a_lone_client_holds_at_most_the_cap() -> None:
+    client = Client(1000, clients=1, subset=16)
+    assert len(client.connects) == 16
+    assert len(client.policy.aperture) == 16
+
+
+def test_the_arc_grows_while_requests_wait_and_narrows_when_they_do_not() -> None:
+    client = Client(1000, clients=500, in_flight_per_worker=1)  # its share: 2 members
+    assert len(client.policy.aperture) <= 9  # START_WIDTH before demand is known
+    # Demand: 30 outstanding at once, far beyond 1 per member of a narrow arc.
+    client.run(8 * RESHAPE_EVERY, outstanding=30, latency=0.2)
+    wide = len(client.policy.aperture)
+    assert wide >= 20
+    client.run(2 * LINGER + 30 * RESHAPE_EVERY, outstanding=1, latency=0.02)
+    assert len(client.policy.aperture) <= 4
+    assert len(client.policy.members) <= 4  # the others disconnected after lingering
+    assert len(client.disconnects) >= wide - 4
+
+
+def test_a_member_failing_takes_none_of_the_arc_and_the_arc_reaches_one_further() -> None:
+    client = Client(100, clients=50)  # its share: 2 members
+    client.run(12.0, outstanding=2, latency=0.05)  # the arc narrows to what 2 at once need
+    arc = sorted(client.policy.aperture)
+    victim, following = arc[0], names(100)[names(100).index(arc[-1]) + 1]
+    assert following not in client.policy.members  # left when the arc narrowed
+    for _ in range(round(2.0 / TICK)):
+        for attempt, send in list(client.sent.items()):
+            if send.member == victim:
+                del client.sent[attempt]
+                client.tell(Failed(attempt, WorkerError("UNAVAILABLE", "gone")))
+        client.run(TICK, outstanding=2, latency=0.05)
+    assert following in client.policy.aperture
+    assert following in client.policy.members
+    assert victim in client.policy.aperture  # still probed when its back-off ends
+
+
+def test_a_member_that_cannot_be_connected_is_tried_again_after_a_back_off() -> None:
+    refused = sorted(Client(100, clients=1, subset=4).policy.aperture)[0]
+    client = Client(100, clients=1, subset=4, quarantine_initial=1.0, unreachable={refused})
+    client.tell(Tick())
+    assert client.connects.count(refused) == 1
+    assert refused not in client.policy.aperture
+    client.run(0.9, outstanding=2, latency=0.05)
+    assert client.connects.count(refused) == 1
+    client.unreachable.clear()
+    client.run(0.6, outstanding=2, latency=0.05)
+    assert client.connects.count(refused) == 2
+    assert refused in client.policy.members
