@@ -4,8 +4,9 @@ hosts, each trainer with its own `loadax.client.policy.Policy`, on a virtual clo
 
 Usage: `python benchmarks/fleet_sim.py --workers W --trainers T --seconds S [--stragglers 0.05]
 [--straggler-factor 10] [--kill 0.1] [--kill-at S] [--service-ms 20] [--step-ms 100]
-[--threads N] [--seed N] --json PATH` (also --hang, --slow, --add, --remove, each with its -at);
-it prints a one-line summary. Deterministic for a seed (wall_s and the policy's CPU aside).
+[--threads N] [--seed N] --json PATH` (also --hang, --slow, --add, --remove, --rename, each
+with its -at); it prints a one-line summary. Deterministic for a seed (wall_s and the policy's
+CPU aside).
 """
 
 from __future__ import annotations
@@ -103,6 +104,8 @@ def main(argv: list[str] | None = None) -> int:
         f"gap p50/p99/max {_seconds(report['p50_gap_s'])}/{_seconds(report['p99_gap_s'])}/"
         f"{_seconds(report['max_gap_s'])} s, "
         f"extra load {report['extra_load']:.3f}, spread {report['load_spread']:.2f}, "
+        f"connections per trainer {report['connections_per_trainer_end_max']} at the end "
+        f"(cap {report['connections_cap']}, {report['connections_per_trainer_max']} at most), "
         f"{report['decisions']} decisions at "
         f"{report['policy_cpu_per_decision_s'] * 1e6:.1f} us, wall {report['wall_s']:.1f} s"
     )

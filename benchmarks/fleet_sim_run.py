@@ -4,7 +4,10 @@
 
 It plays only the world around the policy (no copy of its rules): what `client/driver.py` does
 with its actions (Send: the worker takes the work; Cancel: the worker drops it if queued;
-Resolve/Fail: the batch is delivered or fails) and when it ticks (a Tick when an event comes at
+Resolve/Fail: the batch is delivered or fails; Connect: `Joined` a round trip later if the worker
+is up, else `Unreachable` once the failure is noticed; Disconnect: the connection closes), what
+membership tells it (every worker `Listed` at the start and when added, `Left` when removed; a
+DNS change is both, under a new name) and when it ticks (a Tick when an event comes at
 or after `wake_at`, or when nothing came by then), and what the iterator (`RemoteExecutor`,
 `BatchIterator`) does with `depth`: `prefetch + depth(now)` requests submitted in step order,
 one batch taken per training step.
@@ -16,7 +19,7 @@ import heapq
 import itertools
 import random
 import time
-from collections import deque
+from collections import Counter, deque
 from typing import Any
 
 from fleet_sim_world import Fault, Job, SimWorker, World
@@ -25,32 +28,38 @@ from loadax.client.fleet_events import (
     Action,
     Answered,
     Cancel,
+    Connect,
+    Disconnect,
     Event,
     Fail,
     Failed,
     Joined,
     Left,
+    Listed,
     Resolve,
     Send,
     Submit,
     Tick,
+    Unreachable,
     Withdraw,
 )
 from loadax.client.fleet_options import FleetOptions
 from loadax.client.policy import Policy
+from loadax.client.subset import Seat
 from loadax.errors import WorkerError
 
 # Timed events: (time, sequence, kind, a, b); the sequence keeps equal times in order.
-_ARRIVE, _DONE, _CANCEL, _REPLY, _TAKE, _TIMER, _FAULT = range(7)
+_ARRIVE, _DONE, _CANCEL, _REPLY, _TAKE, _TIMER, _FAULT, _HANDSHAKE = range(8)
 
 
 class SimTrainer:
     """One trainer host: its policy, its training loop's window of requests (`BatchIterator`'s
     in-flight deque) and what it saw."""
 
-    def __init__(self, index: int, step_s: float, options: FleetOptions) -> None:
+    def __init__(self, index: int, step_s: float, options: FleetOptions, seat: Seat) -> None:
         self.index, self.step_s = index, step_s
-        self.policy = Policy(options)
+        self.policy = Policy(options, seat)
+        self.connected: set[str] = set()  # as the policy's members: Joined, not yet let go
         self.window: deque[tuple[int, int]] = deque()  # (step, request), submitted in order
         self.next_submit = 0
         self.requests = itertools.count(1)
@@ -78,7 +87,7 @@ class Simulation:
         self._rng = random.Random(world.seed)
         self._heap: list[tuple[float, int, int, Any, Any]] = []
         self._seq = itertools.count()
-        self._workers: dict[str, SimWorker] = {}
+        self.workers: dict[str, SimWorker] = {}
         straggling = set(
             self._rng.sample(range(world.workers), round(world.stragglers * world.workers))
         )
@@ -89,6 +98,7 @@ class Simulation:
                 index,
                 world.step_s * (1 + world.step_spread * self._rng.uniform(-1, 1)),
                 self.options,
+                Seat.of(index, world.trainers, "sim"),
             )
             for index in range(world.trainers)
         ]
@@ -101,9 +111,8 @@ class Simulation:
     def run(self) -> dict[str, Any]:
         started = time.perf_counter()
         for trainer in self.trainers:
-            for name in self._workers:  # as `Membership.bind` joins them: one event each
-                self._decide(trainer, Joined(name, self.world.limit), 0.0)
-        self._count_connections()
+            for name in self.workers:  # as membership lists them: one event each
+                self._decide(trainer, Listed(name), 0.0)
         for index, fault in enumerate(self.world.faults):
             self._push(fault.at, _FAULT, index, None)
         for trainer in self.trainers:
@@ -124,6 +133,8 @@ class Simulation:
                 self._next_batch(a, now)
             elif kind == _TIMER:
                 self._timer(a, now)
+            elif kind == _HANDSHAKE:
+                self._handshake(a, b, now)
             else:
                 self._fault(self.world.faults[a], now)
         return self._report(time.perf_counter() - started)
@@ -168,7 +179,7 @@ class Simulation:
 
     def _carry_out(self, trainer: SimTrainer, action: Action, now: float) -> None:
         if isinstance(action, Send):
-            worker = self._workers[action.member]
+            worker = self.workers[action.member]
             job = Job(trainer.index, action.attempt)
             trainer.attempts[action.attempt] = (worker, job)
             trainer.sent_requests.add(action.request)
@@ -182,6 +193,34 @@ class Simulation:
             trainer.outcomes[action.request] = isinstance(action, Resolve)
             if trainer.current is not None and trainer.current[1] == action.request:
                 self._settled(trainer, now)
+        elif isinstance(action, Connect):
+            worker = self.workers[action.member]
+            took = self.world.rtt_s if worker.state == "up" else self.world.loss_s
+            self._push(now + took, _HANDSHAKE, trainer, worker)
+        elif isinstance(action, Disconnect):
+            self._let_go(trainer, self.workers[action.member])
+
+    def _handshake(self, trainer: SimTrainer, worker: SimWorker, now: float) -> None:
+        """A Connect's outcome: `Joined` if the worker is up, else `Unreachable`."""
+        if worker.state != "up":
+            self._decide(trainer, Unreachable(worker.name, f"{worker.name} is {worker.state}"), now)
+            return
+        if worker.name not in trainer.connected:
+            trainer.connected.add(worker.name)
+            worker.connections += 1
+            self.connections_per_trainer_max = max(
+                self.connections_per_trainer_max, len(trainer.connected)
+            )
+            self.connections_per_worker_max = max(
+                self.connections_per_worker_max, worker.connections
+            )
+        self._decide(trainer, Joined(worker.name, self.world.limit), now)
+
+    def _let_go(self, trainer: SimTrainer, worker: SimWorker) -> None:
+        """`trainer` closes its connection to `worker` (disconnected, or the worker left)."""
+        if worker.name in trainer.connected:
+            trainer.connected.remove(worker.name)
+            worker.connections -= 1
 
     def _reply(self, job: Job, error: BaseException | None, now: float) -> None:
         trainer = self.trainers[job.trainer]
@@ -216,20 +255,17 @@ class Simulation:
             self._push(now + self.world.rtt_s / 2, _REPLY, job, None)
 
     def _new_worker(self, factor: float) -> SimWorker:
-        name = f"w{len(self._workers)}"
+        name = f"w{len(self.workers)}"
         worker = SimWorker(name, self.world, factor, self._rng)
-        self._workers[name] = worker
+        self.workers[name] = worker
         return worker
 
     def _fault(self, fault: Fault, now: float) -> None:
         if fault.kind == "add":
             for _ in range(int(fault.amount)):
-                worker = self._new_worker(1.0)
-                for trainer in self.trainers:
-                    self._decide(trainer, Joined(worker.name, self.world.limit), now)
-            self._count_connections()
+                self._list(self._new_worker(1.0), now)
             return
-        up = [worker for worker in self._workers.values() if worker.state == "up"]
+        up = [worker for worker in self.workers.values() if worker.state == "up"]
         for worker in self._rng.sample(up, min(round(fault.amount * len(up)), len(up))):
             if fault.kind == "slow":
                 worker.factor *= fault.factor
@@ -241,23 +277,20 @@ class Simulation:
                 for job in worker.fail_all():
                     self.lost += 1
                     self._push(now + self.world.loss_s, _REPLY, job, error)
-            else:
-                worker.state = "gone"
-                for trainer in self.trainers:
-                    self._decide(trainer, Left(worker.name), now)
-        self._count_connections()
+            else:  # remove, or rename: the same process listed under a new name
+                self._remove(worker, now)
+                if fault.kind == "rename":
+                    self._list(self._new_worker(worker.factor), now)
 
-    def _count_connections(self) -> None:
-        """Today every trainer connects to every member it was told of (no subsetting)."""
-        per_worker: dict[str, int] = {}
+    def _list(self, worker: SimWorker, now: float) -> None:
         for trainer in self.trainers:
-            members = trainer.policy.members
-            self.connections_per_trainer_max = max(self.connections_per_trainer_max, len(members))
-            for name in members:
-                per_worker[name] = per_worker.get(name, 0) + 1
-        self.connections_per_worker_max = max(
-            self.connections_per_worker_max, *per_worker.values(), 0
-        )
+            self._decide(trainer, Listed(worker.name), now)
+
+    def _remove(self, worker: SimWorker, now: float) -> None:
+        worker.state = "gone"
+        for trainer in self.trainers:
+            self._let_go(trainer, worker)
+            self._decide(trainer, Left(worker.name), now)
 
     # The training loop: `BatchIterator.__next__` and a training step per batch.
 
@@ -319,8 +352,14 @@ class Simulation:
         demand = [end / trainer.step_s for trainer in self.trainers]
         gaps = sorted(gap for trainer in self.trainers for gap in trainer.gaps)
         requests = sum(len(trainer.sent_requests) for trainer in self.trainers)
-        loads = [worker.requests for worker in self._workers.values()]
-        mean_load = sum(loads) / len(loads)
+        # Of the workers up from the start to the end: a killed or an added one serves less.
+        loads = [
+            worker.requests
+            for worker in itertools.islice(self.workers.values(), world.workers)
+            if worker.state == "up"
+        ]
+        mean_load = sum(loads) / len(loads) if loads else 0.0
+        connected = [trainer.policy.members for trainer in self.trainers]
         return {
             "workers": world.workers,
             "trainers": world.trainers,
@@ -344,9 +383,12 @@ class Simulation:
             "failed_batches": sum(t.failures for t in self.trainers),
             "lost_attempts": self.lost,
             "refusals": self.refusals,
-            "connections_cap": None,
+            "connections_cap": self.options.subset,
             "connections_per_trainer_max": self.connections_per_trainer_max,
             "connections_per_worker_max": self.connections_per_worker_max,
+            # At the end, from the policies' own members (the maxima above include start-up).
+            "connections_per_trainer_end_max": max(map(len, connected)),
+            "connections_per_worker_end_max": max(Counter(itertools.chain(*connected)).values()),
             "load_spread": max(loads) / mean_load if mean_load else None,
             "decisions": self.decisions,
             "ticks": self.ticks,

@@ -12,16 +12,17 @@ import random
 from collections import deque
 from typing import Literal
 
-FaultKind = Literal["kill", "hang", "slow", "add", "remove"]
-FAULT_KINDS: tuple[FaultKind, ...] = ("kill", "hang", "slow", "add", "remove")
+FaultKind = Literal["kill", "hang", "slow", "add", "remove", "rename"]
+FAULT_KINDS: tuple[FaultKind, ...] = ("kill", "hang", "slow", "add", "remove", "rename")
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Fault:
     """At `at` seconds: `kill` (its work fails as UNAVAILABLE once the lost connection is
     noticed; what is sent to it later is refused in a round trip), `hang` (never answers
-    again), `slow` (service x `factor`) or `remove` that share of the workers up then
-    (`amount` in (0, 1]); `add` `amount` new ones."""
+    again), `slow` (service x `factor`), `remove` or `rename` (a DNS change: removed, and
+    listed again under a new name) that share of the workers up then (`amount` in (0, 1]);
+    `add` `amount` new ones."""
 
     kind: FaultKind
     at: float
@@ -50,8 +51,9 @@ class World:
     each batch taking `service_s` (x a lognormal of `service_sigma` when > 0; a `stragglers`
     share of the workers `straggler_factor` x slower); `trainers` trainer hosts, each with a
     training step of `step_s` (spread uniformly by +-`step_spread` of it between trainers)
-    and `prefetch` batches ready; a network round trip of `rtt_s`; a lost connection noticed
-    after `loss_s`; each worker takes `limit` requests at once from one client."""
+    and `prefetch` batches ready; a network round trip of `rtt_s`; a lost connection, or a
+    connect to a worker that is not up, noticed after `loss_s`; each worker takes `limit`
+    requests at once from one client."""
 
     workers: int
     trainers: int
@@ -111,6 +113,7 @@ class SimWorker:
         self.limit = world.limit
         self.state: Literal["up", "dead", "hung", "gone"] = "up"
         self.requests = 0  # attempts taken in (refusals aside)
+        self.connections = 0  # trainers connected to it
         self._queue: deque[Job] = deque()
         self._running: dict[Job, None] = {}  # a dict: in the order they started
         self._held: dict[int, int] = {}  # trainer -> requests held (queued or loading)

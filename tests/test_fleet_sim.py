@@ -1,6 +1,7 @@
 """The fleet simulator (benchmarks/fleet_sim.py) drives the real placement policy: a small fleet
 keeps its trainers fed, a run is the same for a seed, a killed worker's requests are re-issued,
-stragglers cost hedges within the policy's share, and the CLI writes every key of its report."""
+stragglers cost hedges within the policy's share, each trainer connects to a subset of the fleet
+that follows membership changes, and the CLI writes every key of its report."""
 
 from __future__ import annotations
 
@@ -51,7 +52,7 @@ def test_a_small_fleet_with_uniform_service_delivers_the_demand() -> None:
     assert report["stall_fraction"] < 0.05, report
     assert report["failed_batches"] == 0
     assert report["p50_gap_s"] == pytest.approx(SMALL.step_s, rel=0.01)
-    # Today every trainer connects to every worker.
+    # A fleet narrower than the policy's first aperture is connected whole.
     assert report["connections_per_trainer_max"] == SMALL.workers
     assert report["connections_per_worker_max"] == SMALL.trainers
 
@@ -76,7 +77,8 @@ def test_a_run_is_the_same_for_a_seed_and_another_for_another_seed() -> None:
 def test_a_killed_worker_costs_a_bounded_gap_and_no_batch() -> None:
     # Without hedges, the killed worker's requests come back only as failures, once the lost
     # connection is noticed (0.5 s: longer than the trainers are ahead), and are re-issued.
-    killed = dataclasses.replace(SMALL, loss_s=0.5, faults=(Fault("kill", 10.0, 0.25),))
+    # (Killed between answers: at 10 s every worker is idle.)
+    killed = dataclasses.replace(SMALL, loss_s=0.5, faults=(Fault("kill", 10.005, 0.25),))
     report = Simulation(killed, FleetOptions(hedge_after=None)).run()
     assert report["lost_attempts"] > 0  # the seed kills a worker holding requests
     assert report["failed_batches"] == 0
@@ -89,6 +91,45 @@ def test_stragglers_cost_hedges_within_the_policys_share() -> None:
     report = run(dataclasses.replace(SMALL, stragglers=0.25, straggler_factor=10.0))
     assert 0 < report["extra_load"] <= EXTRA_SHARE + 0.02, report
     assert report["delivered_fraction"] >= 0.95, report
+
+
+def test_workers_dead_before_they_are_connected_are_unreachable_and_the_rest_serve() -> None:
+    # Killed before the first handshake: each Connect fails once the failure is noticed.
+    dead = dataclasses.replace(SMALL, faults=(Fault("kill", 0.0, 0.5),))
+    simulation = Simulation(dead)
+    report = simulation.run()
+    assert report["failed_batches"] == 0
+    assert report["delivered_fraction"] >= 0.95, report
+    down = {name for name, worker in simulation.workers.items() if worker.state == "dead"}
+    assert len(down) == 2
+    for trainer in simulation.trainers:
+        assert not down & set(trainer.policy.members)
+
+
+def test_trainers_connect_to_a_subset_that_follows_added_removed_and_renamed_workers() -> None:
+    # 64 workers, 4 trainers each capped at 12 connections; workers added, removed and renamed
+    # (a DNS change) on the way.
+    world = dataclasses.replace(
+        SMALL,
+        workers=64,
+        trainers=4,
+        seconds=12.0,
+        threads=2,
+        faults=(Fault("add", 3.0, 8), Fault("remove", 4.0, 0.1), Fault("rename", 5.0, 0.1)),
+    )
+    simulation = Simulation(world, FleetOptions(subset=12))
+    report = simulation.run()
+    assert report["failed_batches"] == 0
+    assert report["delivered_fraction"] >= 0.95, report
+    assert report["connections_cap"] == 12
+    assert report["connections_per_trainer_end_max"] <= 12
+    gone = {name for name, worker in simulation.workers.items() if worker.state == "gone"}
+    assert len(gone) == 7 + 6  # 10 % of 72 removed, then 10 % of the 65 left renamed
+    assert len(simulation.workers) == 72 + 6
+    for trainer in simulation.trainers:
+        members = set(trainer.policy.members)
+        assert members == trainer.connected  # the simulator counts what the policy holds
+        assert not members & gone
 
 
 def test_ticks_keep_their_pace_when_events_come_more_often_than_a_tick() -> None:
@@ -112,7 +153,7 @@ def test_the_cli_writes_every_key_and_prints_a_summary(tmp_path: Path) -> None:
     )
     report = json.loads(out.read_text())
     assert report.keys() >= KEYS
-    assert report["connections_cap"] is None
+    assert report["connections_cap"] == FleetOptions().subset
     assert result.stdout.startswith("4 workers x 2 trainers x 5 s: delivered ")
     refused = subprocess.run(
         [*command, *size, "--kill", "1.5", "--json", str(out)],
