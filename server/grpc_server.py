@@ -17,8 +17,9 @@ import dataclasses
 import functools
 import socket
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from concurrent import futures
+from concurrent.futures import Future, wait
 from typing import Any, NoReturn, TypeVar
 
 import grpc
@@ -44,7 +45,15 @@ from loadax.wire.failures import (
 )
 from loadax.wire.limits import GRPC_MIN_PING_INTERVAL_MS, MAX_BATCH_BYTES, MAX_REQUEST_BYTES
 from loadax.wire.messages import RequestMessage
-from loadax.wire.payloads import PAYLOAD_SERVICE, EncodedBatch, payload_reply, stream_messages
+from loadax.wire.payloads import (
+    HEARTBEAT,
+    HEARTBEAT_METADATA,
+    HEARTBEAT_MS_RANGE,
+    PAYLOAD_SERVICE,
+    EncodedBatch,
+    payload_reply,
+    stream_messages,
+)
 from loadax.wire.v1 import worker_pb2 as wire
 
 SERVICE = wire.DESCRIPTOR.services_by_name["Worker"].full_name
@@ -127,8 +136,9 @@ class GrpcServer:
                 ("grpc.max_concurrent_streams", max_concurrent_rpcs),
                 # Two workers must not silently share a port.
                 ("grpc.so_reuseport", 0),
-                # Accept the clients' keepalive pings, between calls too (they find a frozen
-                # worker with them); only pings faster than theirs are strikes.
+                # Accept older clients' keepalive pings, between calls too (they find a frozen
+                # worker with them); only pings faster than theirs are strikes. Clients that
+                # take heartbeats send none.
                 ("grpc.keepalive_permit_without_calls", 1),
                 # (GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS)
                 ("grpc.http2.min_ping_interval_without_data_ms", GRPC_MIN_PING_INTERVAL_MS),
@@ -287,10 +297,13 @@ class WorkerServicer:
             return payload_reply(batch.header, batch.frames)
 
     def stream_batch(self, request: wire.BatchRequest, context: Any) -> Iterator[bytes]:
-        """The raw stream's messages: the header, then the payload (`stream_messages`). gRPC
+        """The raw stream's messages: heartbeats while the batch is made if the client asks
+        (`HEARTBEAT_METADATA`), then the header and the payload (`stream_messages`). gRPC
         sends each before it asks for the next, and drops the rest when the call ends."""
         with self._held(context) as held:
-            batch = self._batch(request, context, held)
+            every = _heartbeat_interval(context)
+            make = functools.partial(self._batch, request, context, held)
+            batch = make() if every is None else (yield from _beating(make, every))
             yield from stream_messages(batch)
 
     def _batch(self, request: wire.BatchRequest, context: Any, held: Held) -> EncodedBatch:
@@ -323,6 +336,49 @@ class WorkerServicer:
             yield held
         finally:
             ledger.done(held)
+
+
+def _heartbeat_interval(context: Any) -> float | None:
+    """The seconds between the heartbeats the call's client asks for, if it does; a value that
+    is not a whole number of milliseconds in `HEARTBEAT_MS_RANGE` ends the call with
+    INVALID_ARGUMENT."""
+    for key, value in context.invocation_metadata() or ():
+        if key == HEARTBEAT_METADATA:
+            low, high = HEARTBEAT_MS_RANGE
+            if not (isinstance(value, str) and value.isdigit() and low <= int(value) <= high):
+                _abort(
+                    context,
+                    WorkerError(
+                        "INVALID_ARGUMENT",
+                        f"the metadata {HEARTBEAT_METADATA} must be a whole number of "
+                        f"milliseconds from {low} to {high}, not {shorten(str(value), 40)!r}",
+                    ),
+                )
+            return int(value) / 1000
+    return None
+
+
+def _beating(make: Callable[[], R], every: float) -> Generator[bytes, None, R]:
+    """What `make()` returns or raises, made on a thread of its own while this yields a
+    `HEARTBEAT` at once and then every `every` seconds. A call dropped meanwhile still waits
+    for `make()`, as its handler thread would have."""
+    made: Future[R] = Future()
+
+    def run() -> None:
+        try:
+            made.set_result(make())
+        except BaseException as error:  # context.abort's too: raised in the handler's thread
+            made.set_exception(error)
+
+    maker = threading.Thread(target=run, name="loadax-grpc-batch", daemon=True)
+    maker.start()
+    try:
+        yield HEARTBEAT
+        while wait([made], every).not_done:
+            yield HEARTBEAT
+    finally:
+        maker.join()
+    return made.result()
 
 
 def _method(

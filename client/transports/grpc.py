@@ -8,7 +8,8 @@ handed over as its header and payload frames, unverified.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Sequence
+import time
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
@@ -19,18 +20,22 @@ from google.protobuf.message import DecodeError
 from loadax.buffers import BufferPool
 from loadax.client.security import ClientSecurity
 from loadax.client.transports.reply import Buffer, Reply, bad_reply
+from loadax.client.transports.shared import Shared
+from loadax.client.transports.silence import Silence
 from loadax.errors import WorkerError
 from loadax.wire.credentials import bearer
 from loadax.wire.failures import ERROR_METADATA, error_from_reply
 from loadax.wire.limits import (
     DEFAULT_TIMEOUT_S,
     GRPC_CONNECT_TIMEOUT_MS,
-    GRPC_KEEPALIVE_MS,
-    GRPC_KEEPALIVE_TIMEOUT_MS,
+    GRPC_HEARTBEAT_MS,
     GRPC_RECONNECT_BACKOFF_MS,
+    GRPC_SILENCE_MS,
     MAX_BATCH_BYTES,
 )
 from loadax.wire.payloads import (
+    HEARTBEAT,
+    HEARTBEAT_METADATA,
     LOAD_BATCH_PAYLOAD,
     STREAM_BATCH,
     STREAM_FROM_BYTES,
@@ -42,37 +47,44 @@ from loadax.wire.payloads import (
 from loadax.wire.v1 import worker_pb2 as wire
 from loadax.wire.v1 import worker_pb2_grpc
 
-_READERS = 128
-"""Threads reading a `GrpcTransport`'s streams at most: a worker's default
-`max_concurrent_rpcs`, the calls one connection may have open."""
+_SILENCE = Silence(GRPC_SILENCE_MS / 1000)
+STREAM_FROM_S = 0.25
+"""A batch that took this long or longer is streamed, with heartbeats, whatever its size: its
+worker is found frozen within `GRPC_SILENCE_MS`. A faster one the placement policy gives up at
+8x the fleet's p95 latency, within 2 s too."""
+_READERS = 16
+"""Threads reading the calls of every `GrpcTransport` of the process, at most, so that a
+client's threads do not grow with its fleet. A call is read by a thread blocked on it from its
+request to its end; more calls than this wait in order for one, their messages held by gRPC
+(within each call's flow-control window) meanwhile."""
+_SHARED_READERS: Shared[ThreadPoolExecutor] = Shared(
+    lambda: ThreadPoolExecutor(_READERS, thread_name_prefix="loadax-grpc-reader"),
+    lambda readers: readers.shutdown(wait=False),
+)
 
 
 class GrpcTransport:
     """A worker reached over gRPC at "grpc://host:port"; over TLS when `security.ca_cert` is
     set, with `security.token` in every call's metadata.
 
-    A worker that dies or freezes fails its calls within about two seconds (keepalive pings),
-    and one that comes back is connected to again within about one (a bounded back-off).
+    A worker that dies fails its calls at once (its connection closes); one that freezes fails
+    its streamed calls within about two seconds (`GRPC_SILENCE_MS` without a heartbeat); one
+    that comes back is connected to again within about one (a bounded back-off). No keepalive
+    pings: through a proxy they reach only the proxy, and a default-configured gRPC server or
+    proxy answers them (more often than every 5 minutes without data) with GOAWAY.
 
-    A batch of `stream_from_bytes` or more is streamed and its large arrays received into
-    buffers of `buffers` (by default a pool of its own); a smaller one comes in one reply. The
-    first batch of a pipeline is streamed, and each next one as the last one's size says.
+    A batch of `stream_from_bytes` or more, or one that took `STREAM_FROM_S` or more, is
+    streamed and its large arrays received into buffers of `buffers` (by default a pool of its
+    own); a smaller, faster one comes in one reply. The first batch of a pipeline is streamed,
+    and each next one as the last one's size and time say.
     """
 
     LIVENESS: tuple[tuple[str, int], ...] = (
-        # Pings between calls too, and beyond gRPC's default of two per data frame sent: a
-        # frozen worker is found while its calls await replies, and before one is sent to it.
-        ("grpc.keepalive_time_ms", GRPC_KEEPALIVE_MS),
-        ("grpc.keepalive_timeout_ms", GRPC_KEEPALIVE_TIMEOUT_MS),
-        # In recent gRPC a ping's own timeout (60 s by default) also bounds a keepalive ping.
-        ("grpc.http2.ping_timeout_ms", GRPC_KEEPALIVE_TIMEOUT_MS),
-        ("grpc.keepalive_permit_without_calls", 1),
-        ("grpc.http2.max_pings_without_data", 0),
         ("grpc.initial_reconnect_backoff_ms", GRPC_RECONNECT_BACKOFF_MS[0]),
         ("grpc.max_reconnect_backoff_ms", GRPC_RECONNECT_BACKOFF_MS[1]),
         ("grpc.min_reconnect_backoff_ms", GRPC_CONNECT_TIMEOUT_MS),
     )
-    """The channel options that find a dead, frozen or restarted worker quickly."""
+    """The channel options that find a restarted worker quickly."""
 
     def __init__(
         self,
@@ -114,8 +126,17 @@ class GrpcTransport:
             if security.token is None
             else (("authorization", bearer(security.token).decode("ascii")),)
         )
+        self._stream_metadata = (
+            *(self._metadata or ()),
+            (HEARTBEAT_METADATA, str(GRPC_HEARTBEAT_MS)),
+        )
+        # Whether the worker sends heartbeats: a stream's silence fails it unless it is known
+        # not to (its first reply came without one: a worker from before them).
+        self._heartbeats: bool | None = None
         self._stub = worker_pb2_grpc.WorkerStub(self._channel)
-        self._load_payload = self._channel.unary_unary(
+        # Called as a stream of one reply, to be read like a stream: a unary call's future
+        # would be completed by a thread per channel (gRPC's), one per worker.
+        self._load_payload = self._channel.unary_stream(
             LOAD_BATCH_PAYLOAD, request_serializer=wire.BatchRequest.SerializeToString
         )
         self._stream_batch = self._channel.unary_stream(
@@ -124,9 +145,8 @@ class GrpcTransport:
         # By pipeline: whether its last batch was streamed (large), so its next one is too.
         self._streamed: dict[str, bool] = {}
         self._buffers = buffers or BufferPool()
-        # A stream is read by a thread of its own, blocked on its next message; threads are
-        # started as calls need them, up to as many as a worker lets one connection have open.
-        self._readers = ThreadPoolExecutor(_READERS, thread_name_prefix="loadax-grpc-reader")
+        self._readers = _SHARED_READERS.acquire()
+        self._closed = False
 
     @property
     def channel(self) -> grpc.Channel:
@@ -152,23 +172,25 @@ class GrpcTransport:
         streamed message, not reused while they (or anything made from them without a copy)
         are alive. Cancelling it cancels the call."""
         reply: Future[Reply] = Future()
+        sent = time.monotonic()
         # Fail fast on a lost connection: the request is sent elsewhere.
         if self._streamed.get(request.pipeline, True):
-            stream = self._stream_batch(request, wait_for_ready=False, metadata=self._metadata)
-            reply.add_done_callback(lambda future: future.cancelled() and stream.cancel())
-            read = functools.partial(read_stream, stream, self._buffers.take)
-            self._readers.submit(self._settle, request, reply, stream, read)
-        else:
-            call = self._load_payload.future(request, wait_for_ready=False, metadata=self._metadata)
-            reply.add_done_callback(lambda future: future.cancelled() and call.cancel())
-            call.add_done_callback(
-                lambda done: self._settle(request, reply, done, functools.partial(_reply, done))
+            stream = self._stream_batch(
+                request, wait_for_ready=False, metadata=self._stream_metadata
             )
+            read = functools.partial(read_stream, self._messages(stream), self._buffers.take)
+        else:
+            stream = self._load_payload(request, wait_for_ready=False, metadata=self._metadata)
+            read = functools.partial(_reply, stream)
+        reply.add_done_callback(lambda future: future.cancelled() and stream.cancel())
+        self._readers.submit(self._settle, request, reply, stream, read, sent)
         return reply
 
     def close(self) -> None:
         self._channel.close()  # ends every call, and so every reader
-        self._readers.shutdown(wait=False)
+        if not self._closed:
+            self._closed = True
+            _SHARED_READERS.release(self._readers)
 
     def _settle(
         self,
@@ -176,9 +198,10 @@ class GrpcTransport:
         reply: Future[Reply],
         call: grpc.Future,
         read: Callable[[], tuple[wire.BatchResponse, Sequence[Buffer]]],
+        sent: float,
     ) -> None:
-        """Finish `reply` with what `read()` receives of `call`, the answer to `request`, unless
-        it was cancelled."""
+        """Finish `reply` with what `read()` receives of `call`, the answer to `request` sent at
+        `sent` (`time.monotonic()`), unless it was cancelled."""
         try:
             header, payload = read()
         except grpc.FutureCancelledError:  # the reply was cancelled, or the channel closed
@@ -188,16 +211,39 @@ class GrpcTransport:
             outcome: Exception = _worker_error(error)
         except MalformedReply as error:
             outcome = bad_reply(self.name, request, str(error))
+        except WorkerError as error:  # the worker went silent
+            outcome = error
         except Exception as error:  # a bug: raised as it is, not taken for a hang
             outcome = error
         else:
-            self._streamed[request.pipeline] = header.payload_size >= self._stream_from_bytes
+            self._streamed[request.pipeline] = (
+                header.payload_size >= self._stream_from_bytes
+                or time.monotonic() - sent >= STREAM_FROM_S
+            )
             if reply.set_running_or_notify_cancel():
                 reply.set_result(Reply(header, payload))
             return
         call.cancel()  # nothing more of it is read (nothing happens if it is over)
         if reply.set_running_or_notify_cancel():
             reply.set_exception(outcome)
+
+    def _messages(self, stream: Any) -> Iterator[bytes]:
+        """The messages of `stream` without its heartbeats; a wait for one longer than
+        `GRPC_SILENCE_MS` fails with UNAVAILABLE, unless the worker sends no heartbeats."""
+        beating = True
+        while True:
+            if self._heartbeats is False:
+                message = next(stream, None)
+            else:
+                with _SILENCE.waiting(stream, self.name):
+                    message = next(stream, None)
+            if message is None:
+                return
+            if beating:
+                beating = self._heartbeats = message == HEARTBEAT
+                if beating:
+                    continue
+            yield message
 
     def _call(self, method: Any, request: Any, timeout: float) -> Any:
         """A unary call that waits for a connection, up to `timeout`; errors as `WorkerError`."""
@@ -207,9 +253,12 @@ class GrpcTransport:
             raise _worker_error(error) from None
 
 
-def _reply(call: grpc.Future) -> tuple[wire.BatchResponse, list[Buffer]]:
-    """The header and the payload of the finished `LOAD_BATCH_PAYLOAD` call `call`."""
-    header, payload = parse_payload_reply(call.result())
+def _reply(call: Iterator[bytes]) -> tuple[wire.BatchResponse, list[Buffer]]:
+    """The header and the payload of the `LOAD_BATCH_PAYLOAD` call `call`, once it ends."""
+    replies = list(call)
+    if len(replies) != 1:
+        raise MalformedReply(f"LoadBatchPayload answered {len(replies)} messages, not one")
+    header, payload = parse_payload_reply(replies[0])
     return header, [payload]
 
 

@@ -30,15 +30,20 @@ ZMQ_HEARTBEAT_TIMEOUT_MS = 2_000
 """Silence (after a ping) that drops a ZeroMQ connection and fails the requests on it: four
 heartbeats. A reply frame still arriving counts as silence: one frame must cross in this time
 (250 MB at 1 Gbit/s)."""
-GRPC_KEEPALIVE_MS = 1_000
-"""How often a gRPC client pings each worker's connection, with calls in flight or not: how
-long a frozen worker goes unsuspected."""
-GRPC_KEEPALIVE_TIMEOUT_MS = 1_000
-"""How long a ping may go unanswered before the connection and its calls fail with UNAVAILABLE;
-gRPC acknowledges pings in its own threads, between the frames of any large reply."""
-GRPC_MIN_PING_INTERVAL_MS = GRPC_KEEPALIVE_MS // 2
-"""The most often a worker accepts pings without data: below the clients' interval, so that
-their keepalive is never a strike, and pings faster than this still are."""
+GRPC_HEARTBEAT_MS = 500
+"""How often a worker sends a heartbeat (an empty message) on a streamed batch call whose client
+asks for them, from the call's start until the batch's header. Heartbeats are data: a proxy
+forwards them from the worker itself, and they reset any gRPC server's ping limits, where
+keepalive pings reach only the nearest proxy, and one configured as gRPC's default server counts
+pings more often than every 5 minutes without data as strikes (2 strikes: GOAWAY
+`too_many_pings`, every call on the connection failed)."""
+GRPC_SILENCE_MS = 2_000
+"""How long a client waits for the next message of a streamed call from a worker that heartbeats
+before it fails the call with UNAVAILABLE: four heartbeats. A payload message still arriving
+counts as silence: one must cross in this time (512 KiB: 2 Mbit/s)."""
+GRPC_MIN_PING_INTERVAL_MS = 500
+"""The most often a worker accepts pings without data: older clients, without heartbeats, ping
+every second, between calls too, to find a frozen worker; pings faster than this are strikes."""
 GRPC_CONNECT_TIMEOUT_MS = 1_000
 """How long one connection attempt may take (gRPC's `min_reconnect_backoff_ms`): a worker
 frozen mid-handshake is given up in this time, not gRPC's 20 s, so that calls do not wait on it."""

@@ -11,6 +11,10 @@ schema's `Worker.LoadBatch` stays, for standard gRPC tools):
 - `STREAM_BATCH`, server streaming: the header, then the payload in messages of at most
   `CHUNK_BYTES` (`stream_messages`, read back by `read_stream`), which neither end joins: only an
   array larger than a message is put together again, in a buffer the client reuses.
+  A client that sends the metadata `HEARTBEAT_METADATA` ("loadax-heartbeat-ms": N) gets
+  heartbeats before the header: an empty message (`HEARTBEAT`) at once, then one every N ms
+  while the batch is made, which it drops. A worker without heartbeats ignores the metadata
+  (its client then sees none, and tells no silence); a client that does not ask gets none.
 
 A client streams a batch of `STREAM_FROM_BYTES` or more, and asks for a smaller one in one reply.
 The header (a `BatchResponse` without its payload) names what the batch was made for and carries
@@ -34,6 +38,10 @@ from loadax.wire.v1 import worker_pb2 as wire
 PAYLOAD_SERVICE = "loadax.wire.v1.Payloads"
 LOAD_BATCH_PAYLOAD = f"/{PAYLOAD_SERVICE}/LoadBatch"
 STREAM_BATCH = f"/{PAYLOAD_SERVICE}/StreamBatch"
+HEARTBEAT_METADATA = "loadax-heartbeat-ms"
+HEARTBEAT = b""
+HEARTBEAT_MS_RANGE = (10, 60_000)
+"""The heartbeat intervals a worker sends (milliseconds); it refuses others INVALID_ARGUMENT."""
 STREAM_FROM_BYTES = 8 << 20
 """The batch size from which a client streams. A reply of a whole batch is held twice while it is
 received: by gRPC core as it arrives, and by grpcio's fresh `bytes` of the whole message. Both come
