@@ -18,28 +18,33 @@ import queue
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import CancelledError, Future
+from concurrent.futures import CancelledError, Future, ThreadPoolExecutor
 from typing import Any
 
 from loadax.client.fleet_events import (
     Action,
     Answered,
     Cancel,
+    Connect,
+    Disconnect,
     Event,
     Fail,
     Failed,
     Joined,
     Left,
+    Listed,
     Note,
     Resolve,
     Send,
     Submit,
     Tick,
+    Unreachable,
     Withdraw,
 )
 from loadax.client.fleet_options import FleetOptions
 from loadax.client.member import Member
 from loadax.client.policy import Policy
+from loadax.client.subset import Seat
 from loadax.client.transports import Reply
 from loadax.errors import WorkerError
 from loadax.iterators.stats import WorkerStats
@@ -52,6 +57,7 @@ Recorded = tuple[float, Event, list[Action]]
 """One step of a recorded run: when, the event, and the actions the policy decided."""
 
 _STOP = object()
+_CONNECTORS = 2  # threads that connect listed members (they wait for handshakes)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -71,12 +77,24 @@ class _Submitted:
 
 
 class Driver:
-    """Runs `Policy(options)` on a thread of its own; `close()` stops it and closes every
-    member. With `record` a list, each step (time, event, actions) is appended to it."""
+    """Runs `Policy(options, seat)` on a thread of its own; `close()` stops it and closes every
+    member. `connect(name)` connects a listed member (the member, or an error saying why not),
+    on a thread of its own. With `record` a list, each step (time, event, actions) is appended
+    to it."""
 
-    def __init__(self, options: FleetOptions, *, record: list[Recorded] | None = None) -> None:
+    def __init__(
+        self,
+        options: FleetOptions,
+        *,
+        seat: Seat | None = None,
+        connect: Callable[[str], Member] | None = None,
+        record: list[Recorded] | None = None,
+    ) -> None:
         self.options = options
-        self._policy = Policy(options)
+        self._policy = Policy(options, seat)
+        self._connect = connect
+        self._connectors: ThreadPoolExecutor | None = None  # made at the first Connect
+        self._closed = False
         self._record = record
         self._events: queue.SimpleQueue[Any] = queue.SimpleQueue()
         # Guards the policy for the readers on other threads (members, depth, stats).
@@ -113,6 +131,13 @@ class Driver:
         """Stop using member `name`; what it held is re-issued to the others."""
         self._change(Left(name))
 
+    def list(self, name: str) -> None:
+        """Member `name` is in the fleet: the policy connects it when its aperture reaches it
+        (through `connect`)."""
+        if self._connect is None:
+            raise ValueError("this driver cannot connect members: it was made without connect")
+        self._events.put(Listed(name))
+
     def _change(self, item: Member | Left) -> None:
         applied = threading.Event()
         self._events.put(_Change(item, applied))
@@ -122,8 +147,15 @@ class Driver:
 
     @property
     def members(self) -> list[str]:
+        """The members connected."""
         with self._lock:
             return self._policy.members
+
+    @property
+    def known(self) -> list[str]:
+        """Every member, connected or listed."""
+        with self._lock:
+            return self._policy.known
 
     def depth(self) -> int:
         with self._lock:
@@ -226,6 +258,27 @@ class Driver:
                 batch.set_exception(action.error)
         elif isinstance(action, Note):
             _log.log(action.level, "%s", action.message, extra=dict(action.facts))
+        elif isinstance(action, Connect):
+            if self._connectors is None:
+                self._connectors = ThreadPoolExecutor(
+                    _CONNECTORS, thread_name_prefix="loadax-connect"
+                )
+            self._connectors.submit(self._connect_member, action.member)
+        elif isinstance(action, Disconnect):
+            self._members.pop(action.member).transport.close()
+
+    def _connect_member(self, name: str) -> None:
+        """On a connecting thread: `name` connected and joined, or Unreachable."""
+        assert self._connect is not None
+        try:
+            member = self._connect(name)
+        except Exception as error:
+            self._events.put(Unreachable(name, str(error)))
+            return
+        if self._closed:
+            member.transport.close()
+        else:
+            self._events.put(_Change(member, threading.Event()))
 
     def _send(self, action: Send) -> None:
         member = self._members[action.member]
@@ -262,6 +315,9 @@ class Driver:
             self._events.put(Withdraw(request))
 
     def _shut_down(self) -> None:
+        self._closed = True
+        if self._connectors is not None:
+            self._connectors.shutdown(wait=False, cancel_futures=True)
         for attempt in self._attempts.values():
             attempt.cancel()
         for _, batch in self._requests.values():

@@ -1,4 +1,5 @@
-"""One pipeline identity per job: the JAX processes that share a loader's mesh agree on the
+"""The loaders of one job's JAX processes: seated evenly on the ring of workers (`job_seat`), and
+bound to one pipeline identity: the JAX processes that share a loader's mesh agree on the
 identity their loaders bound to before the first batch, so that one global batch never holds
 rows of two versions of the pipeline's code.
 
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import collections
 import json
+import uuid
 from collections.abc import Sequence
 
 import jax
@@ -19,6 +21,7 @@ from jax._src import distributed  # the key-value store `jax.distributed.initial
 from jax.sharding import Mesh
 
 from loadax.client.member import Identity
+from loadax.client.subset import Seat
 
 _KEY_PREFIX = "loadax/identity"
 _built: collections.Counter[str] = collections.Counter()  # loaders agreed on, per pipeline
@@ -29,6 +32,17 @@ def mesh_processes(mesh: Mesh | None) -> list[int]:
     if mesh is None:
         return []
     return sorted({int(device.process_index) for device in mesh.devices.flat})
+
+
+def job_seat(pipeline: str, processes: Sequence[int]) -> Seat:
+    """Where this process's loader of `pipeline` sits on the ring of workers: one of the
+    `processes` of a mesh, seated evenly with the others of its job (turned by the job's
+    coordinator address, so that jobs are not seated alike); alone, anywhere."""
+    coordinator = distributed.global_state.coordinator_address
+    this = jax.process_index()
+    if len(processes) < 2 or coordinator is None or this not in processes:
+        return Seat.of(0, 1, uuid.uuid4().hex)
+    return Seat.of(list(processes).index(this), len(processes), f"{pipeline}@{coordinator}")
 
 
 def agree(

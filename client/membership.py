@@ -3,7 +3,10 @@ up again over time), what each answered the handshake, the members joined to the
 those left out for what they answered.
 
 At start-up every target is asked on a thread of its own (a host name: each address it lists,
-looked up until it resolves or the start-up timeout passes). `bind()` returns once every target
+looked up until it resolves or the start-up timeout passes); of more addresses than `subset`
+(the literal ones, or those of one name), only the client's arc of them (`loadax.client.subset`)
+is asked, and the others are listed to the driver, whose policy connects them as its aperture
+reaches them (`connect_member`). `bind()` returns once every target
 has answered, or once `min_workers` agree and the others have had `GRACE` seconds more; it fails
 at the start-up timeout naming each target and what it said, or sooner, once every target's
 failure has been final (refused, a name that does not exist, another protocol) for
@@ -23,6 +26,7 @@ from loadax.client.driver import Driver
 from loadax.client.identity import agreeing, choose, require
 from loadax.client.member import LEAVES_OUT, Identity, Member, ask
 from loadax.client.names import Resolver, host_is_name, listed_addresses
+from loadax.client.subset import Seat, aperture
 from loadax.client.transports import TargetSpec, Transport
 from loadax.client.transports.diagnosis import Diagnosis
 from loadax.errors import WorkerError
@@ -74,7 +78,10 @@ class Membership:
         timeout: float,
         give_up_after: float | None = None,
         diagnose: Diagnose = lambda address: None,
+        seat: Seat | None = None,
+        subset: int = 64,
     ) -> None:
+        self._seat, self._subset = seat or Seat(), subset
         self._give_up_after = give_up_after
         self._pipeline, self._handshake, self._connect = pipeline, handshake, connect
         self._diagnose = diagnose
@@ -93,12 +100,14 @@ class Membership:
         self._from_names: set[str] = set()  # ... of which members
         self._refused: set[str] = set()  # ... left out, asked again at each refresh
         self._left_out: dict[str, str] = {}
+        literal = [spec for spec in specs if isinstance(spec, str) and not host_is_name(spec)]
+        self._standby = self._beyond_arc(literal)  # not asked at start-up, listed once bound
         started: list[tuple[Callable[..., None], tuple[object, ...]]] = []
         try:
             for index, spec in enumerate(specs):
                 if host_is_name(spec):
                     started.append((self._look_up, (self._list((index, 0), spec), spec)))
-                else:
+                elif spec not in self._standby:
                     transport = connect(spec)
                     self._transports.append(transport)
                     listed = self._list((index, 0), transport.name)
@@ -145,7 +154,7 @@ class Membership:
             if choice is not None:
                 self._driver, self._identity = driver, choice.identity
                 self._request = self._handshake(choice.identity.num_records)
-                chosen = {member.name for member in choice.chosen}
+                chosen = {member.name for member in choice.chosen} | set(self._standby)
                 self._from_names = self._named & chosen
                 self._refused = self._named - chosen
                 for member in choice.left_out:
@@ -166,7 +175,31 @@ class Membership:
                 continue
             joined.add(member.name)
             driver.join(member)
+        with self._condition:
+            standby, self._standby = self._standby, []
+        for name in standby:
+            driver.list(name)
         return choice.identity
+
+    def connect_member(self, name: str) -> Member:
+        """Listed member `name` connected, if it serves the loader's identity (else a
+        ValueError, and it is named among those left out); the driver's `connect`."""
+        assert self._identity is not None
+        transport = self._connect(name)
+        try:
+            member = ask(transport, self._request, _ATTEMPT_S)
+            require(member, self._identity, self._pipeline)
+        except ValueError as error:
+            transport.close()
+            with self._condition:
+                self._leave_out(name, str(error))
+            raise
+        except BaseException:
+            transport.close()
+            raise
+        with self._condition:
+            self._left_out.pop(name, None)
+        return member
 
     def add(self, spec: TargetSpec) -> None:
         """Use another worker, after checking it serves the loader's identity: a ValueError
@@ -305,8 +338,17 @@ class Membership:
                 self._note(listed, f"the name does not resolve: {error}", final=True)
                 if time.monotonic() >= self._deadline or self._sleep(_RETRY_EVERY):
                     return  # a refresh looks it up again later
+        beyond = self._beyond_arc(addresses)
+        with self._condition:
+            driver = self._driver
+            if driver is None:
+                self._standby += beyond
+        for address in beyond if driver is not None else ():
+            driver.list(address)
         asked: list[tuple[_Listed, Transport]] = []
         for position, address in enumerate(addresses):
+            if address in beyond:
+                continue
             try:
                 transport = self._connect(address)
             except ValueError as error:
@@ -351,6 +393,12 @@ class Membership:
             if bound:
                 self._arrived(member)
             return
+
+    def _beyond_arc(self, addresses: Sequence[str]) -> list[str]:
+        """Of `addresses`, those beyond the client's arc of `subset` of them: not asked."""
+        ring = sorted(set(addresses))
+        arc = aperture(ring, self._seat, self._subset, lambda address: True, self._subset)
+        return [address for address in ring if address not in arc]
 
     def _note(self, listed: _Listed, said: str, settled: bool = False, final: bool = False) -> None:
         with self._condition:

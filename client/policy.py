@@ -180,6 +180,11 @@ class Policy:
         return list(self._members)
 
     @property
+    def known(self) -> list[str]:
+        """Every member, connected or listed."""
+        return list(self._ring)
+
+    @property
     def aperture(self) -> dict[str, float]:
         """The members requests go to, each with its share of the arc (see the module)."""
         return dict(self._active)
