@@ -60,21 +60,20 @@ class Silence:
         while True:
             with self._changed:
                 now = time.monotonic()
-                silent = [
-                    call
+                watched = [
+                    (call, since)
                     for call, since in self._waiting.items()
-                    if now - since >= self._limit_s and call not in self._silenced
+                    if call not in self._silenced
                 ]
+                silent = [call for call, since in watched if now - since >= self._limit_s]
                 self._silenced.update(silent)
                 if self._waiting:
                     idle_since = now
                 elif now - idle_since >= self._limit_s:
                     self._watching = False
                     return
-                oldest = min(
-                    (since for call, since in self._waiting.items() if call not in self._silenced),
-                    default=now,
-                )
-                self._changed.wait(oldest + self._limit_s - now)
+                if not silent:
+                    oldest = min((since for _, since in watched), default=now)
+                    self._changed.wait(oldest + self._limit_s - now)
             for call in silent:
                 call.cancel()  # outside the lock: it runs the call's callbacks
