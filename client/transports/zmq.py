@@ -1,8 +1,9 @@
 """The ZeroMQ transport: `ZmqTransport`, a DEALER socket to one worker.
 
-Framing is `loadax.wire.zmq_frames`. One I/O thread owns the DEALER socket; callers hand it
-requests through a queue and wake it over an inproc PUSH/PULL pair. It receives a batch's
-payload frames into one buffer of a `BufferPool`, reused once nothing made from it is alive.
+Framing is `loadax.wire.zmq_frames`. The process's I/O thread (`zmq_io`) serves the DEALER
+sockets of every transport; callers hand it requests through a queue and wake it. It receives a
+batch's payload frames into one buffer of a `BufferPool`, reused once nothing made from it is
+alive.
 """
 
 from __future__ import annotations
@@ -21,8 +22,9 @@ import zmq
 
 from loadax.buffers import BufferPool
 from loadax.client.security import ClientSecurity
+from loadax.client.transports import zmq_io
 from loadax.client.transports.reply import Reply
-from loadax.client.transports.zmq_connection import ConnectionMonitor, connect_dealer
+from loadax.client.transports.zmq_connection import Connection, connect_dealer
 from loadax.client.transports.zmq_receive import ReplyReader
 from loadax.errors import WorkerError
 from loadax.wire import zmq_frames
@@ -36,11 +38,7 @@ from loadax.wire.v1 import worker_pb2 as wire
 
 log = logging.getLogger(__name__)
 
-_BURST = 256  # replies taken per poll, so that submissions are not starved
-# Requests waiting for a connection are sent when its handshake succeeds; this is a fallback
-# should a send still find no connection then.
-_HELD_RETRY_MS = 100
-_WAKE = "inproc://loadax-zmq-wake"
+_BURST = 256  # replies taken per turn, so that other workers and submissions are not starved
 
 T = TypeVar("T")
 Frames = Sequence[bytes | memoryview]
@@ -68,9 +66,12 @@ class ZmqTransport:
     connection up to its timeout instead, and so does every request until the first connection.
 
     With `security.curve_server_key` the connection is CURVE-encrypted, and `security.token`
-    goes with every request. A worker that refuses the security handshake (a CURVE key it does
-    not allow, or CURVE on one side only) fails every request with UNAUTHENTICATED, for good:
-    ZeroMQ does not retry such a connection.
+    goes with every request. A worker that refuses the security handshake of the first
+    connection (a CURVE key it does not allow, or CURVE on one side only) fails every request
+    with UNAUTHENTICATED, for good: ZeroMQ does not retry such a connection.
+
+    A transport costs two file descriptors (the socket's and its connection's) and no thread:
+    the process's ZeroMQ context and I/O thread serve them all, and end with the last closed.
 
     A batch's payload is received into a buffer of `buffers` (by default a pool of its own),
     and a reply whose payload is larger than `max_reply_bytes` (by default `MAX_BATCH_BYTES`) is
@@ -89,46 +90,43 @@ class ZmqTransport:
         self.name = address
         security = security or ClientSecurity()
         self._token = security.token
-        self._context: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+        self._io = zmq_io.SHARED.acquire()
         try:
-            self._dealer, self._monitor = connect_dealer(
-                self._context, address, security, max_reply_bytes
+            self._dealer, monitor = connect_dealer(
+                self._io.context, address, security, max_reply_bytes
             )
         except ValueError:
-            self._context.term()
+            zmq_io.SHARED.release(self._io)
             raise
+        # Watched for a refused security handshake until the first connection is up.
+        self._monitor: zmq.Socket[bytes] | None = monitor
         self._reader = ReplyReader(
             self._dealer,
             address,
             buffers or BufferPool(),
             MAX_BATCH_BYTES if max_reply_bytes is None else max_reply_bytes,
         )
-        self._wake_in = self._context.socket(zmq.PULL)
-        self._wake_in.setsockopt(zmq.LINGER, 0)
-        self._wake_in.setsockopt(zmq.RCVHWM, 0)
-        self._wake_in.bind(_WAKE)
-        self._wake_out = self._context.socket(zmq.PUSH)
-        self._wake_out.setsockopt(zmq.LINGER, 0)
-        self._wake_out.setsockopt(zmq.SNDHWM, 0)
-        self._wake_out.connect(_WAKE)
-        # `_lock` guards `_pending`, `_closed`, `_refused` and `_wake_out`, which any thread uses.
+        # `_lock` guards `_pending`, `_closed` and `_refused`, which any thread uses, and orders
+        # every wake-up of the I/O thread before the transport lets go of it.
         self._lock = threading.Lock()
         self._pending: dict[int, _Pending[Any]] = {}
         self._closed = False
         self._refused: WorkerError | None = None
-        # Owned by the I/O thread: the connection as its events tell it; the requests sent and
-        # neither answered nor cancelled yet; patient requests that found no connection, in
-        # order.
-        self._connection = ConnectionMonitor(address, security.curve_server_key is not None)
+        # Owned by the I/O thread: the connection; the requests sent and neither answered nor
+        # cancelled yet; patient requests that found no connection, in order; whether the
+        # sockets are watched.
+        self._connection = Connection(address, security.curve_server_key is not None)
         self._sent: set[int] = set()
         self._held: collections.deque[tuple[int, list[bytes]]] = collections.deque()
+        self._watched = False
+        # Set once the I/O thread has closed the sockets.
+        self._sockets_closed = threading.Event()
         # Requests to send, cancels of requests (their ids), and None: stop.
         self._outbox: queue.SimpleQueue[tuple[int, list[bytes]] | _Cancel | None] = (
             queue.SimpleQueue()
         )
         self._ids = itertools.count(1)
-        self._thread = threading.Thread(target=self._serve, name="loadax-zmq-client", daemon=True)
-        self._thread.start()
+        self._io.wake(self)
 
     def handshake(
         self, request: wire.HandshakeRequest, timeout: float = DEFAULT_TIMEOUT_S
@@ -153,10 +151,11 @@ class ZmqTransport:
         return self._submit(request, _batch_reply, patient=False, batch=True)
 
     def close(self) -> None:
-        """Fail pending requests with UNAVAILABLE and stop the I/O thread."""
+        """Fail pending requests with UNAVAILABLE and close the sockets (waiting for the I/O
+        thread to, unless called on it)."""
         self._shut_down()
-        if threading.current_thread() is not self._thread:
-            self._thread.join()
+        if not self._io.on_thread():
+            self._sockets_closed.wait()
 
     def __enter__(self) -> ZmqTransport:
         return self
@@ -194,7 +193,7 @@ class ZmqTransport:
                 return future
             self._pending[request_id] = _Pending(future, complete, patient, batch)
             self._outbox.put((request_id, frames))
-            self._wake_out.send(b"")
+            self._io.wake(self)
 
         def forget(done: Future[T]) -> None:
             """A request cancelled before its answer is forgotten, and the worker told."""
@@ -203,7 +202,7 @@ class ZmqTransport:
             with self._lock:
                 if self._pending.pop(request_id, None) is not None and not self._closed:
                     self._outbox.put(_Cancel(request_id))
-                    self._wake_out.send(b"")
+                    self._io.wake(self)
 
         future.add_done_callback(forget)
         return future
@@ -216,39 +215,35 @@ class ZmqTransport:
             self._closed = True
             pending, self._pending = list(self._pending.values()), {}
             self._outbox.put(None)
-            self._wake_out.send(b"")
+            self._io.wake(self)
         for entry in pending:
             _fail(entry.future, WorkerError("UNAVAILABLE", f"{self.name} was closed"))
 
-    def _serve(self) -> None:
-        poller = zmq.Poller()
-        poller.register(self._dealer, zmq.POLLIN)
-        poller.register(self._wake_in, zmq.POLLIN)
-        poller.register(self._monitor, zmq.POLLIN)
+    def serve(self) -> bool:
+        """Serve the worker's sockets, on the I/O thread: send what callers submitted, take the
+        connection's news and read replies; whether replies are left for another turn."""
+        if self._sockets_closed.is_set():
+            return False
         try:
-            while True:
-                ready = dict(poller.poll(_HELD_RETRY_MS if self._held else None))
-                if self._wake_in in ready and not self._send_submitted():
-                    return
-                if self._dealer in ready:
-                    self._receive_replies()
-                if self._monitor in ready:
-                    self._on_monitor_events()
-                if self._held:
-                    self._send_held()
+            if not self._watched:
+                self._watched = True
+                self._io.watch(self._dealer, self)
+                if self._monitor is not None:
+                    self._io.watch(self._monitor, self)
+            if not self._send_submitted():
+                self._close_sockets()
+                return False
+            if self._monitor is not None:
+                self._on_monitor_events(self._monitor)
+            return self._on_socket_events()
         except Exception:
-            log.exception("the ZeroMQ I/O thread of %s failed", self.name)
-        finally:
+            log.exception("the ZeroMQ I/O of %s failed", self.name)
             self._shut_down()
             self._close_sockets()
+            return False
 
     def _send_submitted(self) -> bool:
-        """Send what callers submitted; False once close() asked the thread to stop."""
-        while True:
-            try:
-                self._wake_in.recv(zmq.NOBLOCK)
-            except zmq.Again:
-                break
+        """Send what callers submitted; False once close() asked to close the sockets."""
         # Every submission is queued before its wake-up is sent, so none is missed here.
         while True:
             try:
@@ -268,7 +263,7 @@ class ZmqTransport:
                 self._dealer.send_multipart(frames, zmq.NOBLOCK)
             except zmq.Again:
                 # With IMMEDIATE a DEALER refuses to queue when it has no connection (none yet,
-                # one just dropped, or a peer frozen mid-handshake) or its queue is full.
+                # one just dropped, or a peer frozen mid-handshake).
                 self._unsent(request_id, frames)
             else:
                 self._sent.add(request_id)
@@ -298,9 +293,7 @@ class ZmqTransport:
         if entry.patient or not self._connection.connected_once:
             self._held.append((request_id, frames))
             return
-        self._fail_request(
-            request_id, f"{self.name} is not reachable: no connection, or too many requests queued"
-        )
+        self._fail_request(request_id, f"{self.name} is not reachable: no connection")
 
     def _send_held(self) -> None:
         """Send the requests waiting for a connection, in order, while one takes them."""
@@ -316,12 +309,28 @@ class ZmqTransport:
                 self._sent.add(request_id)
             self._held.popleft()
 
-    def _receive_replies(self) -> None:
+    def _on_socket_events(self) -> bool:
+        """Follow the DEALER's events (`zmq.EVENTS`, read last: the descriptor the I/O thread
+        waits on signals only news) until it has none: whether replies are left to read."""
+        while True:
+            events = int(self._dealer.getsockopt(zmq.EVENTS))
+            if self._connection.update(bool(events & zmq.POLLOUT)):
+                if self._connection.up:
+                    self._on_connected()
+                else:
+                    self._on_lost()
+            elif not events & zmq.POLLIN:
+                return False
+            elif not self._receive_replies():
+                return True
+
+    def _receive_replies(self) -> bool:
+        """Read the replies waiting, up to `_BURST`: whether all were read."""
         for _ in range(_BURST):
             try:
                 first = self._dealer.recv(zmq.NOBLOCK)
             except zmq.Again:
-                return
+                return True
             # The rest of a message is there as soon as its first frame is (ZeroMQ delivers
             # whole messages), and must be read before the next message, whatever happens.
             try:
@@ -346,23 +355,32 @@ class ZmqTransport:
             else:
                 if entry.future.set_running_or_notify_cancel():
                     entry.future.set_result(result)
+        return False
 
-    def _on_monitor_events(self) -> None:
-        refused, lost = self._connection.read(self._monitor)
-        if refused is not None:
-            # ZeroMQ gives up on the connection: nothing pending will ever be sent.
-            log.error("%s", refused)
-            self._held.clear()
-            self._sent.clear()
-            with self._lock:
-                self._refused = refused
-                pending, self._pending = list(self._pending.values()), {}
-            for entry in pending:
-                _fail(entry.future, refused)
+    def _on_monitor_events(self, monitor: zmq.Socket[bytes]) -> None:
+        refused = self._connection.refusal(monitor)
+        if refused is None:
             return
-        if not lost:
-            return
-        # Requests not sent yet (submitted, or held for a connection) wait for the next one.
+        # ZeroMQ gives up on the connection: nothing pending will ever be sent.
+        log.error("%s", refused)
+        self._held.clear()
+        self._sent.clear()
+        with self._lock:
+            self._refused = refused
+            pending, self._pending = list(self._pending.values()), {}
+        for entry in pending:
+            _fail(entry.future, refused)
+
+    def _on_connected(self) -> None:
+        """A connection is up: send the requests held for one. Its security handshake passed,
+        which the monitor was for: it goes (its two file descriptors with it)."""
+        if self._monitor is not None:
+            self._close_monitor(self._monitor)
+        self._send_held()
+
+    def _on_lost(self) -> None:
+        """The connection is down: the requests it carried are lost, failed to be retried.
+        Those not sent yet (submitted, or held for a connection) wait for the next one."""
         lost_ids, self._sent = self._sent, set()
         with self._lock:
             pending = [self._pending.pop(key) for key in lost_ids if key in self._pending]
@@ -377,15 +395,23 @@ class ZmqTransport:
         if entry is not None:
             _fail(entry.future, WorkerError("UNAVAILABLE", message))
 
-    def _close_sockets(self) -> None:
-        # The lock orders this after any caller's last use of the wake-up socket.
-        with self._lock:
-            self._wake_out.close(linger=0)
-        self._wake_in.close(linger=0)
+    def _close_monitor(self, monitor: zmq.Socket[bytes]) -> None:
+        if self._watched:
+            self._io.unwatch(monitor)
         self._dealer.disable_monitor()
-        self._monitor.close(linger=0)
+        monitor.close(linger=0)
+        self._monitor = None
+
+    def _close_sockets(self) -> None:
+        """Close the sockets and let go of the I/O thread, once closed (see `_shut_down`): no
+        caller wakes it for this transport any more."""
+        if self._monitor is not None:
+            self._close_monitor(self._monitor)
+        if self._watched:
+            self._io.unwatch(self._dealer)
         self._dealer.close(linger=0)
-        self._context.term()
+        self._sockets_closed.set()
+        zmq_io.SHARED.release(self._io)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -1,7 +1,7 @@
 """The connection of a ZeroMQ client to a worker: its DEALER socket's options (CURVE,
-heartbeats, IMMEDIATE, the largest reply), and what the socket's monitor events say: whether a
-connection that carried requests was lost, and whether the worker refused the security
-handshake, for good (ZeroMQ does not retry such a connection)."""
+heartbeats, IMMEDIATE, the largest reply), and its state: whether it is up (the socket can send,
+IMMEDIATE), and, until it first is, whether the worker refused the security handshake, for good
+(ZeroMQ does not retry such a connection), as the socket's monitor events say."""
 
 from __future__ import annotations
 
@@ -13,9 +13,7 @@ from loadax.errors import WorkerError
 from loadax.wire.limits import ZMQ_HEARTBEAT_MS, ZMQ_HEARTBEAT_TIMEOUT_MS
 
 EVENTS = (
-    zmq.EVENT_DISCONNECTED
-    | zmq.EVENT_HANDSHAKE_SUCCEEDED
-    | zmq.EVENT_HANDSHAKE_FAILED_AUTH
+    zmq.EVENT_HANDSHAKE_FAILED_AUTH
     | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
     | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
 )
@@ -30,8 +28,9 @@ def connect_dealer(
     max_reply_bytes: int | None,
 ) -> tuple[zmq.Socket[bytes], zmq.Socket[bytes]]:
     """A DEALER socket connected to the worker at `address` ("zmq://host:port" or
-    "tcp://host:port"), and the socket of its monitor's `EVENTS`, attached before it connects;
-    a ValueError for an address ZeroMQ cannot connect to."""
+    "tcp://host:port"), and the socket of its monitor's `EVENTS`, attached before it connects
+    (close it once connected: a monitor costs two file descriptors); a ValueError for an address
+    ZeroMQ cannot connect to."""
     endpoint = _endpoint(address)
     dealer = context.socket(zmq.DEALER)
     dealer.setsockopt(zmq.LINGER, 0)
@@ -42,8 +41,11 @@ def connect_dealer(
         dealer.setsockopt(zmq.CURVE_SERVERKEY, security.curve_server_key.encode())
         dealer.setsockopt(zmq.CURVE_PUBLICKEY, public.encode())
         dealer.setsockopt(zmq.CURVE_SECRETKEY, secret.encode())
-    # Replies are bounded by the requests in flight; refusing them would only lose them.
+    # Replies and requests are bounded by the requests in flight; refusing them would only lose
+    # them. Unbounded, a send is refused only without a connection: the socket can send
+    # (POLLOUT) exactly while it has one.
     dealer.setsockopt(zmq.RCVHWM, 0)
+    dealer.setsockopt(zmq.SNDHWM, 0)
     if max_reply_bytes is not None:
         dealer.setsockopt(zmq.MAXMSGSIZE, max_reply_bytes)
     # A worker that dies without closing its connection is found by missing heartbeats;
@@ -55,8 +57,7 @@ def connect_dealer(
     # and not yet read when a connection closes are dropped; a stopping worker waits a
     # moment before it closes, for them to be read.)
     dealer.setsockopt(zmq.IMMEDIATE, 1)
-    # A lost connection loses the requests it carried: they are failed, to be retried.
-    # A refused security handshake fails them for good.
+    # A refused security handshake fails the requests for good.
     monitor = dealer.get_monitor_socket(EVENTS)
     try:
         dealer.connect(endpoint)
@@ -68,33 +69,38 @@ def connect_dealer(
     return dealer, monitor
 
 
-class ConnectionMonitor:
-    """The connection to the worker `name` as its monitor events tell it; `curve`: whether the
-    client uses CURVE. Read by the I/O thread that owns the socket."""
+class Connection:
+    """The connection to the worker `name` as the I/O thread sees it; `curve`: whether the
+    client uses CURVE."""
 
     def __init__(self, name: str, curve: bool) -> None:
         self._name = name
         self._curve = curve
-        # Whether the current connection finished its handshake, and whether any did.
-        self.handshaked = False
+        # Whether a connection is up (its handshake done: the DEALER can send), and whether
+        # one ever was.
+        self.up = False
         self.connected_once = False
         # Connections whose handshake failed without a reason (e.g. a wrong CURVE server key).
         self.handshake_failures = 0
 
-    def read(self, monitor: zmq.Socket[bytes]) -> tuple[WorkerError | None, bool]:
-        """Take the events waiting on `monitor`: the refusal they make (None if none), and
-        whether a connection that may have carried requests was lost."""
+    def update(self, up: bool) -> bool:
+        """Whether the connection being `up` or not is news (then taken)."""
+        if up == self.up:
+            return False
+        self.up = up
+        self.connected_once = self.connected_once or up
+        return True
+
+    def refusal(self, monitor: zmq.Socket[bytes]) -> WorkerError | None:
+        """Take the events waiting on `monitor`: the refusal they make (None if none)."""
         refused: WorkerError | None = None
-        lost = False
         while True:
             try:
                 event = parse_monitor_message(monitor.recv_multipart(zmq.NOBLOCK))
             except zmq.Again:
-                return refused, lost
+                return refused
             kind, value = event["event"], event["value"]
-            if kind == zmq.EVENT_HANDSHAKE_SUCCEEDED:
-                self.handshaked = self.connected_once = True
-            elif kind == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
+            if kind == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
                 refused = WorkerError(
                     "UNAUTHENTICATED",
                     f"{self._name} refused this client's CURVE key (ZAP status {value}): it is "
@@ -118,11 +124,6 @@ class ConnectionMonitor:
                         "without saying why: it most likely requires CURVE: set "
                         "ClientSecurity.curve_server_key to the worker's public key",
                     )
-            elif kind == zmq.EVENT_DISCONNECTED:
-                # Requests leave only once a handshake is done (IMMEDIATE): a connection lost
-                # before that carried none of them.
-                lost = lost or self.handshaked
-                self.handshaked = False
 
     def hint(self) -> str:
         """Why a call may have gone unanswered, from the handshakes that failed ('' if none)."""

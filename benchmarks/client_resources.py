@@ -1,0 +1,148 @@
+"""The threads and file descriptors of one client process by fleet size: a `RemoteDataLoader`
+over N real workers (`tests/many_workers.py`, all in one other process) reads batches, and its
+process counts its own threads (/proc/self/task) and descriptors (/proc/self/fd) while the loader
+is open.
+
+    python benchmarks/client_resources.py [--transports grpc,zmq] [--workers 16,32,64]
+                                          [--batches 256] [--json PATH]
+    python benchmarks/client_resources.py client TARGET...   # one client; prints its JSON line
+
+A client's line: `threads` and `fds` of the whole process with the loader open, the same
+`*_before` it was built, `members` (targets that answered a batch request), and `thread_names`
+(how many threads of each name, digits dropped).
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import contextlib
+import json
+import os
+import re
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+from loadax.client import RemoteDataLoader
+
+ROOT = Path(__file__).resolve().parents[1]
+MANY_WORKERS = ROOT / "tests" / "many_workers.py"
+READY_TIMEOUT_S = 120.0
+BATCHES = 256
+"""Batches a client reads: enough for every member of 64 to answer a few requests."""
+
+
+def client(targets: Sequence[str], batches: int = BATCHES) -> dict[str, Any]:
+    """Read `batches` batches of `numbers` from `targets`; this process's resources meanwhile."""
+    before = _threads(), _fds()
+    builder = RemoteDataLoader(list(targets), pipeline="numbers").batch_size(1).num_epochs(None)
+    with builder.build() as loader:
+        iterator = iter(loader)
+        for _ in range(batches):
+            next(iterator)
+        threads, fds = _threads(), _fds()
+        names = collections.Counter(re.sub(r"\d+", "", t.name) for t in threading.enumerate())
+        stats = loader.stats()
+    return {
+        "targets": len(targets),
+        "members": sum(1 for worker in stats.workers.values() if worker.requests),
+        "threads": threads,
+        "fds": fds,
+        "threads_before": before[0],
+        "fds_before": before[1],
+        "thread_names": dict(names.most_common()),
+    }
+
+
+@contextlib.contextmanager
+def many_workers(transport: str, count: int) -> Iterator[list[str]]:
+    """`count` workers over `transport` in another process, stopped at the end; their targets."""
+    command = [sys.executable, str(MANY_WORKERS), "--transport", transport, "--count", str(count)]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "tests"), *sys.path])}
+    # Its stdin ends with this process, and so does it, however this process ends.
+    with subprocess.Popen(
+        command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env
+    ) as process:
+        try:
+            stdout = process.stdout
+            assert stdout is not None
+            ready: list[str] = []
+            reader = threading.Thread(target=lambda: ready.append(stdout.readline()))
+            reader.start()
+            reader.join(READY_TIMEOUT_S)
+            if not ready or not ready[0].startswith('{"event": "ready"'):
+                raise RuntimeError(
+                    f"{count} workers were not ready in {READY_TIMEOUT_S} s "
+                    f"(exit status {process.poll()})"
+                )
+            yield list(json.loads(ready[0])["targets"])
+        finally:
+            process.terminate()
+            try:
+                process.wait(30)
+            except subprocess.TimeoutExpired:
+                process.kill()
+
+
+def measure(transport: str, count: int, batches: int = BATCHES) -> dict[str, Any]:
+    """A client process's line (see `client`) against `count` workers over `transport`."""
+    with many_workers(transport, count) as targets:
+        result = subprocess.run(
+            [sys.executable, __file__, "client", "--batches", str(batches), *targets],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            check=False,
+        )
+    if result.returncode:
+        raise RuntimeError(f"the client failed ({result.returncode}):\n{result.stderr}")
+    line: dict[str, Any] = json.loads(result.stdout.splitlines()[-1])
+    return {"transport": transport, **line}
+
+
+def _threads() -> int:
+    return len(os.listdir("/proc/self/task"))
+
+
+def _fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if args[:1] == ["client"]:
+        parser = argparse.ArgumentParser(prog="client_resources.py client")
+        parser.add_argument("--batches", type=int, default=BATCHES)
+        parser.add_argument("targets", nargs="+")
+        options = parser.parse_args(args[1:])
+        print(json.dumps(client(options.targets, options.batches)))
+        return
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--transports", default="grpc,zmq")
+    parser.add_argument("--workers", default="16,32,64")
+    parser.add_argument("--batches", type=int, default=BATCHES, help="batches a client reads")
+    parser.add_argument("--json", type=Path, help="write every client's line here")
+    options = parser.parse_args(args)
+    lines = []
+    print("| transport | workers | members | threads | fds | fds per member |")
+    print("|---|---|---|---|---|---|")
+    for transport in options.transports.split(","):
+        for count in (int(workers) for workers in options.workers.split(",")):
+            line = measure(transport, count, options.batches)
+            lines.append(line)
+            per_member = (line["fds"] - line["fds_before"]) / line["members"]
+            print(
+                f"| {transport} | {count} | {line['members']} | {line['threads']} "
+                f"| {line['fds']} | {per_member:.2f} |",
+                flush=True,
+            )
+    if options.json is not None:
+        options.json.write_text(json.dumps(lines, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,116 @@
+"""The ZeroMQ I/O of a client process: one context (a fixed number of I/O threads) and one thread
+that serves every `ZmqTransport`'s sockets, however many workers it reaches.
+
+The thread waits on the sockets' file descriptors (`zmq.FD`) and on a wake-up pipe that callers
+write to when they hand a target work. A socket's descriptor only says that something may have
+changed: a target reads `zmq.EVENTS` last when served, and asks to be served again at once while
+it has more to read.
+"""
+
+from __future__ import annotations
+
+import os
+import selectors
+import threading
+from typing import Protocol
+
+import zmq
+
+from loadax.client.transports.shared import Shared
+
+IO_THREADS = 2
+"""The context's I/O threads: about one per GB/s a client receives, whatever its fleet."""
+
+
+class Target(Protocol):
+    """A user of the I/O thread: one worker's sockets."""
+
+    def serve(self) -> bool:
+        """Do what is due, on the I/O thread: whether more is due at once."""
+        ...
+
+
+class ZmqIo:
+    """The context and the I/O thread of the process: `SHARED.acquire()` one, and release it."""
+
+    def __init__(self) -> None:
+        self.context: zmq.Context[zmq.Socket[bytes]] = zmq.Context(IO_THREADS)
+        self._selector = selectors.DefaultSelector()
+        self._wake_in, self._wake_out = os.pipe()
+        os.set_blocking(self._wake_in, False)
+        os.set_blocking(self._wake_out, False)
+        self._selector.register(self._wake_in, selectors.EVENT_READ)
+        # `_lock` guards `_due`, `_woken` and `_stopping`, which any thread uses.
+        self._lock = threading.Lock()
+        self._due: dict[Target, None] = {}
+        self._woken = False
+        self._stopping = False
+        self._thread = threading.Thread(target=self._run, name="loadax-zmq-io", daemon=True)
+        self._thread.start()
+
+    def on_thread(self) -> bool:
+        """Whether the caller is the I/O thread."""
+        return threading.current_thread() is self._thread
+
+    def wake(self, target: Target) -> None:
+        """Have `target` served soon; from any thread."""
+        with self._lock:
+            self._due[target] = None
+            if self._woken:
+                return
+            self._woken = True
+        os.write(self._wake_out, b"\0")
+
+    def watch(self, socket: zmq.Socket[bytes], target: Target) -> None:
+        """Serve `target` whenever `socket` may have changed; on the I/O thread."""
+        self._selector.register(socket, selectors.EVENT_READ, target)
+
+    def unwatch(self, socket: zmq.Socket[bytes]) -> None:
+        """Stop watching `socket`, before it is closed; on the I/O thread."""
+        self._selector.unregister(socket)
+
+    def close(self) -> None:
+        """Stop the thread once every socket is unwatched, and end the context."""
+        with self._lock:
+            self._stopping = True
+        os.write(self._wake_out, b"\0")
+        if not self.on_thread():
+            self._thread.join()
+
+    def _run(self) -> None:
+        busy: dict[Target, None] = {}  # served again without waiting
+        try:
+            while True:
+                ready = dict(busy)
+                busy.clear()
+                for key, _ in self._selector.select(0 if ready else None):
+                    if key.data is None:
+                        self._drain_wake_ups()
+                    else:
+                        ready[key.data] = None
+                with self._lock:
+                    ready.update(self._due)
+                    self._due.clear()
+                    self._woken = False
+                    stopping = self._stopping
+                for target in ready:
+                    if target.serve():
+                        busy[target] = None
+                if stopping and not busy and len(self._selector.get_map()) == 1:
+                    return
+        finally:
+            self._selector.close()
+            os.close(self._wake_in)
+            os.close(self._wake_out)
+            self.context.term()
+
+    def _drain_wake_ups(self) -> None:
+        try:
+            while os.read(self._wake_in, 4096):
+                pass
+        except BlockingIOError:
+            pass
+
+
+SHARED: Shared[ZmqIo] = Shared(ZmqIo, ZmqIo.close)
+"""The process's ZeroMQ I/O."""
