@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import uuid
 import weakref
 from collections.abc import Sequence
 from typing import Any, Self
@@ -243,9 +244,10 @@ class RemoteLoader(Loader[Any]):
             driver.close()
             raise
         fingerprint, budget = identity.fingerprint, failover.memory_budget_mb << 20
+        client = uuid.uuid4().hex  # this loader's, whatever connections it shares
 
         def executor() -> Executor[Any]:
-            return RemoteExecutor(driver, pipeline, fingerprint, stats, budget)
+            return RemoteExecutor(driver, pipeline, fingerprint, stats, budget, client)
 
         super().__init__(
             options.plan(identity.num_records),
@@ -303,12 +305,20 @@ class RemoteLoader(Loader[Any]):
 
 class RemoteExecutor(Executor[Any]):
     """Hands work items' requests to the driver, which sends them as the policy's depth allows
-    (in step order); each request is made on the driver's thread, not the training loop's."""
+    (in step order); each request is made on the driver's thread, not the training loop's, and
+    names the loader (`client`: the id the workers share their threads fairly by)."""
 
     def __init__(
-        self, driver: Driver, pipeline: str, fingerprint: str, stats: StatsRecorder, budget: int
+        self,
+        driver: Driver,
+        pipeline: str,
+        fingerprint: str,
+        stats: StatsRecorder,
+        budget: int,
+        client: str,
     ) -> None:
         self._driver, self._pipeline, self._fingerprint = driver, pipeline, fingerprint
+        self._client = client
         self._stats, self._memory_budget = stats, budget
 
     def lookahead(self, prefetch: int) -> int:
@@ -318,7 +328,9 @@ class RemoteExecutor(Executor[Any]):
         return min(ahead, max(self._memory_budget // largest, 1)) if largest else ahead
 
     def submit(self, plan: Plan, work: Work) -> Pending[Any]:
-        make = functools.partial(batch_request, self._pipeline, self._fingerprint, plan, work)
+        make = functools.partial(
+            batch_request, self._pipeline, self._fingerprint, plan, work, self._client
+        )
         return FuturePending(self._driver.submit(work.ordinal, make))
 
     def release(self, wait: bool) -> None:

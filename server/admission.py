@@ -26,6 +26,13 @@ from loadax.wire.v1 import worker_pb2 as wire
 log = logging.getLogger(__name__)
 R = TypeVar("R")
 
+MAX_CLIENT_ID = 128
+"""The longest client id a request may name (a loader sends 32 hex digits)."""
+CLIENTS_PER_CONNECTION = 8
+"""A connection may have this many clients' in-flight limits of requests in flight at once, over
+all the clients it carries (loaders sharing it, or clients behind a proxy): the ids are the
+clients' word, so they never let one connection hold more than this."""
+
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Transport:
@@ -49,8 +56,10 @@ class Admission:
     """The policy of one `transport` of a worker.
 
     With `token`, a request must carry the credential `Bearer <token>`. A client may have
-    `max_in_flight` of the requests the transport counts in flight, as `ledger` holds them.
-    Every refusal and failure is counted in `metrics` and logged.
+    `max_in_flight` of the requests the transport counts in flight, as `ledger` holds them, and
+    a connection `CLIENTS_PER_CONNECTION` times that over all its clients. A client is what
+    `ledger` keys it by: a connection, or a connection and the id its requests name. Every
+    refusal and failure is counted in `metrics` and logged.
     """
 
     def __init__(
@@ -65,6 +74,7 @@ class Admission:
         self._metrics = metrics
         self._credential = None if token is None else bearer(token)
         self._limit = max_in_flight
+        self._connection_limit = CLIENTS_PER_CONNECTION * max_in_flight
         self._ledger = ledger
         self._warnings = ThrottledLog(log)
 
@@ -91,21 +101,39 @@ class Admission:
         """Count `request` (`held` in the ledger) among its client's in flight, if this
         transport counts its kind, or refuse it with RESOURCE_EXHAUSTED when the client has as
         many as it may, once `settle()` (the transport's chance to let go of replies already
-        sent) has not made room. It counts until the transport has let its reply go, not until
-        it is made: a reply waiting for a client that does not read still counts."""
+        sent) has not made room; or with RESOURCE_EXHAUSTED when its connection has as many as
+        all its clients may. It counts until the transport has let its reply go, not until it
+        is made: a reply waiting for a client that does not read still counts. A client id
+        longer than `MAX_CLIENT_ID` is INVALID_ARGUMENT."""
+        if isinstance(request, wire.BatchRequest) and len(request.client) > MAX_CLIENT_ID:
+            raise WorkerError(
+                "INVALID_ARGUMENT",
+                f"the request's client id is {len(request.client)} characters long, more than "
+                f"the {MAX_CLIENT_ID} a worker takes",
+            )
         if self._transport.batches_only and not isinstance(request, wire.BatchRequest):
             return
-        count = self._ledger.admit(held, self._limit)
-        if count is not None and settle is not None:
+        counts = self._ledger.admit(held, self._limit, self._connection_limit)
+        if counts is not None and settle is not None:
             settle()
-            count = self._ledger.admit(held, self._limit)
-        if count is not None:
+            counts = self._ledger.admit(held, self._limit, self._connection_limit)
+        if counts is None:
+            return
+        client, connection = counts
+        counted = self._transport.counted
+        if client >= self._limit:
             raise WorkerError(
                 "RESOURCE_EXHAUSTED",
-                f"this client has {count} {self._transport.counted} in flight already, the "
-                f"most this worker allows (max_in_flight_per_client = {self._limit}); retry "
-                "when one has finished",
+                f"this client has {client} {counted} in flight already, the most this worker "
+                f"allows (max_in_flight_per_client = {self._limit}); retry when one has "
+                "finished",
             )
+        raise WorkerError(
+            "RESOURCE_EXHAUSTED",
+            f"this connection has {connection} {counted} in flight already over all its "
+            f"clients, the most this worker allows one connection ({CLIENTS_PER_CONNECTION} x "
+            f"max_in_flight_per_client = {self._connection_limit}); retry when one has finished",
+        )
 
     def refuse(
         self, method: str, client: str, error: WorkerError, request: RequestMessage | None = None

@@ -18,7 +18,6 @@ import functools
 import socket
 import threading
 from collections.abc import Callable, Generator, Iterator
-from concurrent import futures
 from concurrent.futures import Future, wait
 from typing import Any, NoReturn, TypeVar
 
@@ -30,6 +29,7 @@ from grpc_reflection.v1alpha import reflection
 from loadax.errors import WorkerError
 from loadax.server.admission import Admission, Transport
 from loadax.server.config_security import TlsConfig
+from loadax.server.handler_pool import HandlerPool
 from loadax.server.ledger import Held, Ledger
 from loadax.server.metrics import WorkerMetrics
 from loadax.server.request_path import RequestPath
@@ -77,15 +77,16 @@ Q = TypeVar("Q", bound=Message)
 class GrpcServer:
     """Serves `worker` on `address` ("host:port"; port 0 picks a free port).
 
-    `threads` batches load at once; a client (a connection, by `context.peer()`) may have
-    `max_in_flight_per_client` LoadBatch calls in flight, and the server holds at most
-    `max_concurrent_rpcs` calls; beyond either, calls get RESOURCE_EXHAUSTED. A LoadBatch call
-    counts, and its batch keeps its share of the worker's memory budget, until the call has
-    ended: its reply sent, or the call cancelled (the client gone too). A connection may have
-    `max_concurrent_rpcs` calls open at once; more are refused (HTTP/2 REFUSED_STREAM, which a
-    gRPC client reports as UNAVAILABLE). A batch of more than `max_reply_bytes` (a client takes
-    `MAX_BATCH_BYTES`) is refused with INVALID_ARGUMENT, before it is built when its size is
-    known.
+    `threads` batches load at once, shared fairly between the clients waiting; a client (a
+    connection, by `context.peer()`, and the id its requests name: see `RequestPath.arrive`)
+    may have `max_in_flight_per_client` LoadBatch calls in flight, and the server holds at most
+    `max_concurrent_rpcs` calls, each on a handler thread (idle ones leave); beyond either,
+    calls get RESOURCE_EXHAUSTED. A LoadBatch call counts, and its batch keeps its share of
+    the worker's memory budget, until the call has ended: its reply sent, or the call
+    cancelled (the client gone too). A connection may have `max_concurrent_rpcs` calls open at
+    once; more are refused (HTTP/2 REFUSED_STREAM, which a gRPC client reports as UNAVAILABLE).
+    A batch of more than `max_reply_bytes` (a client takes `MAX_BATCH_BYTES`) is refused with
+    INVALID_ARGUMENT, before it is built when its size is known.
 
     With `tls` the server speaks only TLS; with `token`, Worker calls without the metadata
     `authorization: Bearer <token>` get UNAUTHENTICATED. Every Worker call is counted in
@@ -119,10 +120,11 @@ class GrpcServer:
         self._tls = tls
         self._requests = requests
         # One handler thread per admitted call, so that a call is counted against its client
-        # as soon as it arrives rather than when a busy pool gets round to it.
-        self._executor = futures.ThreadPoolExecutor(
-            max_concurrent_rpcs, thread_name_prefix="loadax-grpc"
-        )
+        # as soon as it arrives rather than when a busy pool gets round to it, and waits its
+        # turn for a loading slot. gRPC counts a call against `maximum_concurrent_rpcs` from
+        # its submission to this pool until its handler returns, so the pool needs no more
+        # threads than that; they leave once idle.
+        self._executor = HandlerPool(max_concurrent_rpcs, "loadax-grpc")
         self._server = grpc.server(
             self._executor,
             interceptors=[] if token is None else [_TokenCheck(requests.admission)],
@@ -273,18 +275,18 @@ class WorkerServicer:
         self._requests = requests
 
     def Handshake(self, request: wire.HandshakeRequest, context: Any) -> wire.HandshakeResponse:
-        with self._held(context) as held:
+        with self._held(request, context) as held:
             self._admit(request, context, held)
             return _replied(context, self._requests.answer(request, held))
 
     def Info(self, request: wire.InfoRequest, context: Any) -> wire.InfoResponse:
-        with self._held(context) as held:
+        with self._held(request, context) as held:
             self._admit(request, context, held)
             return _replied(context, self._requests.answer(request, held))
 
     def LoadBatch(self, request: wire.BatchRequest, context: Any) -> wire.BatchResponse:
         """The schema's method: the header with the payload inside (one more copy)."""
-        with self._held(context) as held:
+        with self._held(request, context) as held:
             batch = self._batch(request, context, held)
             response = batch.header
             response.payload = batch.payload
@@ -292,7 +294,7 @@ class WorkerServicer:
 
     def load_raw(self, request: wire.BatchRequest, context: Any) -> bytes:
         """The raw unary reply: the header, then the payload (`payload_reply`)."""
-        with self._held(context) as held:
+        with self._held(request, context) as held:
             batch = self._batch(request, context, held)
             return payload_reply(batch.header, batch.frames)
 
@@ -300,7 +302,7 @@ class WorkerServicer:
         """The raw stream's messages: heartbeats while the batch is made if the client asks
         (`HEARTBEAT_METADATA`), then the header and the payload (`stream_messages`). gRPC
         sends each before it asks for the next, and drops the rest when the call ends."""
-        with self._held(context) as held:
+        with self._held(request, context) as held:
             every = _heartbeat_interval(context)
             make = functools.partial(self._batch, request, context, held)
             batch = make() if every is None else (yield from _beating(make, every))
@@ -319,16 +321,17 @@ class WorkerServicer:
             _abort(context, refusal)
 
     @contextlib.contextmanager
-    def _held(self, context: Any) -> Iterator[Held]:
-        """The call's entry in the ledger, let go of once the call has ended and its handler
-        has returned, whichever is last. gRPC keeps a unary reply after its handler returns,
-        until the client has taken it; a streaming handler returns once gRPC has sent its last
-        message, or dropped the rest. The call ends when its status has been sent after the
+    def _held(self, request: RequestMessage, context: Any) -> Iterator[Held]:
+        """The call's entry in the ledger (its client: the connection, and the id `request`
+        names), let go of once the call has ended and its handler has returned, whichever is
+        last. gRPC keeps a unary reply after its handler returns, until the client has taken
+        it; a streaming handler returns once gRPC has sent its last message, or dropped the
+        rest. The call ends when its status has been sent after the
         replies, or when it was cancelled (the client cancelled it, went away, or its
         connection broke)."""
         peer = context.peer()
         ledger = self._requests.ledger
-        held = self._requests.arrive(peer, peer, until=2)
+        held = self._requests.arrive(peer, peer, request, until=2)
         # Run by gRPC once the call has ended; False when it has ended already.
         if not context.add_callback(functools.partial(ledger.done, held)):
             ledger.done(held)

@@ -3,9 +3,10 @@ transport.
 
 A request is held from its arrival until its transport has let its reply go: written to the
 socket, or dropped (the client cancelled, went away, or the server stopped). Meanwhile it counts
-against its client's in-flight limit (once admitted) and its reply's bytes count per client and
-in total; letting go also frees the reply's share of the worker's memory budget. The transports
-only say when they have let a reply go (`Ledger.done`); what that releases is decided here.
+against its client's in-flight limit and its connection's (once admitted) and its reply's bytes
+count per client and in total; letting go also frees the reply's share of the worker's memory
+budget. The transports only say when they have let a reply go (`Ledger.done`); what that
+releases is decided here.
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ class Held:
     """One request's entry in a `Ledger`, changed only through it."""
 
     client: Hashable
+    connection: Hashable
+    """The connection it came over, which may carry several clients."""
     name: str
     """How the logs name the client."""
     waiting: int
@@ -50,7 +53,9 @@ class Ledger:
     >>> ledger = Ledger()
     >>> held = ledger.open("client a", "client a", until=2)
     >>> ledger.admit(held, limit=1), ledger.admit(ledger.open("client a", "client a"), limit=1)
-    (None, 1)
+    (None, (1, 1))
+    >>> ledger.admit(ledger.open("client b", "b", connection="client a"), 1, connection_limit=1)
+    (0, 1)
     >>> ledger.hold(held, 100, lambda: print("released"))
     >>> ledger.of("client a"), ledger.held_bytes
     ((1, 100), 100)
@@ -64,17 +69,20 @@ class Ledger:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._accounts: dict[Hashable, _Account] = {}
+        self._connections: dict[Hashable, int] = {}  # admitted, per connection
         self._held = 0
         self._admitted = 0
         self._bytes = 0
 
-    def open(self, client: Hashable, name: str, *, until: int = 1) -> Held:
-        """An entry for a request of `client` (`name` in logs), let go of once `done` has been
-        called `until` times: once per event that must have happened first (e.g. the reply
-        sent, and the handler returned)."""
+    def open(
+        self, client: Hashable, name: str, *, until: int = 1, connection: Hashable = None
+    ) -> Held:
+        """An entry for a request of `client` (`name` in logs) over `connection` (by default,
+        the client is one), let go of once `done` has been called `until` times: once per event
+        that must have happened first (e.g. the reply sent, and the handler returned)."""
         with self._lock:
             self._held += 1
-        return Held(client, name, until)
+        return Held(client, client if connection is None else connection, name, until)
 
     @property
     def held(self) -> int:
@@ -97,16 +105,25 @@ class Ledger:
             account = self._accounts.get(client, _Account())
             return account.admitted, account.bytes
 
-    def admit(self, held: Held, limit: int) -> int | None:
-        """Count `held` among its client's requests in flight, unless the client has `limit`
-        already: None once counted, else the count the client has."""
+    def admit(
+        self, held: Held, limit: int, connection_limit: int | None = None
+    ) -> tuple[int, int] | None:
+        """Count `held` among its client's requests in flight and its connection's, unless the
+        client has `limit` already or the connection `connection_limit` (None: no limit of its
+        own): None once counted, else the counts the client and the connection have."""
         with self._lock:
             if held.finished or held.admitted:
                 return None
             account = self._accounts.setdefault(held.client, _Account())
-            if account.admitted >= limit:
-                return account.admitted
+            connection = self._connections.get(held.connection, 0)
+            if account.admitted >= limit or (
+                connection_limit is not None and connection >= connection_limit
+            ):
+                if not account.admitted and not account.bytes:
+                    del self._accounts[held.client]
+                return account.admitted, connection
             account.admitted += 1
+            self._connections[held.connection] = connection + 1
             self._admitted += 1
             held.admitted = True
             return None
@@ -139,6 +156,10 @@ class Ledger:
                 account.bytes -= held.size
                 if not account.admitted and not account.bytes:
                     del self._accounts[held.client]
+            if held.admitted:
+                left = self._connections.pop(held.connection) - 1
+                if left:
+                    self._connections[held.connection] = left
             self._admitted -= held.admitted
             self._bytes -= held.size
             releases, held.releases = held.releases, []

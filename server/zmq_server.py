@@ -27,7 +27,7 @@ import math
 import threading
 import time
 from collections.abc import Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 
 import zmq
 from zmq.auth.thread import ThreadAuthenticator
@@ -36,6 +36,7 @@ from loadax.errors import WorkerError
 from loadax.logfields import fields
 from loadax.server.admission import Transport
 from loadax.server.config_security import CurveConfig
+from loadax.server.handler_pool import HandlerPool
 from loadax.server.ledger import Held, Ledger
 from loadax.server.metrics import WorkerMetrics
 from loadax.server.request_path import RequestPath
@@ -63,6 +64,10 @@ _FAREWELL_S = 0.25
 _REPLIES = "inproc://loadax-zmq-replies"
 _REAP_MS = 1  # how often the I/O thread looks for replies libzmq is done with, while any are out
 _SETTLE_S = 0.02  # how long a request over its client's limit waits for the client's oldest reply
+# Requests handled at once, each on a thread of its own (idle ones leave), so that batch requests
+# wait their turn for a loading slot (fairly between clients) rather than in arrival order; as
+# many as a gRPC worker's calls by default. More wait for a thread in arrival order.
+_HANDLERS = 128
 _TRANSPORT = Transport(
     "zmq",
     send_token="send a 4th request frame, 'Bearer <token>'",
@@ -74,8 +79,10 @@ _TRANSPORT = Transport(
 class ZmqServer:
     """Serves `worker` on a ROUTER socket bound to `endpoint` ("tcp://host:port", port 0: any).
 
-    At most `max_in_flight_per_client` requests of one peer are in flight, each until its reply
-    has left; more are refused with RESOURCE_EXHAUSTED. A peer that sends a frame larger than
+    `threads` batches load at once, shared fairly between the clients waiting. At most
+    `max_in_flight_per_client` requests of one client (a peer, and the id its requests name: see
+    `RequestPath.arrive`) are in flight, each until its reply has left; more are refused with
+    RESOURCE_EXHAUSTED. A peer that sends a frame larger than
     `max_request_bytes` is disconnected by ZeroMQ. A batch of more than `max_reply_bytes` (what a
     client takes by default) is refused with INVALID_ARGUMENT, before it is built when its size
     is known.
@@ -120,8 +127,8 @@ class ZmqServer:
         self._started = False
         self._context: zmq.Context[zmq.Socket[bytes]] | None = None
         self._thread: threading.Thread | None = None
-        # Its threads start with the first request.
-        self._pool = ThreadPoolExecutor(threads, thread_name_prefix="loadax-zmq-handler")
+        # Its threads start with the first requests.
+        self._pool = HandlerPool(max(threads, _HANDLERS), "loadax-zmq-handler")
         # Handler threads share one PUSH socket; the lock is what makes that safe.
         self._push_lock = threading.Lock()
         self._push: zmq.Socket[bytes] | None = None
@@ -323,11 +330,11 @@ class ZmqServer:
             self._requests.admission.refuse(method, client, error)
             self._send(router, [identity, *zmq_frames.error_frames(request_id, error)])
             return
-        held = self._requests.arrive(identity, client)
+        held = self._requests.arrive(identity, client, request.message)
         # A client at its limit is refused only once its oldest reply has had a moment to be
         # let go of (`Outbox.settle`).
         refusal = self._requests.admit(
-            request.message, held, settle=lambda: self._outbox.settle(identity, _SETTLE_S)
+            request.message, held, settle=lambda: self._outbox.settle(held.client, _SETTLE_S)
         )
         if refusal is not None:
             self.ledger.done(held)

@@ -46,10 +46,17 @@ def plan_from_wire(message: wire.Plan, num_records: int | None = None) -> Plan:
         raise WorkerError("INVALID_ARGUMENT", f"invalid plan: {error}") from error
 
 
-def batch_request(pipeline: str, fingerprint: str, plan: Plan, work: Work) -> wire.BatchRequest:
-    """The request that asks a worker for `work` of `plan` from the named pipeline."""
+def batch_request(
+    pipeline: str, fingerprint: str, plan: Plan, work: Work, client: str = ""
+) -> wire.BatchRequest:
+    """The request that asks a worker for `work` of `plan` from the named pipeline, on behalf of
+    `client` (its id; empty: the worker tells clients apart by connection only)."""
     request = wire.BatchRequest(
-        pipeline=pipeline, fingerprint=fingerprint, plan=plan_to_wire(plan), step=work.ordinal
+        pipeline=pipeline,
+        fingerprint=fingerprint,
+        plan=plan_to_wire(plan),
+        step=work.ordinal,
+        client=client,
     )
     if isinstance(work, StreamWindow):
         request.window.CopyFrom(
@@ -64,7 +71,8 @@ def request_digest(request: wire.BatchRequest) -> bytes:
     """16 bytes that name what `request` asks for: pipeline, fingerprint, plan, step, rows and
     window. Computed from the fields, not the protobuf encoding (which may differ between
     implementations), so that the worker's digest of what it received is the client's of what
-    it sent. A reply's header carries it; the client refuses a reply to another request.
+    it sent. A reply's header carries it; the client refuses a reply to another request. Who
+    asks (`client`) is not part of it: the same request of two clients has one digest.
 
     >>> from loadax import Plan
     >>> from loadax.plan.work import StepWork
@@ -73,6 +81,8 @@ def request_digest(request: wire.BatchRequest) -> bytes:
     >>> first = request_digest(batch_request("p", "f", plan, StepWork(0)))
     >>> len(first), first == request_digest(batch_request("p", "f", plan, StepWork(1)))
     (16, False)
+    >>> first == request_digest(batch_request("p", "f", plan, StepWork(0), client="a1"))
+    True
     """
     plan = request.plan
     window = request.window if request.HasField("window") else None
