@@ -21,6 +21,27 @@ from fleet_sim_world import FAULT_KINDS, Fault, World
 
 from loadax.client.fleet_options import FleetOptions
 
+RESULTS_BEFORE = "## Why the missed transport targets are missed"
+"""The simulator's sections of RESULTS.md go before this one (after R2), when new."""
+
+
+def write_section(path: Path, title: str, lines: list[str]) -> None:
+    """Put `lines` under `## title` in the markdown file `path`: in place of that section's
+    text, or as a new section before `RESULTS_BEFORE` (at the end without it)."""
+    text = path.read_text() if path.exists() else ""
+    heading = f"## {title}"
+    section = "\n".join([heading, "", *lines]).rstrip() + "\n"
+    start = text.find(f"\n{heading}\n")
+    if start >= 0:
+        end = text.find("\n## ", start + 1)
+        rest = "" if end < 0 else text[end + 1 :]
+        text = text[: start + 1] + section + ("\n" + rest if rest else "")
+    elif (at := text.find(f"\n{RESULTS_BEFORE}\n")) >= 0:
+        text = text[: at + 1] + section + "\n" + text[at + 1 :]
+    else:
+        text = text.rstrip() + ("\n\n" if text else "") + section
+    path.write_text(text)
+
 
 def _seconds(value: float | None) -> str:
     return "-" if value is None else f"{value:.3g}"

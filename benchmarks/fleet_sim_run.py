@@ -45,7 +45,7 @@ from loadax.client.fleet_events import (
 )
 from loadax.client.fleet_options import FleetOptions
 from loadax.client.policy import Policy
-from loadax.client.subset import Seat
+from loadax.client.subset import Seat, aperture
 from loadax.errors import WorkerError
 
 # Timed events: (time, sequence, kind, a, b); the sequence keeps equal times in order.
@@ -70,8 +70,10 @@ class SimTrainer:
         self.wanted_at = 0.0  # since when the loop has wanted its next batch
         self.retrying = False  # its last batch failed: the loop retries that step
         self.first_batch: float | None = None
+        self.finished: float | None = None  # when the loop took its last batch (`World.batches`)
         self.last_batch: float | None = None
         self.longest_gap = (0.0, 0.0)  # (the gap, when it ended)
+        self.longest_after_fault = 0.0  # of the gaps that ended after the first fault
         self.gaps: list[float] = []
         self.delivered = self.failures = 0
         self.stalled = 0.0
@@ -103,20 +105,30 @@ class Simulation:
             for index in range(world.trainers)
         ]
         self.attempts = self.lost = self.refusals = self.decisions = self.ticks = self.events = 0
+        self.unreachable = 0
         self.policy_cpu = 0.0
+        self._first_fault = min((fault.at for fault in world.faults), default=world.seconds)
         self.connections_per_trainer_max = self.connections_per_worker_max = 0
 
     # The run.
 
     def run(self) -> dict[str, Any]:
         started = time.perf_counter()
+        ring = sorted(self.workers)
+        cap = self.options.subset
         for trainer in self.trainers:
-            for name in self.workers:  # as membership lists them: one event each
-                self._decide(trainer, Listed(name), 0.0)
+            # As `client/membership.py`: build() asks the trainer's arc of `subset` of the
+            # addresses (all of them when fewer) and lists the others once bound.
+            asked = aperture(ring, trainer.policy.seat, cap, lambda name: True, cap)
+            for name in asked:
+                self._handshake(trainer, self.workers[name], 0.0)
+            for name in ring:
+                if name not in asked:
+                    self._decide(trainer, Listed(name), 0.0)
         for index, fault in enumerate(self.world.faults):
             self._push(fault.at, _FAULT, index, None)
-        for trainer in self.trainers:
-            self._next_batch(trainer, 0.0)
+        for trainer in self.trainers:  # as `build()`: once the first connects are answered
+            self._push(self.world.rtt_s, _TAKE, trainer, None)
         end, heap = self.world.seconds, self._heap
         while heap and heap[0][0] <= end:
             now, _, kind, a, b = heapq.heappop(heap)
@@ -203,6 +215,7 @@ class Simulation:
     def _handshake(self, trainer: SimTrainer, worker: SimWorker, now: float) -> None:
         """A Connect's outcome: `Joined` if the worker is up, else `Unreachable`."""
         if worker.state != "up":
+            self.unreachable += 1
             self._decide(trainer, Unreachable(worker.name, f"{worker.name} is {worker.state}"), now)
             return
         if worker.name not in trainer.connected:
@@ -299,6 +312,9 @@ class Simulation:
         if not trainer.retrying:
             trainer.wanted_at = now
         trainer.retrying = False
+        if not trainer.window and trainer.next_submit == self.world.batches:
+            trainer.finished = now  # past the last batch: the loop ends
+            return
         self._fill(trainer, now)
         trainer.current = current = trainer.window.popleft()
         self._fill(trainer, now)
@@ -309,7 +325,7 @@ class Simulation:
         cpu = time.process_time()
         ahead = self.world.prefetch + trainer.policy.depth(now)
         self.policy_cpu += time.process_time() - cpu
-        while len(trainer.window) < ahead:
+        while len(trainer.window) < ahead and trainer.next_submit != self.world.batches:
             request = next(trainer.requests)
             trainer.window.append((trainer.next_submit, request))
             self._decide(trainer, Submit(request, trainer.next_submit), now)
@@ -331,6 +347,8 @@ class Simulation:
                     gap = now - trainer.last_batch
                     trainer.gaps.append(gap)
                     trainer.longest_gap = max(trainer.longest_gap, (gap, now))
+                    if now > self._first_fault:
+                        trainer.longest_after_fault = max(trainer.longest_after_fault, gap)
                 trainer.last_batch = now
             self._push(now + trainer.step_s, _TAKE, trainer, None)
             return
@@ -347,7 +365,7 @@ class Simulation:
     def _report(self, wall_s: float) -> dict[str, Any]:
         world, end = self.world, self.world.seconds
         for trainer in self.trainers:  # still waiting when the run ends
-            if trainer.current is not None or trainer.retrying:
+            if trainer.finished is None and (trainer.current is not None or trainer.retrying):
                 trainer.stalled += max(end - trainer.wanted_at, 0.0)
         demand = [end / trainer.step_s for trainer in self.trainers]
         gaps = sorted(gap for trainer in self.trainers for gap in trainer.gaps)
@@ -374,15 +392,22 @@ class Simulation:
             "p99_gap_s": _quantile(gaps, 0.99),
             "max_gap_s": gaps[-1] if gaps else None,
             "max_gap_ended_at_s": max(t.longest_gap for t in self.trainers)[1] if gaps else None,
+            "max_gap_after_fault_s": max(t.longest_after_fault for t in self.trainers)
+            if world.faults
+            else None,
             "first_batch_max_s": max(
                 (t.first_batch for t in self.trainers if t.first_batch is not None), default=None
             ),
+            "finished_max_s": None
+            if any(t.finished is None for t in self.trainers)
+            else max(t.finished for t in self.trainers if t.finished is not None),
             "requests": requests,
             "attempts": self.attempts,
             "extra_load": (self.attempts - requests) / requests if requests else 0.0,
             "failed_batches": sum(t.failures for t in self.trainers),
             "lost_attempts": self.lost,
             "refusals": self.refusals,
+            "unreachable": self.unreachable,
             "connections_cap": self.options.subset,
             "connections_per_trainer_max": self.connections_per_trainer_max,
             "connections_per_worker_max": self.connections_per_worker_max,

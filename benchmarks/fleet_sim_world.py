@@ -53,7 +53,8 @@ class World:
     training step of `step_s` (spread uniformly by +-`step_spread` of it between trainers)
     and `prefetch` batches ready; a network round trip of `rtt_s`; a lost connection, or a
     connect to a worker that is not up, noticed after `loss_s`; each worker takes `limit`
-    requests at once from one client."""
+    requests at once from one client. With `batches`, each trainer's loop ends after that many
+    (an epoch), else it runs for `seconds`."""
 
     workers: int
     trainers: int
@@ -71,10 +72,13 @@ class World:
     prefetch: int = 2
     seed: int = 0
     faults: tuple[Fault, ...] = ()
+    batches: int | None = None
 
     def __post_init__(self) -> None:
-        for name in ("workers", "trainers", "threads", "limit", "prefetch"):
+        for name in ("workers", "trainers", "threads", "limit", "prefetch", "batches"):
             value = getattr(self, name)
+            if name == "batches" and value is None:
+                continue
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be an int >= 1, got {value!r}")
         for name in ("seconds", "service_s", "step_s", "straggler_factor"):
