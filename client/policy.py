@@ -13,8 +13,11 @@ a byte. The rules:
   `subset` members. Listed members that enter the arc are connected (`Connect`); members out of
   it for `LINGER` with nothing outstanding are disconnected. When no member of the arc is free,
   any connected
-  member is used: failover reaches the whole fleet. A member failing stays in the arc (it is
-  probed as below) but takes none of its width: the arc reaches one member further.
+  member is used. A member failing stays in the arc (it is probed as below) but takes none of
+  its width: the arc reaches one member further, within the cap. One failing for
+  `LINGER_FAILING` while there are members beyond the arc is disconnected and kept off for a
+  doubling back-off (as one that could not be connected is); then connected again, its
+  handshake a probe: failover reaches the whole fleet.
 - Depth: requests are admitted in order while fewer than `in_flight_per_worker` per member of
   the aperture that is up (within its limit) are outstanding, at least one.
 - Each attempt goes to the member expected to answer first: (outstanding + 1) x its recent
@@ -111,6 +114,12 @@ GROWTH = 1.5
 """How much wider the aperture gets when requests waited beyond the depth."""
 LINGER = 5.0
 """Seconds a connected member stays out of the aperture before it is disconnected."""
+LINGER_FAILING = 1.0
+"""Seconds a member of the aperture may fail before it is disconnected for others beyond."""
+KEEP_OFF_MAX = 30.0
+"""The longest a member that failed in the aperture, or could not be connected, is kept off
+(doubling from `quarantine_initial` until it answers): a whole arc of failing members is left
+behind, whatever their number."""
 
 
 @dataclasses.dataclass(eq=False)
@@ -152,9 +161,9 @@ class Policy:
         self._ring: list[str] = []  # every member, connected or not, sorted
         self._listed: set[str] = set()  # not connected
         self._connecting: set[str] = set()  # ... asked to connect
-        self._unreachable: dict[str, tuple[float, float]] = {}  # -> (tried again at, back-off)
+        self._unreachable: dict[str, tuple[float, float]] = {}  # kept off: (until, back-off)
         self._active: dict[str, float] = {}  # the aperture: member -> its share of the arc
-        self._outside: dict[str, float] = {}  # connected, out of the aperture since
+        self._spare: dict[str, float] = {}  # connected, out of the aperture (or failing) since
         self._width = START_WIDTH
         self._reshaped = 0.0  # when the aperture was last sized
         self._reshape_due = True  # the membership changed
@@ -367,6 +376,7 @@ class Policy:
         del request.attempts[member.name]
         if isinstance(event, Answered):
             self._answered_at = now
+            self._unreachable.pop(member.name, None)
             self._latency.add(now - attempt.sent)
             if member.answered(event.attempt, now):
                 self._note(
@@ -441,7 +451,8 @@ class Policy:
         self._place(name)
         self._listed.discard(name)
         self._connecting.discard(name)
-        self._unreachable.pop(name, None)
+        if name in self._unreachable:  # its back-off doubles until it answers
+            self._unreachable[name] = (0.0, self._unreachable[name][1])
         if not self._members:
             self._answered_at = now
         announced = event.limit or DEFAULT_LIMIT
@@ -453,16 +464,19 @@ class Policy:
         if event.member not in self._connecting:
             return
         self._connecting.discard(event.member)
-        _, previous = self._unreachable.get(event.member, (0.0, 0.0))
-        options = self.options
-        backoff = min(max(previous * 2, options.quarantine_initial), options.quarantine_max)
-        self._unreachable[event.member] = (now + backoff, backoff)
+        self._keep_off(event.member, now)
         self._reshape_due = True
         self._note(
             logging.WARNING,
             f"{event.member} could not be connected: {event.error}",
             fields(event="unreachable", target=event.member, error=event.error),
         )
+
+    def _keep_off(self, name: str, now: float) -> None:
+        """Keep listed member `name` out of the aperture for a back-off, doubling each time."""
+        _, previous = self._unreachable.get(name, (0.0, 0.0))
+        backoff = min(max(previous * 2, self.options.quarantine_initial), KEEP_OFF_MAX)
+        self._unreachable[name] = (now + backoff, backoff)
 
     def _usable(self, name: str, now: float) -> bool:
         """Whether the aperture may hold `name` now: connected, or not backing off from a
@@ -475,9 +489,8 @@ class Policy:
         return member is None or not member.failing
 
     def _reshape(self, now: float) -> None:
-        """Size the aperture to the demand seen since the last time, then connect the listed
-        members that entered it and disconnect those out of it for `LINGER` with nothing
-        outstanding."""
+        """Size the aperture to the demand seen since the last time, let go of the members
+        spare, and connect the listed members that entered it, within the cap."""
         elapsed = now - self._reshaped
         if elapsed >= RESHAPE_EVERY:
             if self._starved >= elapsed / 2:
@@ -493,17 +506,46 @@ class Policy:
         width = min(max(self.seat.cover(count), self._width, MIN_WIDTH), cap)
         usable = functools.partial(self._usable, now=now)
         self._active = aperture(self._ring, self.seat, width, usable, cap, self._counted)
+        if self._let_go(now):  # kept off failing members: the arc reaches past them
+            self._active = aperture(self._ring, self.seat, width, usable, cap, self._counted)
+        # Within the cap: a spare member goes at once to make room for one the arc needs.
+        room = cap - len(self._members) - len(self._connecting)
         for name in self._active:
-            if name in self._listed and name not in self._connecting:
-                self._connecting.add(name)
-                self._actions.append(Connect(name))
+            if name not in self._listed or name in self._connecting:
+                continue
+            if room <= 0:
+                spare = [each for each in self._spare if not self._members[each].sent]
+                if not spare:
+                    break  # at the next reshape, when one has finished
+                self._disconnect(spare[0])
+                room += 1
+            self._connecting.add(name)
+            self._actions.append(Connect(name))
+            room -= 1
+
+    def _let_go(self, now: float) -> bool:
+        """Disconnect the members spare for long enough with nothing outstanding: out of the
+        aperture for `LINGER`, or failing in it for `LINGER_FAILING` while there are members
+        beyond it (kept off for a back-off); whether one was kept off."""
+        kept_off = False
+        beyond = len(self._ring) > len(self._active)
         for name, member in list(self._members.items()):
-            if name in self._active:
-                self._outside.pop(name, None)
-            elif now - self._outside.setdefault(name, now) >= LINGER and not member.sent:
-                del self._members[name], self._outside[name]
-                self._listed.add(name)
-                self._actions.append(Disconnect(name))
+            inside, failing = name in self._active, member.failing and beyond
+            if inside and not failing:
+                self._spare.pop(name, None)
+                continue
+            linger = LINGER_FAILING if inside else LINGER
+            if now - self._spare.setdefault(name, now) >= linger and not member.sent:
+                self._disconnect(name)
+                if inside:
+                    self._keep_off(name, now)
+                    kept_off = True
+        return kept_off
+
+    def _disconnect(self, name: str) -> None:
+        del self._members[name], self._spare[name]
+        self._listed.add(name)
+        self._actions.append(Disconnect(name))
 
     def _leave(self, name: str, now: float) -> None:
         at = bisect.bisect_left(self._ring, name)
@@ -514,7 +556,7 @@ class Policy:
         self._connecting.discard(name)
         self._unreachable.pop(name, None)
         self._active.pop(name, None)
-        self._outside.pop(name, None)
+        self._spare.pop(name, None)
         member = self._members.pop(name, None)
         if member is None:
             return

@@ -24,7 +24,7 @@ from typing import Any, Self
 from loadax.buffers import BufferPool
 from loadax.client.driver import Driver
 from loadax.client.fleet_options import FleetOptions
-from loadax.client.job import agree, mesh_processes
+from loadax.client.job import agree, job_seat, mesh_processes
 from loadax.client.member import Identity, handshake_request
 from loadax.client.membership import DIAGNOSIS_S, Membership
 from loadax.client.names import Resolver, resolve_host
@@ -143,6 +143,14 @@ class RemoteDataLoader(LoaderBuilder):
         `initial` seconds, doubling at each failed probe up to `longest`. Default 1 and 4."""
         return self._with_failover(quarantine_initial=initial, quarantine_max=longest)
 
+    def subset(self, members: int) -> Self:
+        """The most workers connected at once. Each loader uses an arc of the fleet (at least
+        its share when a mesh's JAX processes share it, wider while requests wait, narrower
+        while fewer keep up) so that connections stay bounded and every worker is used
+        evenly; past workers that fail the arc reaches further, up to the whole fleet. The
+        batches are the same whatever the subset. Default 64."""
+        return self._with_failover(subset=members)
+
     def fingerprint(self, fingerprint: str) -> Self:
         """Bind to the pipeline identity whose fingerprint is (or starts with) `fingerprint`,
         whatever most targets serve: targets serving another are left out."""
@@ -219,6 +227,8 @@ class RemoteLoader(Loader[Any]):
     ) -> None:
         self._stats = stats = StatsRecorder()
         buffers = BufferPool()  # the members' batches are received into these
+        processes = mesh_processes(options.mesh)
+        seat = job_seat(pipeline, processes)
         self._membership = membership = Membership(
             specs,
             pipeline,
@@ -228,15 +238,17 @@ class RemoteLoader(Loader[Any]):
             timeout=failover.startup_timeout,
             give_up_after=failover.give_up_after,
             diagnose=lambda address: diagnose(address, DIAGNOSIS_S, security),
+            seat=seat,
+            subset=failover.subset,
         )
-        self._driver = driver = Driver(failover)
+        self._driver = driver = Driver(failover, seat=seat, connect=membership.connect_member)
         try:
             self._identity = identity = membership.bind(failover.min_workers, driver, pinned)
             agree(
                 pipeline,
                 identity,
                 driver.members,
-                mesh_processes(options.mesh),
+                processes,
                 failover.startup_timeout,
             )
         except BaseException:
@@ -258,11 +270,11 @@ class RemoteLoader(Loader[Any]):
             stats=stats,
         )
         self._finalizer = weakref.finalize(self, _close, membership, driver)
-        membership.refresh_every(resolve_every, lambda: driver.members)
+        membership.refresh_every(resolve_every, lambda: driver.known)
 
     @property
     def targets(self) -> list[str]:
-        """The names of the members in use."""
+        """The names of the members connected (see `RemoteDataLoader.subset`)."""
         return self._driver.members
 
     @property
@@ -287,11 +299,11 @@ class RemoteLoader(Loader[Any]):
 
     def remove_target(self, name: str) -> None:
         """Stop using a worker; the requests it held are sent to the others."""
-        self._membership.remove(name, self.targets)
+        self._membership.remove(name, self._driver.known)
 
     def refresh(self) -> None:
         """Look the target names up again; add the addresses that appeared, drop those gone."""
-        self._membership.refresh(self.targets)
+        self._membership.refresh(self._driver.known)
 
     def close(self) -> None:
         self._finalizer()

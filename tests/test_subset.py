@@ -5,10 +5,18 @@ the arc grows with demand and past members that fail, and never holds more than 
 from __future__ import annotations
 
 import collections
+import json
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
+import pipelines
 import pytest
+from equivalence import digests
 
+from loadax import DataLoader
+from loadax.client import RemoteDataLoader
 from loadax.client.fleet_events import (
     Answered,
     Connect,
@@ -27,6 +35,8 @@ from loadax.client.fleet_options import FleetOptions
 from loadax.client.policy import LINGER, RESHAPE_EVERY, TICK, Policy
 from loadax.client.subset import Seat, aperture
 from loadax.errors import WorkerError
+
+TESTS = Path(__file__).parent
 
 
 def names(count: int) -> list[str]:
@@ -82,6 +92,7 @@ class Client:
         self.sent: dict[int, Send] = {}  # attempt -> its send, until answered
         self.to: collections.Counter[str] = collections.Counter()  # member -> attempts sent
         self.done: set[int] = set()  # requests answered
+        self.answered: collections.Counter[str] = collections.Counter()  # member -> answers
         for name in names(members):
             self.tell(Listed(name))
         self.tell(Tick())  # the arc is sized when requests come or time passes
@@ -103,9 +114,11 @@ class Client:
                 elif isinstance(action, Resolve):
                     self.done.add(action.request)
 
-    def run(self, seconds: float, outstanding: int, latency: float) -> None:
+    def run(
+        self, seconds: float, outstanding: int, latency: float, broken: frozenset[str] = frozenset()
+    ) -> None:
         """Keep `outstanding` requests submitted for `seconds`, each attempt answered `latency`
-        after it was sent, ticking every TICK."""
+        after it was sent (failed, by a `broken` member), ticking every TICK."""
         end = self.now + seconds
         sent_at: dict[int, float] = {}
         while self.now < end:
@@ -116,8 +129,13 @@ class Client:
                 sent_at.setdefault(attempt, self.now)
             for attempt, when in list(sent_at.items()):
                 if self.now - when >= latency:
-                    del sent_at[attempt], self.sent[attempt]
-                    self.tell(Answered(attempt))
+                    del sent_at[attempt]
+                    send = self.sent.pop(attempt)
+                    if send.member in broken:
+                        self.tell(Failed(attempt, WorkerError("UNAVAILABLE", "broken")))
+                    else:
+                        self.answered[send.member] += 1
+                        self.tell(Answered(attempt))
             self.now += TICK
             self.tell(Tick())
 
@@ -156,15 +174,31 @@ def test_a_member_failing_takes_none_of_the_arc_and_the_arc_reaches_one_further(
     arc = sorted(client.policy.aperture)
     victim, following = arc[0], names(100)[names(100).index(arc[-1]) + 1]
     assert following not in client.policy.members  # left when the arc narrowed
+    let_go = False
     for _ in range(round(2.0 / TICK)):
         for attempt, send in list(client.sent.items()):
             if send.member == victim:
                 del client.sent[attempt]
                 client.tell(Failed(attempt, WorkerError("UNAVAILABLE", "gone")))
         client.run(TICK, outstanding=2, latency=0.05)
+        let_go |= victim not in client.policy.members  # failing for long: kept off a while
+    assert let_go
     assert following in client.policy.aperture
     assert following in client.policy.members
-    assert victim in client.policy.aperture  # still probed when its back-off ends
+
+
+def test_failover_reaches_past_a_whole_arc_of_failing_members() -> None:
+    client = Client(20, clients=1, subset=2)
+    ring = names(20)
+    start = ring.index(sorted(client.policy.members)[0])
+    broken = frozenset((ring * 2)[start : start + 8])  # the arc, and 6 members on from it
+    held = 0
+    for _ in range(150):
+        client.run(0.2, outstanding=2, latency=0.05, broken=broken)
+        held = max(held, len(client.policy.members))
+    assert held <= 2
+    assert set(client.answered) - broken
+    assert client.answered.total() >= 50
 
 
 def test_a_member_that_cannot_be_connected_is_tried_again_after_a_back_off() -> None:
@@ -179,3 +213,38 @@ def test_a_member_that_cannot_be_connected_is_tried_again_after_a_back_off() -> 
     client.run(0.6, outstanding=2, latency=0.05)
     assert client.connects.count(refused) == 2
     assert refused in client.policy.members
+
+
+@pytest.mark.parametrize("transport", ["grpc", "zmq"])
+def test_a_loader_of_a_subset_of_real_workers_gives_the_local_batches(transport: str) -> None:
+    """6 real workers (one process), a loader that may connect 2: it never holds more, it
+    connects another when one leaves, and its batches are byte for byte the local loader's."""
+    command = [sys.executable, str(TESTS / "many_workers.py"), "--transport", transport]
+    command += ["--count", "6"]
+    pipe = subprocess.PIPE
+    with subprocess.Popen(command, stdin=pipe, stdout=pipe, text=True) as server:
+        try:
+            assert server.stdout is not None
+            targets = json.loads(server.stdout.readline())["targets"]
+            pipeline = pipelines.numbers()  # as the workers serve it
+            local = DataLoader(pipeline.batcher).batch_size(8).shuffle(seed=3).workers(0)
+            expected = digests(local.build(pipeline.dataset))
+            builder = RemoteDataLoader(targets, pipeline="numbers").subset(2)
+            with builder.batch_size(8).shuffle(seed=3).build() as loader:
+                first = set(loader.targets)
+                held: set[int] = set()
+                got = []
+                for batch in loader:
+                    got.append(batch)
+                    held.add(len(loader.targets))
+                    if len(got) == 4:  # one leaves: the arc reaches a listed worker, connected
+                        loader.remove_target(sorted(first)[0])
+                workers = loader.stats().workers
+                last = set(loader.targets)
+        finally:
+            server.terminate()
+    assert digests(got) == expected
+    assert max(held) <= 2
+    assert len(first) == 2
+    assert last - first
+    assert 1 <= len([name for name, worker in workers.items() if worker.requests]) <= 2
