@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import threading
 from collections import deque
 from collections.abc import Callable, Hashable, Iterator
@@ -68,10 +69,6 @@ class RequestPath:
         )
         """The policy, for what the transport refuses before a request is parsed."""
         self._slots = _Slots(threads)
-        self._windows = {
-            pipeline.name: pipeline.stream_window
-            for pipeline in worker.info(wire.InfoRequest()).pipelines
-        }
 
     def arrive(
         self, connection: Hashable, name: str, request: RequestMessage, *, until: int = 1
@@ -174,6 +171,15 @@ class RequestPath:
         else:
             rows = len(request.rows) or request.plan.batch_size
         return max(rows, 1)
+
+    @functools.cached_property
+    def _windows(self) -> dict[str, int]:
+        """The records of a window of each stream pipeline (0: random-access), asked of the
+        worker when the first window request comes."""
+        return {
+            pipeline.name: pipeline.stream_window
+            for pipeline in self._worker.info(wire.InfoRequest()).pipelines
+        }
 
 
 class _Slots:
