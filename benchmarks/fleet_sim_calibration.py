@@ -86,8 +86,8 @@ def r2_world(
 
 def rate(world: World) -> float:
     """Records/s: from the loop's start (after `build()`) to its last batch."""
-    report = Simulation(world).run()
-    return RECORDS / (report["finished_max_s"] - world.rtt_s)
+    finished: float = Simulation(world).run()["finished_max_s"]
+    return RECORDS / (finished - world.rtt_s)
 
 
 def efficiency(cost_ms: int, workers: int) -> float:

@@ -114,10 +114,11 @@ def targets(reports: dict[tuple[int, int, str], dict[str, Any]]) -> list[str]:
 
 
 def plot(reports: dict[tuple[int, int, str], dict[str, Any]], path: Path) -> None:
-    import matplotlib
+    # The benchmarks extra: only the plot needs it.
+    import matplotlib  # type: ignore[import-not-found, unused-ignore]
 
     matplotlib.use("Agg")
-    from matplotlib import pyplot
+    from matplotlib import pyplot  # type: ignore[import-not-found, unused-ignore]
 
     figure, (delivered, gaps) = pyplot.subplots(1, 2, figsize=(10, 4))
     for trainers in TRAINERS:
