@@ -67,6 +67,9 @@ def _forwarding(method: str, context: grpc.ServicerContext, call: Any) -> Iterat
     """Pass the upstream call's failure on as the call's status, and log it."""
     try:
         yield
+    except grpc.FutureCancelledError:  # the client went away (a unary call's reply.cancel())
+        _log(method, "CANCELLED")
+        raise
     except grpc.RpcError as error:
         code, details = error.code(), error.details()
         _log(method, code.name)

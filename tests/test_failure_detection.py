@@ -51,7 +51,7 @@ SLOW = blobs(0.25)  # 1 s a batch: a request is still in flight when its worker 
 LEFT_AT_ONCE_S = 5.0
 """A killed or draining worker: its connection closes, new requests fail at once (< 1 s)."""
 FROZEN_S = 15.0
-"""A frozen worker: heartbeats (ZeroMQ) or keepalive pings (gRPC) fail it within ~2-3 s."""
+"""A frozen worker: heartbeats (ZeroMQ pings, gRPC messages) stop and fail it within ~2-3 s."""
 BACK_S = 15.0
 """A restarted worker: reconnected within ~1 s, plus the loader's back-off for it (<= 2 s)."""
 
@@ -190,11 +190,11 @@ def test_a_frozen_workers_requests_fail_within_seconds_and_it_serves_once_resume
         requests = [batch_request("blobs", fingerprint, plan, StepWork(step)) for step in (1, 2)]
         in_flight = opened.send(requests[0])
         os.kill(worker.process.pid, signal.SIGSTOP)
-        # Keepalive pings (gRPC) or heartbeats (ZeroMQ) go unanswered: the call fails.
+        # Its heartbeats stop (gRPC: messages on the call) or go unanswered (ZeroMQ): it fails.
         error = in_flight.exception(FROZEN_S)
         assert isinstance(error, WorkerError), error
         assert error.code == "UNAVAILABLE"
-        # So does a request sent now (gRPC: once a connection attempt times out, ~1 s).
+        # So does a request sent now (gRPC: once 2 s pass without a heartbeat).
         error = opened.send(requests[1]).exception(LEFT_AT_ONCE_S)
         assert isinstance(error, WorkerError), error
         assert error.code == "UNAVAILABLE"
