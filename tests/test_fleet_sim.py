@@ -78,8 +78,9 @@ def test_a_run_is_the_same_for_a_seed_and_another_for_another_seed() -> None:
 def test_a_killed_worker_costs_a_bounded_gap_and_no_batch() -> None:
     # Without hedges, the killed worker's requests come back only as failures, once the lost
     # connection is noticed (0.5 s: longer than the trainers are ahead), and are re-issued.
-    # Half the workers, between answers (at 10 s every worker is idle): one holds a request.
-    killed = dataclasses.replace(SMALL, loss_s=0.5, faults=(Fault("kill", 10.005, 0.5),))
+    # 8 workers of 60 ms a batch are busy 75 % of the time: the 2 killed hold requests.
+    busy = dataclasses.replace(SMALL, workers=8, service_s=0.06, loss_s=0.5)
+    killed = dataclasses.replace(busy, faults=(Fault("kill", 10.0, 0.25),))
     report = Simulation(killed, FleetOptions(hedge_after=None)).run()
     assert report["lost_attempts"] > 0  # the seed kills a worker holding requests
     assert report["failed_batches"] == 0
