@@ -35,7 +35,7 @@ factory = "pipelines:paced"
 args = { records = 100000, delay = 0.02 }
 """
 PLAN = loadax.Plan(100000, batch_size=2)  # a batch: 2 records of 20 ms, on the one thread
-MEASURE_S = 3.0
+MEASURE_S = 2.5
 FAIR = 1.25
 """The most a client may get over another while both are backlogged, in batches of one size."""
 WAIT_S = 60.0
@@ -181,7 +181,7 @@ def steady_threads(worker: WorkerProcess) -> int:
     """The worker's thread count once it has not changed for longer than handler threads idle."""
     deadline = time.monotonic() + WAIT_S
     count, since = threads_of(worker), time.monotonic()
-    while time.monotonic() - since < 1.5 * IDLE_S:
+    while time.monotonic() - since < 1.2 * IDLE_S:
         assert time.monotonic() < deadline, "the worker's thread count never settled"
         time.sleep(0.1)
         now = threads_of(worker)
