@@ -18,7 +18,7 @@ import pytest
 from verifying import Verifying
 
 import loadax
-from loadax.client.transports.grpc import GrpcTransport
+from loadax.client.transports.grpc import STREAM_FROM_S, GrpcTransport
 from loadax.errors import WorkerError
 from loadax.plan.work import StepWork
 from loadax.server.grpc_server import GrpcServer
@@ -31,6 +31,7 @@ from loadax.wire.payloads import (
     PAYLOAD_SERVICE,
     STREAM_BATCH,
     EncodedBatch,
+    payload_reply,
     stream_messages,
 )
 from loadax.wire.plans import batch_request, plan_to_wire
@@ -38,6 +39,7 @@ from loadax.wire.v1 import worker_pb2 as wire
 
 WAIT_S = 30.0
 PLAN = loadax.Plan(8, batch_size=4)
+NUMBERS = loadax.Plan(20, batch_size=4)
 SILENCE_S = GRPC_SILENCE_MS / 1000
 
 
@@ -97,25 +99,42 @@ def test_a_heartbeat_interval_out_of_range_is_refused_naming_it(
 
 
 @contextlib.contextmanager
-def without_heartbeats(pause_s: dict[int, float]) -> Iterator[Verifying[GrpcTransport]]:
+def without_heartbeats(
+    pause_s: dict[int, float], called: list[str] | None = None, stream_from_bytes: int = 0
+) -> Iterator[Verifying[GrpcTransport]]:
     """A worker from before heartbeats, as a client sees it: it answers step `s` of "numbers"
-    after `pause_s[s]` seconds, with no message before the header; a transport to it."""
-    pipeline = pipelines.numbers(8)
+    after `pause_s[s]` seconds, with no message before the header, the methods called noted in
+    `called`; a transport to it."""
+    pipeline = pipelines.numbers(NUMBERS.num_records)
+
+    def batch(body: bytes, method: str) -> EncodedBatch:
+        request = wire.BatchRequest.FromString(body)
+        (called if called is not None else []).append(method)
+        time.sleep(pause_s[request.step])
+        frames = encode_frames(pipeline.load(NUMBERS, request.step))
+        return EncodedBatch.answering(request, "f" * 64, frames)
 
     def stream(body: bytes, context: Any) -> Iterator[bytes]:
-        request = wire.BatchRequest.FromString(body)
-        time.sleep(pause_s[request.step])
-        frames = encode_frames(pipeline.load(PLAN, request.step))
-        yield from stream_messages(EncodedBatch.answering(request, "f" * 64, frames))
+        yield from stream_messages(batch(body, "StreamBatch"))
+
+    def unary(body: bytes, context: Any) -> bytes:
+        made = batch(body, "LoadBatch")
+        return payload_reply(made.header, made.frames)
 
     handler = grpc.method_handlers_generic_handler(
-        PAYLOAD_SERVICE, {"StreamBatch": grpc.unary_stream_rpc_method_handler(stream)}
+        PAYLOAD_SERVICE,
+        {
+            "StreamBatch": grpc.unary_stream_rpc_method_handler(stream),
+            "LoadBatch": grpc.unary_unary_rpc_method_handler(unary),
+        },
     )
     server = grpc.server(futures.ThreadPoolExecutor(2), options=[("grpc.so_reuseport", 0)])
     server.add_generic_rpc_handlers((handler,))
     port = server.add_insecure_port("127.0.0.1:0")
     server.start()
-    target = Verifying(GrpcTransport(f"grpc://127.0.0.1:{port}", stream_from_bytes=0))
+    target = Verifying(
+        GrpcTransport(f"grpc://127.0.0.1:{port}", stream_from_bytes=stream_from_bytes)
+    )
     try:
         yield target
     finally:
@@ -128,10 +147,21 @@ def test_a_silent_stream_fails_unless_its_worker_showed_it_sends_no_heartbeats()
     with without_heartbeats({0: slow_s}) as target:
         # Nothing in 2 s: frozen, or too old to send heartbeats; it cannot tell which yet.
         with pytest.raises(WorkerError) as silent:
-            target.load(batch_request("numbers", "f" * 64, PLAN, StepWork(0)), WAIT_S)
+            target.load(batch_request("numbers", "f" * 64, NUMBERS, StepWork(0)), WAIT_S)
         assert silent.value.code == "UNAVAILABLE", silent.value
         assert "sent nothing for 2 s, not even a heartbeat" in silent.value.message
     with without_heartbeats({0: 0.0, 1: slow_s}) as target:
-        target.load(batch_request("numbers", "f" * 64, PLAN, StepWork(0)), WAIT_S)
+        target.load(batch_request("numbers", "f" * 64, NUMBERS, StepWork(0)), WAIT_S)
         # That reply came without a heartbeat: this worker's silence is no longer timed.
-        assert target.load(batch_request("numbers", "f" * 64, PLAN, StepWork(1)), WAIT_S)
+        assert target.load(batch_request("numbers", "f" * 64, NUMBERS, StepWork(1)), WAIT_S)
+
+
+def test_a_batch_that_took_long_is_streamed_next_time_whatever_its_size() -> None:
+    called: list[str] = []
+    pauses = {0: 0.0, 1: 0.0, 2: STREAM_FROM_S + 0.1, 3: 0.0, 4: 0.0}
+    with without_heartbeats(pauses, called, stream_from_bytes=1 << 20) as target:
+        for step in range(5):
+            target.load(batch_request("numbers", "f" * 64, NUMBERS, StepWork(step)), WAIT_S)
+    # The first batch is streamed; small and quick, the next comes in one reply, until one
+    # takes long: the one after it is streamed, with heartbeats from a worker that sends them.
+    assert called == ["StreamBatch", "LoadBatch", "LoadBatch", "StreamBatch", "LoadBatch"]
