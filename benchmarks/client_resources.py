@@ -8,8 +8,9 @@ is open.
     python benchmarks/client_resources.py client TARGET...   # one client; prints its JSON line
 
 A client's line: `threads` and `fds` of the whole process with the loader open, the same
-`*_before` it was built, `members` (targets that answered a batch request), and `thread_names`
-(how many threads of each name, digits dropped).
+`*_before` it was built, `members` (targets that answered a batch request), `batches_per_s` (of
+tiny batches from idle workers: what the client's own machinery takes per batch), and
+`thread_names` (how many threads of each name, digits dropped).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import re
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -42,8 +44,10 @@ def client(targets: Sequence[str], batches: int = BATCHES) -> dict[str, Any]:
     builder = RemoteDataLoader(list(targets), pipeline="numbers").batch_size(1).num_epochs(None)
     with builder.build() as loader:
         iterator = iter(loader)
+        start = time.perf_counter()
         for _ in range(batches):
             next(iterator)
+        seconds = time.perf_counter() - start
         threads, fds = _threads(), _fds()
         names = collections.Counter(re.sub(r"\d+", "", t.name) for t in threading.enumerate())
         stats = loader.stats()
@@ -54,6 +58,7 @@ def client(targets: Sequence[str], batches: int = BATCHES) -> dict[str, Any]:
         "fds": fds,
         "threads_before": before[0],
         "fds_before": before[1],
+        "batches_per_s": batches / seconds,
         "thread_names": dict(names.most_common()),
     }
 
@@ -128,8 +133,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--json", type=Path, help="write every client's line here")
     options = parser.parse_args(args)
     lines = []
-    print("| transport | workers | members | threads | fds | fds per member |")
-    print("|---|---|---|---|---|---|")
+    print("| transport | workers | members | threads | fds | fds per member | batches/s |")
+    print("|---|---|---|---|---|---|---|")
     for transport in options.transports.split(","):
         for count in (int(workers) for workers in options.workers.split(",")):
             line = measure(transport, count, options.batches)
@@ -137,7 +142,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             per_member = (line["fds"] - line["fds_before"]) / line["members"]
             print(
                 f"| {transport} | {count} | {line['members']} | {line['threads']} "
-                f"| {line['fds']} | {per_member:.2f} |",
+                f"| {line['fds']} | {per_member:.2f} | {line['batches_per_s']:.0f} |",
                 flush=True,
             )
     if options.json is not None:
