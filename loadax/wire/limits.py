@@ -35,7 +35,7 @@ GRPC_HEARTBEAT_MS = 500
 asks for them, from the call's start until the batch's header. Heartbeats are data: a proxy
 forwards them from the worker itself, and they reset any gRPC server's ping limits, where
 keepalive pings reach only the nearest proxy, and one configured as gRPC's default server counts
-pings more often than every 5 minutes without data as strikes (2 strikes: GOAWAY
+pings more often than every 5 minutes without data as strikes (beyond 2: GOAWAY
 `too_many_pings`, every call on the connection failed)."""
 GRPC_SILENCE_MS = 2_000
 """How long a client waits for the next message of a streamed call from a worker that heartbeats

@@ -13,8 +13,9 @@ schema's `Worker.LoadBatch` stays, for standard gRPC tools):
   array larger than a message is put together again, in a buffer the client reuses.
   A client that sends the metadata `HEARTBEAT_METADATA` ("loadax-heartbeat-ms": N) gets
   heartbeats before the header: an empty message (`HEARTBEAT`) at once, then one every N ms
-  while the batch is made, which it drops. A worker without heartbeats ignores the metadata
-  (its client then sees none, and tells no silence); a client that does not ask gets none.
+  while the batch is made, which it drops. A worker without heartbeats ignores the metadata:
+  its client, seeing a header first, no longer times its silence. A client that does not ask
+  gets none.
 
 A client streams a batch of `STREAM_FROM_BYTES` or more, and asks for a smaller one in one reply.
 The header (a `BatchResponse` without its payload) names what the batch was made for and carries
