@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import subprocess
 import sys
 from pathlib import Path
 
@@ -23,6 +24,18 @@ from loadax.client.fleet_options import FleetOptions
 
 RESULTS_BEFORE = "## Why the missed transport targets are missed"
 """The simulator's sections of RESULTS.md go before this one (after R2), when new."""
+
+
+def policy_version() -> str:
+    """The commit the policy is at (`client/`), and whether it has uncommitted changes."""
+    root = Path(__file__).resolve().parents[1]
+
+    def git(*command: str) -> str:
+        done = subprocess.run(["git", *command], cwd=root, capture_output=True, text=True)
+        return done.stdout.strip() if done.returncode == 0 else ""
+
+    commit = git("log", "-1", "--format=%h", "--", "client") or "unknown"
+    return commit + (" + uncommitted changes" if git("status", "--short", "--", "client") else "")
 
 
 def write_section(path: Path, title: str, lines: list[str]) -> None:

@@ -25,7 +25,7 @@ import argparse
 from collections.abc import Iterator
 from pathlib import Path
 
-from fleet_sim import write_section
+from fleet_sim import policy_version, write_section
 from fleet_sim_run import Simulation
 from fleet_sim_world import Fault, FaultKind, World
 
@@ -182,7 +182,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     table = markdown(rows())
     print("\n".join(table))
-    write_section(args.out, SECTION, [*INTRO, "", *table, "", *NOTES])
+    intro = [f"{INTRO[0]} The policy: `client/` at {policy_version()}."]
+    write_section(args.out, SECTION, [*intro, "", *table, "", *NOTES])
     return 0
 
 

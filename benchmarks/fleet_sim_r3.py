@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from fleet_sim import write_section
+from fleet_sim import policy_version, write_section
 
 BENCHMARKS = Path(__file__).resolve().parent
 WORKERS = (100, 1_000, 10_000)
@@ -65,7 +65,8 @@ def row(workers: int, trainers: int, scenario: str, report: dict[str, Any]) -> s
         return head + f" not done in {report['timed_out']:g} s |" + " |" * 10
     gap = report["max_gap_after_fault_s"] if "kill" in scenario else report["max_gap_s"]
     cells = [
-        _cell(report["delivered_fraction"], ".3f"),
+        f"{_cell(report['delivered_fraction'], '.3f')} "
+        f"({_cell(report['delivered_fraction_min'], '.3f')})",
         _cell(report["stall_fraction"], ".3f"),
         f"{_cell(report['p50_gap_s'], '.3f')} / {_cell(report['p99_gap_s'], '.3f')}",
         _cell(gap, ".2f"),
@@ -80,36 +81,53 @@ def row(workers: int, trainers: int, scenario: str, report: dict[str, Any]) -> s
 
 
 def targets(reports: dict[tuple[int, int, str], dict[str, Any]]) -> list[str]:
-    """Item 7's targets at 1,000 x 256, each with what was simulated and whether it is met."""
+    """Item 7's targets at 1,000 x 256, each with what was simulated and whether it is met (by
+    how much it is missed), and where a missed load spread comes from."""
     stragglers = reports[(*TARGET, "5 % stragglers at 10x")]
     killed = reports[(*TARGET, "10 % killed at once")]
     if "timed_out" in stragglers or "timed_out" in killed:
         return ["The target cases did not finish: no verdict."]
     p50, p99 = stragglers["p50_gap_s"], stragglers["p99_gap_s"]
     cap = stragglers["connections_cap"]
+    # (target, simulated, its limit, whether it must stay at or below it, how to show them)
     checks = [
+        ("delivered ≥ 95 % of demand", stragglers["delivered_fraction"], 0.95, False, ".1%"),
+        ("p99 gap ≤ 2 x p50 (s)", p99, 2 * p50, True, ".3f"),
+        ("extra load ≤ 10 %", stragglers["extra_load"], 0.1, True, ".1%"),
         (
-            "delivered ≥ 95 % of demand",
-            stragglers["delivered_fraction"] >= 0.95,
-            f"{stragglers['delivered_fraction']:.1%}",
+            f"connections per trainer ≤ the cap ({cap}), at any time",
+            stragglers["connections_per_trainer_max"],
+            cap,
+            True,
+            "d",
         ),
-        ("p99 gap ≤ 2 x p50", p99 <= 2 * p50, f"{p99:.3f} s vs 2 x {p50:.3f} s"),
-        ("extra load ≤ 10 %", stragglers["extra_load"] <= 0.1, f"{stragglers['extra_load']:.1%}"),
-        (
-            f"connections per trainer ≤ the cap ({cap})",
-            stragglers["connections_per_trainer_max"] <= cap,
-            f"{stragglers['connections_per_trainer_max']} at most, "
-            f"{stragglers['connections_per_trainer_end_max']} at the end",
-        ),
-        ("load spread ≤ 1.2", stragglers["load_spread"] <= 1.2, f"{stragglers['load_spread']:.2f}"),
+        ("load spread ≤ 1.2", stragglers["load_spread"], 1.2, True, ".2f"),
         (
             "after killing 10 %, no trainer's gap > 2 s",
-            killed["max_gap_after_fault_s"] <= 2.0,
-            f"longest {killed['max_gap_after_fault_s']:.2f} s",
+            killed["max_gap_after_fault_s"],
+            2.0,
+            True,
+            ".2f",
         ),
     ]
     lines = ["| target (1,000 x 256, 5 % stragglers) | simulated | verdict |", "|---|---|---|"]
-    lines += [f"| {what} | {got} | {'met' if ok else '**missed**'} |" for what, ok, got in checks]
+    for what, got, limit, at_most, spec in checks:
+        met = got <= limit if at_most else got >= limit
+        verdict = "met" if met else f"**missed** by {format(abs(got - limit), spec)}"
+        lines.append(f"| {what} | {format(got, spec)} | {verdict} |")
+    if stragglers["load_spread"] > 1.2:
+        lines += [
+            "",
+            "Where the load spread comes from: the apertures cover the workers evenly over the "
+            f"run (each worker's shares of them, summed every 0.5 s: max ÷ mean "
+            f"{stragglers['cover_spread']:.2f}), but the requests a worker took per unit of "
+            f"that cover spread {stragglers['requests_per_cover_spread']:.2f}: the unevenness "
+            "is in how each trainer spreads its requests over its aperture. `Policy._choose` "
+            "sends each attempt to the member expected to answer first, (outstanding + 1) x "
+            "its recent latency, and uses the member's share of the arc only to break ties; "
+            "a straggler stays in the arcs it sits in (it takes its width) while taking almost "
+            "none of their requests, which go to its neighbours in those arcs.",
+        ]
     return lines
 
 
@@ -121,7 +139,7 @@ def plot(reports: dict[tuple[int, int, str], dict[str, Any]], path: Path) -> Non
     from matplotlib import pyplot  # type: ignore[import-not-found, unused-ignore]
 
     figure, (delivered, gaps) = pyplot.subplots(1, 2, figsize=(10, 4))
-    for trainers in TRAINERS:
+    for colour, trainers in enumerate(TRAINERS):
         for scenario, style in (("5 % stragglers at 10x", "-o"), ("uniform", ":x")):
             done = [
                 (workers, reports[(workers, trainers, scenario)])
@@ -130,8 +148,9 @@ def plot(reports: dict[tuple[int, int, str], dict[str, Any]], path: Path) -> Non
             ]
             label = f"{trainers} trainers, {scenario}"
             xs = [workers for workers, _ in done]
-            delivered.plot(xs, [r["delivered_fraction"] for _, r in done], style, label=label)
-            gaps.plot(xs, [r["p99_gap_s"] or float("nan") for _, r in done], style, label=label)
+            line = {"label": label, "color": f"C{colour}"}
+            delivered.plot(xs, [r["delivered_fraction"] for _, r in done], style, **line)
+            gaps.plot(xs, [r["p99_gap_s"] or float("nan") for _, r in done], style, **line)
     delivered.set(xscale="log", xlabel="workers", ylabel="delivered ÷ demand", ylim=(0, 1.05))
     gaps.set(xscale="log", yscale="log", xlabel="workers", ylabel="p99 gap between batches (s)")
     delivered.legend(fontsize=7)
@@ -158,22 +177,27 @@ def main(argv: list[str] | None = None) -> int:
                     print(row(workers, trainers, scenario, report), flush=True)
     plot(reports, BENCHMARKS / "r3.png")
     header = [
-        "| workers | trainers | case | delivered | stall | gap p50 / p99 (s) | longest gap (s) "
-        "| extra load | connections per trainer, end (max) | per worker, end (max) "
+        "| workers | trainers | case | delivered (least trainer) | stall | gap p50 / p99 (s) "
+        "| longest gap (s) | extra load | connections per trainer, end (max) "
+        "| per worker, end (max) "
         "| load spread | policy µs per decision | wall s |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     intro = [
         f"`python benchmarks/fleet_sim_r3.py` ({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}"
-        f", {time.perf_counter() - started:.0f} s): each case {SECONDS:g} s of virtual time on the "
-        "fleet simulator (the client's real policy, its default options: subset 64). Each "
-        "trainer steps every 50 ms (wants 20 batches/s); each worker has 2 loading slots of "
-        "250 ms a batch (makes 8/s): a trainer wants 2.5 workers' worth, so 1,000 workers serve "
-        "256 trainers at 64 % of their capacity (100 workers: 16 trainers at 40 %, 256 at "
-        "640 %: they cannot). Stragglers are 10x slower; the kill is at "
-        f"{KILL_AT:g} s, and its longest gap is of those after it. Connections: at the end, and "
-        "in brackets the most at any time. Load spread: the most requests a worker took ÷ the "
-        "mean, over the workers up throughout.",
+        f", {time.perf_counter() - started:.0f} s, `client/` at {policy_version()}): each case "
+        f"{SECONDS:g} s of virtual time on the fleet simulator (the client's real policy, its "
+        "default options: subset 64). Each trainer steps every 50 ms (wants 20 batches/s); "
+        "each worker has 2 loading slots of 250 ms a batch (makes 8/s): a trainer wants 2.5 "
+        "workers' worth, so 1,000 workers serve 256 trainers at 64 % of their capacity (100 "
+        "workers: 16 trainers at 40 %, 256 at 640 %: they cannot). Stragglers are 10x slower; "
+        f"the kill is at {KILL_AT:g} s, and its longest gap is of those after it. Connections: "
+        "at the end, and in brackets the most at any time. Load spread: the most requests a "
+        "worker took ÷ the mean, over the workers up throughout (where the trainers' apertures "
+        "together are narrower than the fleet, e.g. 1 trainer of at most 64 connections, most "
+        "workers are unused by design). Delivered counts from the start: the first batch "
+        "(250 ms) is 1.25 % of a 20 s run. The policy CPU per decision and the wall time are "
+        "of a machine shared with other work.",
     ]
     write_section(
         args.out,

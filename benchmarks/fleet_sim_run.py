@@ -49,7 +49,8 @@ from loadax.client.subset import Seat, aperture
 from loadax.errors import WorkerError
 
 # Timed events: (time, sequence, kind, a, b); the sequence keeps equal times in order.
-_ARRIVE, _DONE, _CANCEL, _REPLY, _TAKE, _TIMER, _FAULT, _HANDSHAKE = range(8)
+_ARRIVE, _DONE, _CANCEL, _REPLY, _TAKE, _TIMER, _FAULT, _HANDSHAKE, _LOOK = range(9)
+_LOOK_EVERY = 0.5  # seconds between looks at the trainers' apertures
 _CPU_SAMPLE = 16
 
 
@@ -130,6 +131,7 @@ class Simulation:
                     self._decide(trainer, Listed(name), 0.0)
         for index, fault in enumerate(self.world.faults):
             self._push(fault.at, _FAULT, index, None)
+        self._push(_LOOK_EVERY, _LOOK, None, None)
         for trainer in self.trainers:  # as `build()`: once the first connects are answered
             self._push(self.world.rtt_s, _TAKE, trainer, None)
         end, heap = self.world.seconds, self._heap
@@ -150,6 +152,8 @@ class Simulation:
                 self._timer(a, now)
             elif kind == _HANDSHAKE:
                 self._handshake(a, b, now)
+            elif kind == _LOOK:
+                self._look(now)
             else:
                 self._fault(self.world.faults[a], now)
         return self._report(time.perf_counter() - started)
@@ -235,6 +239,13 @@ class Simulation:
                 self.connections_per_worker_max, worker.connections
             )
         self._decide(trainer, Joined(worker.name, self.world.limit), now)
+
+    def _look(self, now: float) -> None:
+        """Add each trainer's aperture shares to its workers' cover."""
+        for trainer in self.trainers:
+            for name, share in trainer.policy.aperture.items():
+                self.workers[name].cover += share
+        self._push(now + _LOOK_EVERY, _LOOK, None, None)
 
     def _let_go(self, trainer: SimTrainer, worker: SimWorker) -> None:
         """`trainer` closes its connection to `worker` (disconnected, or the worker left)."""
@@ -376,13 +387,19 @@ class Simulation:
         gaps = sorted(gap for trainer in self.trainers for gap in trainer.gaps)
         requests = sum(len(trainer.sent_requests) for trainer in self.trainers)
         # Of the workers up from the start to the end: a killed or an added one serves less.
-        loads = [
-            worker.requests
+        steady = [
+            worker
             for worker in itertools.islice(self.workers.values(), world.workers)
             if worker.state == "up"
         ]
+        loads = [worker.requests for worker in steady]
         mean_load = sum(loads) / len(loads) if loads else 0.0
         connected = [trainer.policy.members for trainer in self.trainers]
+        # Where the spread comes from: the apertures' cover of each worker (its shares of them,
+        # summed, over the run), or how each trainer spreads its requests over its aperture.
+        covers = [worker.cover for worker in steady]
+        mean_cover = sum(covers) / len(covers) if covers else 0.0
+        per_cover = [worker.requests / worker.cover for worker in steady if worker.cover]
         return {
             "workers": world.workers,
             "trainers": world.trainers,
@@ -420,6 +437,10 @@ class Simulation:
             "connections_per_trainer_end_max": max(map(len, connected)),
             "connections_per_worker_end_max": max(Counter(itertools.chain(*connected)).values()),
             "load_spread": max(loads) / mean_load if mean_load else None,
+            "cover_spread": max(covers) / mean_cover if mean_cover else None,
+            "requests_per_cover_spread": max(per_cover) / (sum(per_cover) / len(per_cover))
+            if per_cover
+            else None,
             "decisions": self.decisions,
             "ticks": self.ticks,
             "events": self.events,

@@ -118,6 +118,7 @@ class SimWorker:
         self.state: Literal["up", "dead", "hung", "gone"] = "up"
         self.requests = 0  # attempts taken in (refusals aside)
         self.connections = 0  # trainers connected to it
+        self.cover = 0.0  # its shares of the trainers' apertures, summed over the run's looks
         self._queue: deque[Job] = deque()
         self._running: dict[Job, None] = {}  # a dict: in the order they started
         self._held: dict[int, int] = {}  # trainer -> requests held (queued or loading)
