@@ -137,11 +137,12 @@ class MemberHealth:
 
 
 class FleetLatency:
-    """The fleet's recent answers' latencies, and their p95 once there are enough."""
+    """The fleet's recent answers' latencies, and their median and p95 once there are enough."""
 
     def __init__(self) -> None:
         self._recent: deque[float] = deque(maxlen=_RECENT)
         self._count = 0
+        self.p50: float | None = None
         self.p95: float | None = None
 
     def add(self, seconds: float) -> None:
@@ -150,4 +151,5 @@ class FleetLatency:
         # Every answer while they are few, then every 16th.
         if self._count >= LATENCY_SAMPLES and (self._count < _RECENT or self._count % 16 == 0):
             ordered = sorted(self._recent)
+            self.p50 = ordered[(len(ordered) - 1) // 2]
             self.p95 = ordered[int(0.95 * (len(ordered) - 1))]

@@ -8,11 +8,10 @@ a byte. The rules:
 
 - Subset: requests go to the members of the client's aperture (`loadax.client.subset`): an arc
   of the ring of members at least its share of the fleet wide (so the job's clients use every
-  member evenly), grown by half when requests waited beyond the depth for half of a
-  `RESHAPE_EVERY`, narrowed by one member at a time while fewer would do, never more than
-  `subset` members. Listed members that enter the arc are connected (`Connect`); members out of
-  it for `LINGER` with nothing outstanding are disconnected. When no member of the arc is free,
-  any connected
+  member evenly) and `HEADROOM` x the members its requests in flight need, measured every
+  `RESHAPE_EVERY` (wider at once, narrower by `NARROWING`), never more than `subset`. Listed
+  members that enter the arc are connected (`Connect`); members out of it for `LINGER` with
+  nothing outstanding are disconnected. When no member of the arc is free, any connected
   member is used. A member failing stays in the arc (it is probed as below) but takes none of
   its width: the arc reaches one member further, within the cap. One failing for
   `LINGER_FAILING` while there are members beyond the arc is disconnected and kept off for a
@@ -21,15 +20,17 @@ a byte. The rules:
 - Depth: requests are admitted in order while fewer than `in_flight_per_worker` per member of
   the aperture that is up (within its limit) are outstanding, at least one.
 - Each attempt goes to the member expected to answer first: (outstanding + 1) x its recent
-  latency (an EWMA, at least the age of its oldest attempt); of those alike, the one sent the
-  fewest for its share of the arc. None holds more than it announced
-  it takes from one client; RESOURCE_EXHAUSTED is back-pressure: that member is sent less for a
-  while, and nothing counts as failed.
+  latency (an EWMA, at least the age of its oldest attempt); of those within `ALIKE` of the
+  first, the one with the fewest outstanding and then sent the fewest for its share of the
+  arc (so that members alike share the load evenly, not the one a hair faster). None holds
+  more than it announced it takes from one client; RESOURCE_EXHAUSTED is back-pressure: that
+  member is sent less for a while, and nothing counts as failed.
 - Tails: one of the `HEDGED_FRONT` oldest requests (those that block in-order delivery) is also
-  sent to another member once its attempt is `HEDGE_FACTOR` x the fleet's p95 latency old; an
-  attempt older than `HUNG_FACTOR` x p95 (at least `HUNG_FLOOR`) is given up as hung (it still
-  wins if it answers first). Hedges and re-issues of hung attempts add at most `EXTRA_SHARE` of
-  the requests. A member given up `HUNG_STRIKES` times in a row is quarantined.
+  sent to another member once its newest attempt is `HEDGE_FACTOR` x the fleet's p95 latency
+  old (a hedge that lands on a slow member is hedged in turn); an attempt older than
+  `HUNG_FACTOR` x p95 (at least `HUNG_FLOOR`) is given up as hung (it still wins if it answers
+  first). Hedges and re-issues of hung attempts add at most `EXTRA_SHARE` of the requests. A
+  member given up `HUNG_STRIKES` times in a row is quarantined.
 - A failed attempt is re-issued elsewhere at once and its member backs off, doubling; a member
   wrong for this loader (another identity, no such pipeline, a bad reply) is quarantined, and
   probed with one real request after a doubling back-off; an answer releases it.
@@ -102,16 +103,23 @@ EXTRA_SHARE = 0.1
 """Hedges and re-issues of hung attempts add at most this share of the requests."""
 EXTRA_BURST = 4.0
 """The most extra attempts saved up for a burst of slow requests."""
+ALIKE = 0.25
+"""Members expected to answer within this share of the soonest are alike: the load is spread
+over them."""
 DEFAULT_LIMIT = 16
 """The most requests a member is sent at once when it did not announce its own limit."""
 TICK = 0.02
 """Seconds between ticks while requests are outstanding."""
 RESHAPE_EVERY = 0.5
 """Seconds between looks at how wide the aperture must be."""
-START_WIDTH = 8.0
-"""The aperture's width before demand is known (at least the client's share of the fleet)."""
-GROWTH = 1.5
-"""How much wider the aperture gets when requests waited beyond the depth."""
+RATE_WEIGHT = 0.2
+"""Of each `RESHAPE_EVERY`'s rate in the smoothed rate of requests: answers come in waves."""
+NARROWING = 0.8
+"""The most an aperture narrows at a time (each `RESHAPE_EVERY`)."""
+HEADROOM = 1.5
+"""The aperture holds this many times the members that the requests in flight need (by
+Little's law: the rate requests are answered at, smoothed, x the fleet's median latency,
+`in_flight_per_worker` to a member), so that a loop held back by too narrow an arc widens it."""
 LINGER = 5.0
 """Seconds a connected member stays out of the aperture before it is disconnected."""
 LINGER_FAILING = 1.0
@@ -164,12 +172,11 @@ class Policy:
         self._unreachable: dict[str, tuple[float, float]] = {}  # kept off: (until, back-off)
         self._active: dict[str, float] = {}  # the aperture: member -> its share of the arc
         self._spare: dict[str, float] = {}  # connected, out of the aperture (or failing) since
-        self._width = START_WIDTH
+        self._width = float(MIN_WIDTH)  # until demand is known
         self._reshaped = 0.0  # when the aperture was last sized
         self._reshape_due = True  # the membership changed
-        self._starved = 0.0  # seconds requests waited beyond the depth, since then
-        self._peak = 0  # the most requests outstanding, since then
-        self._seen = 0.0  # when the last event happened
+        self._resolved = 0  # requests resolved since then
+        self._rate: float | None = None  # requests resolved per second, smoothed
         self._waiting: deque[_Request] = deque()  # submitted, beyond the depth
         self._admitted: dict[int, _Request] = {}  # outstanding, in step order
         self._attempts: dict[int, _Attempt] = {}
@@ -244,10 +251,6 @@ class Policy:
         if due and not isinstance(event, Listed):
             self._reshape(now)
         self._admit(now)
-        if self._waiting:  # beyond the depth: the aperture may be too narrow
-            self._starved += now - self._seen
-        self._peak = max(self._peak, len(self._admitted))
-        self._seen = now
         return self._actions
 
     # Requests.
@@ -284,6 +287,7 @@ class Policy:
                 self._abandon(attempt_id, attempt)
         if outcome is not None:
             self._actions.append(outcome)
+            self._resolved += isinstance(outcome, Resolve)
 
     def _abandon(self, attempt_id: int, attempt: _Attempt) -> None:
         """An attempt no longer needed: cancelled; its member is at least as slow as its age."""
@@ -332,10 +336,12 @@ class Policy:
             return None
         known = [m.fresh_latency(now) for m in members]
         typical = min((latency for latency in known if latency is not None), default=0.0)
+        expected = [(len(m.sent) + 1) * m.expected_latency(now, typical) for m in members]
+        soonest = min(expected) * (1 + ALIKE)
+        alike = [m for m, answer in zip(members, expected, strict=True) if answer <= soonest]
         return min(
-            members,
+            alike,
             key=lambda member: (
-                (len(member.sent) + 1) * member.expected_latency(now, typical),
                 len(member.sent),
                 member.counts.requests / shares.get(member.name, 1.0),
             ),
@@ -491,15 +497,18 @@ class Policy:
     def _reshape(self, now: float) -> None:
         """Size the aperture to the demand seen since the last time, let go of the members
         spare, and connect the listed members that entered it, within the cap."""
-        elapsed = now - self._reshaped
+        elapsed, latency = now - self._reshaped, self._latency.p50
         if elapsed >= RESHAPE_EVERY:
-            if self._starved >= elapsed / 2:
-                self._width = self._width * GROWTH + 1
-            else:
-                needed = self._peak / self.options.in_flight_per_worker + 1
-                self._width = needed if needed > self._width else max(needed, self._width - 1)
-            self._width = min(self._width, float(self.options.subset))
-            self._starved, self._peak, self._reshaped = 0.0, len(self._admitted), now
+            rate = self._resolved / elapsed
+            self._rate = (
+                rate if self._rate is None else self._rate + RATE_WEIGHT * (rate - self._rate)
+            )
+            if latency is not None:  # wider at once, narrower by steps
+                in_flight = self._rate * latency  # by Little's law
+                needed = HEADROOM * in_flight / self.options.in_flight_per_worker + 1
+                self._width = max(needed, self._width * NARROWING)
+                self._width = min(self._width, float(self.options.subset))
+            self._resolved, self._reshaped = 0, now
         self._reshape_due = False
         count = len(self._ring)
         cap = self.options.subset
@@ -619,7 +628,7 @@ class Policy:
                 for attempt in attempts
             )
             self._dispatch(request, now, extra=bool(attempts) and not free)
-        elif len(live) == 1 and hedge is not None and now - live[0].sent >= hedge:
+        elif hedge is not None and now - max(attempt.sent for attempt in live) >= hedge:
             self._dispatch(request, now, extra=True)
 
     def _note(self, level: int, message: str, facts: dict[str, Value]) -> None:

@@ -20,8 +20,9 @@ from collections.abc import Callable, Sequence
 
 from loadax.validation import require_int
 
-MIN_WIDTH = 2
-"""The narrowest arc when the fleet has two members: room for one to fail."""
+MIN_WIDTH = 8
+"""The narrowest arc (of a fleet that large): the share of one member that fails or is slow is
+spread over the others, an eighth more each at most."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -28,6 +28,7 @@ from loadax.client.fleet_events import (
 from loadax.client.fleet_options import FleetOptions
 from loadax.client.member_health import HUNG_STRIKES, LATENCY_SAMPLES
 from loadax.client.policy import (
+    ALIKE,
     EXTRA_BURST,
     EXTRA_SHARE,
     HEDGE_FACTOR,
@@ -109,9 +110,11 @@ def test_each_request_goes_to_the_member_expected_to_answer_first() -> None:
     for send in sorted(first, key=lambda send: send.member != "fast"):
         made.now += 0.1 if send.member == "fast" else 0.9
         made.tell(Answered(send.attempt))
-    # With up to 9 outstanding, "fast" (0.1 s each) still beats "slow" with none (1 s).
-    chosen = [send.member for send in sends(made.submit(9))]
-    assert chosen == ["fast"] * 9
+    # With up to 6 outstanding, "fast" (0.1 s each) still beats "slow" with none (1 s) by
+    # more than ALIKE; with 7, 0.8 s is alike 1 s, and the one with fewer outstanding wins.
+    assert (7 + 1) * 0.1 * (1 + ALIKE) >= 1.0 > (6 + 1) * 0.1 * (1 + ALIKE)
+    chosen = [send.member for send in sends(made.submit(7))]
+    assert chosen == ["fast"] * 7
     assert sends(made.submit())[0].member == "slow"
 
 
