@@ -4,7 +4,7 @@ identity, started by tests/test_job_identity.py.
 Each process serves its own in-process worker: with --mixed, process p's worker runs other code
 (its map multiplies by p + 1). Sharded over the job's mesh, the loaders of a mixed job must all
 raise at build, naming each process's fingerprint; the others load and print a digest of the
-rows of the global batches it loads.
+rows of the global batches it loads, and where its loader sits on the ring of workers.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from jax.sharding import Mesh
 
 from loadax import Batcher, Pipeline, RangeDataset
 from loadax.client import RemoteDataLoader
+from loadax.client.job import job_seat
 from loadax.server.worker import Worker
 
 
@@ -54,6 +55,7 @@ def main() -> None:
             digest.update(np.asarray(batch).tobytes())  # this process's rows
     print(f"fingerprint {loader.identity.fingerprint}")
     print(f"digest {digest.hexdigest()}")
+    print(f"seat {job_seat('numbers', [0, 1]).position!r}")
     worker.close()
 
 

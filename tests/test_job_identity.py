@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pathlib
 
+import pytest
 from processes import run_jax_processes
 
 CHECK = pathlib.Path(__file__).parent / "multihost_identity_check.py"
@@ -22,10 +23,14 @@ def test_processes_bound_to_different_code_all_raise_at_build() -> None:
 
 def test_processes_bound_to_the_same_code_load() -> None:
     outputs = run_jax_processes(CHECK, 2, 2)
-    fingerprints = set()
+    fingerprints, seats = set(), []
     for output in outputs:
         assert "raised" not in output, output
         (fingerprint,) = [line for line in output.splitlines() if line.startswith("fingerprint ")]
         fingerprints.add(fingerprint)
         assert any(line.startswith("digest ") for line in output.splitlines()), output
+        (seat,) = [line for line in output.splitlines() if line.startswith("seat ")]
+        seats.append(float(seat.removeprefix("seat ")))
     assert len(fingerprints) == 1
+    # The job's 2 processes sit half the ring apart, so their arcs of workers do not overlap.
+    assert (seats[1] - seats[0]) % 1.0 == pytest.approx(0.5)
