@@ -115,18 +115,41 @@ def targets(reports: dict[tuple[int, int, str], dict[str, Any]]) -> list[str]:
         met = got <= limit if at_most else got >= limit
         verdict = "met" if met else f"**missed** by {format(abs(got - limit), spec)}"
         lines.append(f"| {what} | {format(got, spec)} | {verdict} |")
-    if stragglers["load_spread"] > 1.2:
+    return lines + diagnoses(stragglers)
+
+
+DIAGNOSED_AT = "0bea462"
+"""The policy's commit the rules named below were read at."""
+
+
+def diagnoses(report: dict[str, Any]) -> list[str]:
+    """Where a missed delivery or load spread comes from, from the target case's report."""
+    lines = []
+    if report["delivered_fraction"] < 0.95:
         lines += [
             "",
-            "Where the load spread comes from: the apertures cover the workers evenly over the "
-            f"run (each worker's shares of them, summed every 0.5 s: max ÷ mean "
-            f"{stragglers['cover_spread']:.2f}), but the requests a worker took per unit of "
-            f"that cover spread {stragglers['requests_per_cover_spread']:.2f}: the unevenness "
-            "is in how each trainer spreads its requests over its aperture. `Policy._choose` "
-            "sends each attempt to the member expected to answer first, (outstanding + 1) x "
-            "its recent latency, and uses the member's share of the arc only to break ties; "
-            "a straggler stays in the arcs it sits in (it takes its width) while taking almost "
-            "none of their requests, which go to its neighbours in those arcs.",
+            f"Delivered: the least-fed trainer got {report['delivered_fraction_min']:.1%}; the "
+            f"longest gap, {report['max_gap_s']:.2f} s, ended at {report['max_gap_ended_at_s']:.2f}"
+            " s (and the first batch, 250 ms, is 1.25 % of the run). Traced at `client/` "
+            f"{DIAGNOSED_AT}: in the first seconds a trainer sends a request to a straggler "
+            "that other trainers have queued up (it sees only its own attempts), spends its "
+            "extra attempts (`EXTRA_SHARE`: each first attempt earns 0.1 of one, at most "
+            "`EXTRA_BURST`) on the start-up's hedges, and, its loop stalled on that request, "
+            "submits no first attempt to earn another: the request is hedged only once it is "
+            "given up as hung (`HUNG_FACTOR` x p95) or answered.",
+        ]
+    if report["load_spread"] > 1.2:
+        lines += [
+            "",
+            "Load spread: the apertures' cover of the workers (each worker's shares of them, "
+            f"summed every 0.5 s) spreads {report['cover_spread']:.2f} (max ÷ mean), the "
+            "requests a worker took per unit of that cover "
+            f"{report['requests_per_cover_spread']:.2f}. The rules (at `client/` {DIAGNOSED_AT}): "
+            "each trainer sizes its own arc to its demand and steps over failing members, the "
+            "arc reaching one member further (`Policy._reshape`), so arcs overlap unevenly; "
+            "within an arc each attempt goes to the member expected to answer first, "
+            "(outstanding + 1) x its recent latency, the member's share of the arc only "
+            "breaking ties (`Policy._choose`), and a straggler's share goes to its neighbours.",
         ]
     return lines
 

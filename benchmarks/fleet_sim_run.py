@@ -6,8 +6,9 @@ It plays only the world around the policy (no copy of its rules): what `client/d
 with its actions (Send: the worker takes the work; Cancel: the worker drops it if queued;
 Resolve/Fail: the batch is delivered or fails; Connect: `Joined` a round trip later if the worker
 is up, else `Unreachable` once the failure is noticed; Disconnect: the connection closes), what
-membership tells it (every worker `Listed` at the start and when added, `Left` when removed; a
-DNS change is both, under a new name) and when it ticks (a Tick when an event comes at
+membership tells it (at the start the trainer's arc of `subset` workers `Joined`, as `build()`
+asks them, and the others `Listed`; an added worker `Listed`, a removed one `Left`; a DNS change
+is both, under a new name) and when it ticks (a Tick when an event comes at
 or after `wake_at`, or when nothing came by then), and what the iterator (`RemoteExecutor`,
 `BatchIterator`) does with `depth`: `prefetch + depth(now)` requests submitted in step order,
 one batch taken per training step.
@@ -132,7 +133,7 @@ class Simulation:
         for index, fault in enumerate(self.world.faults):
             self._push(fault.at, _FAULT, index, None)
         self._push(_LOOK_EVERY, _LOOK, None, None)
-        for trainer in self.trainers:  # as `build()`: once the first connects are answered
+        for trainer in self.trainers:  # the loop's first next(), a round trip after build()
             self._push(self.world.rtt_s, _TAKE, trainer, None)
         end, heap = self.world.seconds, self._heap
         while heap and heap[0][0] <= end:
