@@ -1,18 +1,27 @@
 """A client's resources do not grow with its fleet: with 64 real workers (served by one other
 process, tests/many_workers.py) a client process that reads batches from all of them holds at
 most 32 threads and 2 file descriptors per member (the socket of its connection, and a ZeroMQ
-socket's mailbox), over gRPC and ZeroMQ; measured by benchmarks/client_resources.py."""
+socket's mailbox), over gRPC and ZeroMQ; measured by benchmarks/client_resources.py. The
+ZeroMQ transports of a process share one I/O thread, which ends with the last of them, and a
+forked child makes its own."""
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
+from workers import worker_process
+
+from loadax.client.transports.zmq import ZmqTransport
+from loadax.wire.v1 import worker_pb2 as wire
 
 ROOT = Path(__file__).resolve().parents[1]
+WAIT_S = 30.0
 MEMBERS = 64
 MAX_THREADS = 32
 FDS_PER_MEMBER = 2
@@ -35,3 +44,32 @@ def test_a_client_of_64_workers_has_at_most_32_threads_and_2_fds_per_member(
     assert client["members"] == MEMBERS, client
     assert client["threads"] <= MAX_THREADS, client
     assert client["fds"] - client["fds_before"] <= FDS_PER_MEMBER * MEMBERS + SHARED_FDS, client
+
+
+def test_zeromq_transports_share_one_io_thread_ended_with_the_last_and_a_forked_child_makes_its_own(
+    tmp_path: Path,
+) -> None:
+    with worker_process(tmp_path, grpc=False, zmq=True) as worker:
+        address = worker.address("zmq")
+        first, second = ZmqTransport(address), ZmqTransport(address)
+        assert first.info(wire.InfoRequest(), timeout=WAIT_S).pipelines
+        assert len(_io_threads()) == 1
+        child = os.fork()
+        if child == 0:  # its parent's I/O thread did not follow it: it needs its own
+            served = False
+            try:  # not closed: the process ends, whatever happens
+                transport = ZmqTransport(address)
+                served = bool(transport.info(wire.InfoRequest(), timeout=WAIT_S).pipelines)
+            finally:
+                os._exit(0 if served else 1)
+        assert os.waitpid(child, 0)[1] == 0
+        first.close()
+        assert second.info(wire.InfoRequest(), timeout=WAIT_S).pipelines
+        (thread,) = _io_threads()
+        second.close()
+        thread.join(WAIT_S)
+        assert not thread.is_alive()
+
+
+def _io_threads() -> list[threading.Thread]:
+    return [thread for thread in threading.enumerate() if thread.name == "loadax-zmq-io"]
