@@ -8,9 +8,10 @@ is open.
     python benchmarks/client_resources.py client TARGET...   # one client; prints its JSON line
 
 A client's line: `threads` and `fds` of the whole process with the loader open, the same
-`*_before` it was built, `members` (targets that answered a batch request), `batches_per_s` (of
-tiny batches from idle workers: what the client's own machinery takes per batch), and
-`thread_names` (how many threads of each name, digits dropped).
+`*_before` it was built (JAX's backend up, as in a trainer), `members` (targets that answered a
+batch request), `batches_per_s` (of tiny batches from idle workers: what the client's own
+machinery takes per batch), `thread_names` (how many Python threads of each name, digits
+dropped) and `task_names` (the same of all its threads, by their system names: gRPC's own too).
 """
 
 from __future__ import annotations
@@ -29,6 +30,8 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+import jax
+
 from loadax.client import RemoteDataLoader
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -40,6 +43,9 @@ BATCHES = 256
 
 def client(targets: Sequence[str], batches: int = BATCHES) -> dict[str, Any]:
     """Read `batches` batches of `numbers` from `targets`; this process's resources meanwhile."""
+    # A trainer's JAX backend is up before its loader: XLA's threads (by the machine's cores:
+    # 12 on 2 cores) are not the loader's.
+    jax.devices()
     before = _threads(), _fds()
     builder = RemoteDataLoader(list(targets), pipeline="numbers").batch_size(1).num_epochs(None)
     with builder.build() as loader:
@@ -50,6 +56,7 @@ def client(targets: Sequence[str], batches: int = BATCHES) -> dict[str, Any]:
         seconds = time.perf_counter() - start
         threads, fds = _threads(), _fds()
         names = collections.Counter(re.sub(r"\d+", "", t.name) for t in threading.enumerate())
+        tasks = collections.Counter(re.sub(r"\d+", "", name) for name in _task_names())
         stats = loader.stats()
     return {
         "targets": len(targets),
@@ -60,6 +67,7 @@ def client(targets: Sequence[str], batches: int = BATCHES) -> dict[str, Any]:
         "fds_before": before[1],
         "batches_per_s": batches / seconds,
         "thread_names": dict(names.most_common()),
+        "task_names": dict(tasks.most_common()),
     }
 
 
@@ -113,6 +121,15 @@ def _threads() -> int:
     return len(os.listdir("/proc/self/task"))
 
 
+def _task_names() -> list[str]:
+    """The system's names of this process's threads (gRPC's own among them)."""
+    names = []
+    for task in os.listdir("/proc/self/task"):
+        with contextlib.suppress(FileNotFoundError):  # a thread that ended meanwhile
+            names.append(Path(f"/proc/self/task/{task}/comm").read_text().strip())
+    return names
+
+
 def _fds() -> int:
     return len(os.listdir("/proc/self/fd"))
 
@@ -133,16 +150,17 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--json", type=Path, help="write every client's line here")
     options = parser.parse_args(args)
     lines = []
-    print("| transport | workers | members | threads | fds | fds per member | batches/s |")
-    print("|---|---|---|---|---|---|---|")
+    print("| transport | workers | members | threads (loader's) | fds (loader's) | batches/s |")
+    print("|---|---|---|---|---|---|")
     for transport in options.transports.split(","):
         for count in (int(workers) for workers in options.workers.split(",")):
             line = measure(transport, count, options.batches)
             lines.append(line)
-            per_member = (line["fds"] - line["fds_before"]) / line["members"]
+            threads = f"{line['threads']} ({line['threads'] - line['threads_before']})"
+            fds = f"{line['fds']} ({line['fds'] - line['fds_before']})"
             print(
-                f"| {transport} | {count} | {line['members']} | {line['threads']} "
-                f"| {line['fds']} | {per_member:.2f} | {line['batches_per_s']:.0f} |",
+                f"| {transport} | {count} | {line['members']} | {threads} | {fds} "
+                f"| {line['batches_per_s']:.0f} |",
                 flush=True,
             )
     if options.json is not None:
