@@ -39,9 +39,12 @@ def job_seat(pipeline: str, processes: Sequence[int]) -> Seat:
     `processes` of a mesh, seated evenly with the others of its job (turned by the job's
     coordinator address, so that jobs are not seated alike); alone, anywhere."""
     coordinator = distributed.global_state.coordinator_address
+    alone = Seat.of(0, 1, uuid.uuid4().hex)
+    if len(processes) < 2 or coordinator is None:
+        return alone  # without asking JAX, whose backend would start for nothing
     this = jax.process_index()
-    if len(processes) < 2 or coordinator is None or this not in processes:
-        return Seat.of(0, 1, uuid.uuid4().hex)
+    if this not in processes:
+        return alone
     return Seat.of(list(processes).index(this), len(processes), f"{pipeline}@{coordinator}")
 
 
