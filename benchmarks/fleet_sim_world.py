@@ -53,8 +53,9 @@ class World:
     training step of `step_s` (spread uniformly by +-`step_spread` of it between trainers)
     and `prefetch` batches ready; a network round trip of `rtt_s`; a lost connection, or a
     connect to a worker that is not up, noticed after `loss_s`; each worker takes `limit`
-    requests at once from one client. With `batches`, each trainer's loop ends after that many
-    (an epoch), else it runs for `seconds`."""
+    requests at once from one client; a worker's first batch takes `cold_s` more (its pool and
+    pipeline warming up). With `batches`, each trainer's loop ends after that many (an epoch),
+    else it runs for `seconds`."""
 
     workers: int
     trainers: int
@@ -73,6 +74,7 @@ class World:
     seed: int = 0
     faults: tuple[Fault, ...] = ()
     batches: int | None = None
+    cold_s: float = 0.0
 
     def __post_init__(self) -> None:
         for name in ("workers", "trainers", "threads", "limit", "prefetch", "batches"):
@@ -84,7 +86,7 @@ class World:
         for name in ("seconds", "service_s", "step_s", "straggler_factor"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)!r}")
-        for name in ("service_sigma", "rtt_s", "loss_s"):
+        for name in ("service_sigma", "rtt_s", "loss_s", "cold_s"):
             if not getattr(self, name) >= 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)!r}")
         for name in ("stragglers", "step_spread"):
@@ -115,6 +117,7 @@ class SimWorker:
             world.service_sigma,
         )
         self.limit = world.limit
+        self._cold = world.cold_s  # added to its first batch
         self.state: Literal["up", "dead", "hung", "gone"] = "up"
         self.requests = 0  # attempts taken in (refusals aside)
         self.connections = 0  # trainers connected to it
@@ -171,7 +174,8 @@ class SimWorker:
         return started
 
     def _service_time(self) -> float:
-        service = self._service * self.factor
+        service = self._service * self.factor + self._cold
+        self._cold = 0.0
         if self._sigma:  # mean-preserving: the median is below the mean
             service *= self._rng.lognormvariate(-(self._sigma**2) / 2, self._sigma)
         return service
