@@ -131,7 +131,7 @@ class Driver:
         """Stop using member `name`; what it held is re-issued to the others."""
         self._change(Left(name))
 
-    def list(self, name: str) -> None:
+    def enlist(self, name: str) -> None:
         """Member `name` is in the fleet: the policy connects it when its aperture reaches it
         (through `connect`)."""
         if self._connect is None:

@@ -178,7 +178,7 @@ class Membership:
         with self._condition:
             standby, self._standby = self._standby, []
         for name in standby:
-            driver.list(name)
+            driver.enlist(name)
         return choice.identity
 
     def connect_member(self, name: str) -> Member:
@@ -343,8 +343,9 @@ class Membership:
             driver = self._driver
             if driver is None:
                 self._standby += beyond
-        for address in beyond if driver is not None else ():
-            driver.list(address)
+        if driver is not None:
+            for address in beyond:
+                driver.enlist(address)
         asked: list[tuple[_Listed, Transport]] = []
         for position, address in enumerate(addresses):
             if address in beyond:
