@@ -22,8 +22,11 @@ from fleet_sim_world import FAULT_KINDS, Fault, World
 
 from loadax.client.fleet_options import FleetOptions
 
+FLEET = Path(__file__).with_name("FLEET.md")
+"""Where the simulator's sections live (`benchmarks/report.py` puts them into RESULTS.md)."""
+RESULTS = Path(__file__).with_name("RESULTS.md")
 RESULTS_BEFORE = "## Why the missed transport targets are missed"
-"""The simulator's sections of RESULTS.md go before this one (after R2), when new."""
+"""A section new to RESULTS.md goes before this one (where FLEET.md's sections are)."""
 
 
 def policy_version() -> str:
@@ -39,21 +42,25 @@ def policy_version() -> str:
 
 
 def write_section(path: Path, title: str, lines: list[str]) -> None:
-    """Put `lines` under `## title` in the markdown file `path`: in place of that section's
-    text, or as a new section before `RESULTS_BEFORE` (at the end without it)."""
-    text = path.read_text() if path.exists() else ""
+    """Put `lines` under `## title` in the markdown file `path` (by default FLEET.md, and then
+    RESULTS.md's copy too, so that the report is current before `benchmarks/run.py` renders
+    it again): in place of that section's text, or as a new section (before `RESULTS_BEFORE`
+    in RESULTS.md, at the end of another file)."""
+    section = "\n".join([f"## {title}", "", *lines]).rstrip() + "\n"
+    for each in (path, RESULTS) if path == FLEET else (path,):
+        each.write_text(_with_section(each.read_text() if each.exists() else "", title, section))
+
+
+def _with_section(text: str, title: str, section: str) -> str:
     heading = f"## {title}"
-    section = "\n".join([heading, "", *lines]).rstrip() + "\n"
-    start = text.find(f"\n{heading}\n")
-    if start >= 0:
-        end = text.find("\n## ", start + 1)
+    found = 0 if text.startswith(f"{heading}\n") else text.find(f"\n{heading}\n") + 1
+    if found > 0 or text.startswith(f"{heading}\n"):
+        end = text.find("\n## ", found + 1)
         rest = "" if end < 0 else text[end + 1 :]
-        text = text[: start + 1] + section + ("\n" + rest if rest else "")
-    elif (at := text.find(f"\n{RESULTS_BEFORE}\n")) >= 0:
-        text = text[: at + 1] + section + "\n" + text[at + 1 :]
-    else:
-        text = text.rstrip() + ("\n\n" if text else "") + section
-    path.write_text(text)
+        return text[:found] + section + ("\n" + rest if rest else "")
+    if (at := text.find(f"\n{RESULTS_BEFORE}\n")) >= 0:
+        return text[: at + 1] + section + "\n" + text[at + 1 :]
+    return text.rstrip() + ("\n\n" if text else "") + section
 
 
 def _seconds(value: float | None) -> str:

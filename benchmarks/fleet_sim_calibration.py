@@ -1,7 +1,7 @@
 """R2 on the fleet simulator beside R2 measured with real processes (benchmarks/RESULTS.md, "R2
 fleet"), with the few constants that stand for what real runs have and the simulator does not.
 
-Usage: `python benchmarks/fleet_sim_calibration.py [--out benchmarks/RESULTS.md]` prints the
+Usage: `python benchmarks/fleet_sim_calibration.py [--out benchmarks/FLEET.md]` prints the
 side-by-side table and writes it into the "Simulator calibration" section of `--out`.
 
 R2: 512 records of 1 KiB, each a sleep of 5 or 20 ms, in batches of 32, one trainer with default
@@ -27,7 +27,7 @@ import argparse
 from collections.abc import Iterator
 from pathlib import Path
 
-from fleet_sim import policy_version, write_section
+from fleet_sim import FLEET, policy_version, write_section
 from fleet_sim_run import Simulation
 from fleet_sim_world import Fault, FaultKind, World
 
@@ -182,7 +182,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--out", type=Path, default=Path(__file__).parent / "RESULTS.md")
+    parser.add_argument("--out", type=Path, default=FLEET)
     args = parser.parse_args(argv)
     table = markdown(rows())
     print("\n".join(table))

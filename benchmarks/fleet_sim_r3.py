@@ -2,7 +2,7 @@
 policy): 100 / 1,000 / 10,000 workers x 1 / 16 / 256 trainers, uniform, with 5 % stragglers at
 10x, and with 10 % of the workers killed at once; against the targets of issue 25's item 7.
 
-Usage: `python benchmarks/fleet_sim_r3.py [--timeout S] [--out benchmarks/RESULTS.md]`: each
+Usage: `python benchmarks/fleet_sim_r3.py [--timeout S] [--out benchmarks/FLEET.md]`: each
 case is its own `fleet_sim.py` process (run with `nice`); then the table goes into the "R3
 fleet at scale (simulated)" section of `--out` and the plot into benchmarks/r3.png. A case over
 `--timeout` is reported as such.
@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from fleet_sim import policy_version, write_section
+from fleet_sim import FLEET, policy_version, write_section
 
 BENCHMARKS = Path(__file__).resolve().parent
 WORKERS = (100, 1_000, 10_000)
@@ -188,7 +188,7 @@ def main(argv: list[str] | None = None) -> int:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds per case")
-    parser.add_argument("--out", type=Path, default=BENCHMARKS / "RESULTS.md")
+    parser.add_argument("--out", type=Path, default=FLEET)
     args = parser.parse_args(argv)
     started = time.perf_counter()
     reports: dict[tuple[int, int, str], dict[str, Any]] = {}

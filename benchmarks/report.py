@@ -17,6 +17,9 @@ from results import Results, cpu_per_gb, faults_per_gb, is_loadax, is_peer, numb
 from workloads import T1_BATCH_BYTES
 
 MIB = 1 << 20
+FLEET = Path(__file__).with_name("FLEET.md")
+"""The fleet's results measured apart: the simulator's calibration and R3 (written by
+fleet_sim_calibration.py and fleet_sim_r3.py) and gRPC through a proxy (proxy_check.py)."""
 PROFILES = Path(__file__).with_name("PROFILES.md")
 """The profiles that explain the missed transport targets, measured apart and kept by hand."""
 RECEIVED = ("R1", *T1_BATCH_BYTES)
@@ -60,7 +63,7 @@ def render(document: Mapping[str, Any]) -> str:
             lines += ["", "Every R2 run:", "", *workload_table(results, workload)]
         else:
             lines += ["", heading, "", *workload_table(results, workload)]
-    lines += ["", PROFILES.read_text().rstrip()]
+    lines += ["", FLEET.read_text().rstrip(), "", PROFILES.read_text().rstrip()]
     return "\n".join(lines) + "\n"
 
 
