@@ -141,7 +141,10 @@ def test_a_process_worker_starting_slowly_is_not_quarantined(
         with builder(targets).hedge_after(None).build() as loader:
             assert len(list(loader)) == 500
             stats = loader.stats().workers[slow.address(transport)]
-    assert stats.latency_max is not None  # it served
+    # It was asked (its first attempts, given up at the hang floor, may lose to their re-issues
+    # when its processes take longer than that to start)...
+    assert stats.requests > 0
+    # ... and none of that is held against it.
     assert stats.quarantined is None
     assert stats.failures == 0, stats.last_error
 
