@@ -182,9 +182,9 @@ def test_a_build_whose_every_target_refuses_fails_naming_the_cause(transport: st
     port = free_port()  # nothing listens there
     started = time.monotonic()
     with pytest.raises(WorkerError, match="connection refused") as raised:
-        builder([f"{transport}://127.0.0.1:{port}"]).startup(timeout=300).build()
+        builder([f"{transport}://127.0.0.1:{port}"]).startup(timeout=300, give_up_after=2).build()
     waited = time.monotonic() - started
-    assert waited < 60.0, waited  # about 12 s (give_up_after 10 s): never the start-up timeout
+    assert waited < 60.0, waited  # about 4 s (give_up_after 2 s): never the start-up timeout
     assert f"{transport}://127.0.0.1:{port}" in raised.value.message
 
 
@@ -192,7 +192,7 @@ def test_a_build_through_the_wrong_transport_names_the_right_one(tmp_path: pathl
     with worker_process(tmp_path, images(8)) as running:  # gRPC only
         wrong = running.address("grpc").replace("grpc://", "zmq://")
         with pytest.raises(WorkerError, match="speaks gRPC") as raised:
-            builder([wrong]).startup(timeout=120).build()
+            builder([wrong]).startup(timeout=120, give_up_after=2).build()
     assert running.address("grpc") in raised.value.message
 
 
