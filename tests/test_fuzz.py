@@ -5,13 +5,12 @@ Inputs tried per run (derandomized: a run of the same tests tries the same input
 also draws literals from the modules loaded, so running other test modules alongside shifts them a
 little), and what became of them in a run of this module alone:
 
-- the in-process `Worker` (one without, one with a memory budget): 4,000 batch requests (1,335
-  answered, 2,665 refused) and 1,000 handshakes (178 answered, 822 refused);
-- a worker subprocess over gRPC: 4,000 raw request bodies, random bytes and mutated valid requests,
-  to LoadBatch, Handshake and Info (503 answered, 415 refused by the worker, 3,082 not parsable);
-- the same subprocess over ZeroMQ: 4,000 raw multipart messages, random frames and requests with
-  frames mutated, added or left out (526 answered, 1,368 refused, the rest, without a request id,
-  dropped).
+- the in-process `Worker` (one without, one with a memory budget): 2,000 batch requests (671
+  answered, 1,329 refused) and 1,000 handshakes;
+- a worker subprocess over gRPC: 2,000 raw request bodies, random bytes and mutated valid requests,
+  to LoadBatch, Handshake and Info (answered, refused by the worker, or not parsable);
+- the same subprocess over ZeroMQ: 2,000 raw multipart messages, random frames and requests with
+  frames mutated, added or left out (answered, refused, or, without a request id, dropped).
 """
 
 from __future__ import annotations
@@ -286,7 +285,7 @@ def test_batch_requests_are_answered_or_refused_with_a_known_code(
     fingerprints = fingerprints_of(workers["unbounded"])
     tried = {"answered": 0, "refused": 0}
 
-    @settings(FUZZ, max_examples=4000)
+    @settings(FUZZ, max_examples=2000)
     @given(request=batch_requests(fingerprints), which=st.sampled_from(sorted(workers)))
     def one(request: wire.BatchRequest, which: str) -> None:
         outcome = caller(lambda: workers[which].load_batch(request))
@@ -306,7 +305,7 @@ def test_batch_requests_are_answered_or_refused_with_a_known_code(
 
     one()
     print(f"\nin-process batch requests: {tried}")
-    assert sum(tried.values()) >= 4000
+    assert sum(tried.values()) >= 2000
     assert min(tried.values()) >= 400, "the fuzzing should reach both answers and refusals"
 
 
@@ -440,7 +439,7 @@ def test_raw_grpc_bodies_never_crash_the_worker(
     }
     tried = {"answered": 0, "refused": 0, "unparsable": 0}
 
-    @settings(FUZZ, max_examples=4000)
+    @settings(FUZZ, max_examples=2000)
     @given(data=st.data(), method=st.sampled_from(["LoadBatch", "LoadBatch", "Handshake", "Info"]))
     def one(data: st.DataObject, method: str) -> None:
         body = data.draw(bodies(valid[method]))
@@ -459,7 +458,7 @@ def test_raw_grpc_bodies_never_crash_the_worker(
 
     one()
     print(f"\nraw gRPC bodies: {tried}")
-    assert sum(tried.values()) >= 4000
+    assert sum(tried.values()) >= 2000
     assert min(tried.values()) >= 200
     assert_still_serves(served, channel)
 
@@ -532,7 +531,7 @@ def test_raw_zmq_messages_never_crash_the_worker(
 
     try:
 
-        @settings(FUZZ, max_examples=4000)
+        @settings(FUZZ, max_examples=2000)
         @given(frames=zmq_messages(valid))
         def one(frames: list[bytes]) -> None:
             tried["messages"] += 1
@@ -542,7 +541,7 @@ def test_raw_zmq_messages_never_crash_the_worker(
         # Replies that came after their probe are in by the time a last probe returns.
         exchange(zmq_frames.request_frames(1, wire.InfoRequest()))
         print(f"\nraw ZeroMQ messages: {tried}")
-        assert tried["messages"] >= 4000
+        assert tried["messages"] >= 2000
         assert min(tried["answered"], tried["refused"]) >= 200
         assert_still_serves(served, channel)
         good = wire.BatchRequest(
