@@ -6,17 +6,9 @@ code runs under the loader's driver, in tests on a virtual clock and in simulati
 a pure function of (pipeline, plan, step, rows), so placement may follow load without changing
 a byte. The rules:
 
-- Subset: requests go to the members of the client's aperture (`loadax.client.subset`): an arc
-  of the ring of members at least its share of the fleet wide (so the job's clients use every
-  member evenly) and `HEADROOM` x the members its requests in flight need, measured every
-  `RESHAPE_EVERY` (wider at once, narrower by `NARROWING`), never more than `subset`. Listed
-  members that enter the arc are connected (`Connect`); members out of it for `LINGER` with
-  nothing outstanding are disconnected. When no member of the arc is free, any connected
-  member is used. A member failing stays in the arc (it is probed as below) but takes none of
-  its width: the arc reaches one member further, within the cap. One failing for
-  `LINGER_FAILING` while there are members beyond the arc is disconnected and kept off for a
-  doubling back-off (as one that could not be connected is); then connected again, its
-  handshake a probe: failover reaches the whole fleet.
+- Subset: requests go to the members of the client's aperture (`loadax.client.aperture`): an
+  arc of the ring of members sized to the client's demand and share of the fleet, whose members
+  are connected while in it. When no member of the arc is free, any connected member is used.
 - Depth: requests are admitted in order while fewer than `in_flight_per_worker` per member of
   the aperture that is up (within its limit) are outstanding, at least one.
 - Each attempt goes to the member expected to answer first: (outstanding + 1) x its recent
@@ -51,9 +43,7 @@ a byte. The rules:
 
 from __future__ import annotations
 
-import bisect
 import dataclasses
-import functools
 import heapq
 import itertools
 import logging
@@ -62,11 +52,11 @@ from collections.abc import Iterable
 from typing import Any
 
 from loadax.client import fleet_failures
+from loadax.client.aperture import Aperture
 from loadax.client.fleet_events import (
     Action,
     Answered,
     Cancel,
-    Connect,
     Disconnect,
     Event,
     Fail,
@@ -84,7 +74,7 @@ from loadax.client.fleet_events import (
 )
 from loadax.client.fleet_options import FleetOptions
 from loadax.client.member_health import FleetLatency, MemberHealth
-from loadax.client.subset import MIN_WIDTH, Seat, aperture
+from loadax.client.subset import Seat
 from loadax.client.verdicts import Verdict, serves_another, verdict
 from loadax.errors import WorkerError
 from loadax.iterators.stats import WorkerStats
@@ -110,24 +100,6 @@ DEFAULT_LIMIT = 16
 """The most requests a member is sent at once when it did not announce its own limit."""
 TICK = 0.02
 """Seconds between ticks while requests are outstanding."""
-RESHAPE_EVERY = 0.5
-"""Seconds between looks at how wide the aperture must be."""
-RATE_WEIGHT = 0.2
-"""Of each `RESHAPE_EVERY`'s rate in the smoothed rate of requests: answers come in waves."""
-NARROWING = 0.8
-"""The most an aperture narrows at a time (each `RESHAPE_EVERY`)."""
-HEADROOM = 1.5
-"""The aperture holds this many times the members that the requests in flight need (by
-Little's law: the rate requests are answered at, smoothed, x the fleet's median latency,
-`in_flight_per_worker` to a member), so that a loop held back by too narrow an arc widens it."""
-LINGER = 5.0
-"""Seconds a connected member stays out of the aperture before it is disconnected."""
-LINGER_FAILING = 1.0
-"""Seconds a member of the aperture may fail before it is disconnected for others beyond."""
-KEEP_OFF_MAX = 30.0
-"""The longest a member that failed in the aperture, or could not be connected, is kept off
-(doubling from `quarantine_initial` until it answers): a whole arc of failing members is left
-behind, whatever their number."""
 
 
 @dataclasses.dataclass(eq=False)
@@ -166,17 +138,7 @@ class Policy:
         self.options = options
         self.seat = seat or Seat()
         self._members: dict[str, MemberHealth] = {}  # connected
-        self._ring: list[str] = []  # every member, connected or not, sorted
-        self._listed: set[str] = set()  # not connected
-        self._connecting: set[str] = set()  # ... asked to connect
-        self._unreachable: dict[str, tuple[float, float]] = {}  # kept off: (until, back-off)
-        self._active: dict[str, float] = {}  # the aperture: member -> its share of the arc
-        self._spare: dict[str, float] = {}  # connected, out of the aperture (or failing) since
-        self._width = float(MIN_WIDTH)  # until demand is known
-        self._reshaped = 0.0  # when the aperture was last sized
-        self._reshape_due = True  # the membership changed
-        self._resolved = 0  # requests resolved since then
-        self._rate: float | None = None  # requests resolved per second, smoothed
+        self._aperture = Aperture(options, self.seat)
         self._waiting: deque[_Request] = deque()  # submitted, beyond the depth
         self._admitted: dict[int, _Request] = {}  # outstanding, in step order
         self._attempts: dict[int, _Attempt] = {}
@@ -198,12 +160,12 @@ class Policy:
     @property
     def known(self) -> list[str]:
         """Every member, connected or listed."""
-        return list(self._ring)
+        return list(self._aperture.ring)
 
     @property
     def aperture(self) -> dict[str, float]:
         """The members requests go to, each with its share of the arc (see the module)."""
-        return dict(self._active)
+        return dict(self._aperture.active)
 
     def depth(self, now: float) -> int:
         """How many requests to keep outstanding: `in_flight_per_worker` per member of the
@@ -211,7 +173,7 @@ class Policy:
         none is)."""
         per_member = self.options.in_flight_per_worker
         total = 0
-        for name in self._active:
+        for name in self._aperture.active:
             member = self._members.get(name)
             if member is not None and member.quarantined is None and member.down_until <= now:
                 total += min(member.limit, per_member)
@@ -240,15 +202,14 @@ class Policy:
         elif isinstance(event, Joined):
             self._joined(event, now)
         elif isinstance(event, Listed):
-            if event.member not in self._members and self._place(event.member):
-                self._listed.add(event.member)
+            if event.member not in self._members:
+                self._aperture.listed(event.member)
         elif isinstance(event, Unreachable):
             self._unreached(event, now)
         elif isinstance(event, Left):
             self._leave(event.member, now)
         # Not at each member listed: a fleet is listed one member at a time.
-        due = self._reshape_due or now >= self._reshaped + RESHAPE_EVERY
-        if due and not isinstance(event, Listed):
+        if self._aperture.due(now) and not isinstance(event, Listed):
             self._reshape(now)
         self._admit(now)
         return self._actions
@@ -287,7 +248,8 @@ class Policy:
                 self._abandon(attempt_id, attempt)
         if outcome is not None:
             self._actions.append(outcome)
-            self._resolved += isinstance(outcome, Resolve)
+            if isinstance(outcome, Resolve):
+                self._aperture.resolved()
 
     def _abandon(self, attempt_id: int, attempt: _Attempt) -> None:
         """An attempt no longer needed: cancelled; its member is at least as slow as its age."""
@@ -323,7 +285,7 @@ class Policy:
     def _choose(self, busy: set[str], now: float) -> MemberHealth | None:
         """The member of the aperture expected to answer first, not in `busy`, with room; of
         any connected member when none of the aperture is."""
-        shares = self._active
+        shares = self._aperture.active
         members = [
             member
             for member in map(self._members.get, shares)
@@ -382,7 +344,7 @@ class Policy:
         del request.attempts[member.name]
         if isinstance(event, Answered):
             self._answered_at = now
-            self._unreachable.pop(member.name, None)
+            self._aperture.answered(member.name)
             self._latency.add(now - attempt.sent)
             if member.answered(event.attempt, now):
                 self._note(
@@ -441,131 +403,34 @@ class Policy:
 
     # Members.
 
-    def _place(self, name: str) -> bool:
-        """Put `name` on the ring; False if it is there already."""
-        at = bisect.bisect_left(self._ring, name)
-        if at < len(self._ring) and self._ring[at] == name:
-            return False
-        self._ring.insert(at, name)
-        self._reshape_due = True
-        return True
-
     def _joined(self, event: Joined, now: float) -> None:
         name = event.member
         if name in self._members:
             return
-        self._place(name)
-        self._listed.discard(name)
-        self._connecting.discard(name)
-        if name in self._unreachable:  # its back-off doubles until it answers
-            self._unreachable[name] = (0.0, self._unreachable[name][1])
+        self._aperture.joined(name)
         if not self._members:
             self._answered_at = now
         announced = event.limit or DEFAULT_LIMIT
         self._members[name] = MemberHealth(name, announced, self.options)
-        self._reshape_due = True
 
     def _unreached(self, event: Unreachable, now: float) -> None:
-        """A connect failed: the member stays listed, tried again after a doubling back-off."""
-        if event.member not in self._connecting:
-            return
-        self._connecting.discard(event.member)
-        self._keep_off(event.member, now)
-        self._reshape_due = True
-        self._note(
-            logging.WARNING,
-            f"{event.member} could not be connected: {event.error}",
-            fields(event="unreachable", target=event.member, error=event.error),
-        )
-
-    def _keep_off(self, name: str, now: float) -> None:
-        """Keep listed member `name` out of the aperture for a back-off, doubling each time."""
-        _, previous = self._unreachable.get(name, (0.0, 0.0))
-        backoff = min(max(previous * 2, self.options.quarantine_initial), KEEP_OFF_MAX)
-        self._unreachable[name] = (now + backoff, backoff)
-
-    def _usable(self, name: str, now: float) -> bool:
-        """Whether the aperture may hold `name` now: connected, or not backing off from a
-        failed connect."""
-        return name in self._members or self._unreachable.get(name, (0.0, 0.0))[0] <= now
-
-    def _counted(self, name: str) -> bool:
-        """Whether `name` takes its share of the aperture's width: not while it is failing."""
-        member = self._members.get(name)
-        return member is None or not member.failing
+        """A connect failed: the member stays listed, tried again after a back-off."""
+        if self._aperture.unreached(event.member, now):
+            self._note(
+                logging.WARNING,
+                f"{event.member} could not be connected: {event.error}",
+                fields(event="unreachable", target=event.member, error=event.error),
+            )
 
     def _reshape(self, now: float) -> None:
-        """Size the aperture to the demand seen since the last time, let go of the members
-        spare, and connect the listed members that entered it, within the cap."""
-        elapsed, latency = now - self._reshaped, self._latency.p50
-        if elapsed >= RESHAPE_EVERY:
-            rate = self._resolved / elapsed
-            self._rate = (
-                rate if self._rate is None else self._rate + RATE_WEIGHT * (rate - self._rate)
-            )
-            if latency is not None:  # wider at once, narrower by steps
-                in_flight = self._rate * latency  # by Little's law
-                needed = HEADROOM * in_flight / self.options.in_flight_per_worker + 1
-                self._width = max(needed, self._width * NARROWING)
-                self._width = min(self._width, float(self.options.subset))
-            self._resolved, self._reshaped = 0, now
-        self._reshape_due = False
-        count = len(self._ring)
-        cap = self.options.subset
-        width = min(max(self.seat.cover(count), self._width, MIN_WIDTH), cap)
-        usable = functools.partial(self._usable, now=now)
-        self._active = aperture(self._ring, self.seat, width, usable, cap, self._counted)
-        if self._let_go(now):  # kept off failing members: the arc reaches past them
-            self._active = aperture(self._ring, self.seat, width, usable, cap, self._counted)
-        # Within the cap: a spare member goes at once to make room for one the arc needs.
-        room = cap - len(self._members) - len(self._connecting)
-        for name in self._active:
-            if name not in self._listed or name in self._connecting:
-                continue
-            if room <= 0:
-                spare = [each for each in self._spare if not self._members[each].sent]
-                if not spare:
-                    break  # at the next reshape, when one has finished
-                self._disconnect(spare[0])
-                room += 1
-            self._connecting.add(name)
-            self._actions.append(Connect(name))
-            room -= 1
-
-    def _let_go(self, now: float) -> bool:
-        """Disconnect the members spare for long enough with nothing outstanding: out of the
-        aperture for `LINGER`, or failing in it for `LINGER_FAILING` while there are members
-        beyond it (kept off for a back-off); whether one was kept off."""
-        kept_off = False
-        beyond = len(self._ring) > len(self._active)
-        for name, member in list(self._members.items()):
-            inside, failing = name in self._active, member.failing and beyond
-            if inside and not failing:
-                self._spare.pop(name, None)
-                continue
-            linger = LINGER_FAILING if inside else LINGER
-            if now - self._spare.setdefault(name, now) >= linger and not member.sent:
-                self._disconnect(name)
-                if inside:
-                    self._keep_off(name, now)
-                    kept_off = True
-        return kept_off
-
-    def _disconnect(self, name: str) -> None:
-        del self._members[name], self._spare[name]
-        self._listed.add(name)
-        self._actions.append(Disconnect(name))
+        """Resize the aperture; connect and disconnect as it says."""
+        for change in self._aperture.reshape(now, self._members, self._latency.p50):
+            if isinstance(change, Disconnect):
+                del self._members[change.member]
+            self._actions.append(change)
 
     def _leave(self, name: str, now: float) -> None:
-        at = bisect.bisect_left(self._ring, name)
-        if at < len(self._ring) and self._ring[at] == name:
-            del self._ring[at]
-            self._reshape_due = True
-        self._listed.discard(name)
-        self._connecting.discard(name)
-        self._unreachable.pop(name, None)
-        self._active.pop(name, None)
-        self._spare.pop(name, None)
+        self._aperture.left(name)
         member = self._members.pop(name, None)
         if member is None:
             return

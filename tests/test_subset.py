@@ -17,6 +17,7 @@ from equivalence import digests
 
 from loadax import DataLoader
 from loadax.client import RemoteDataLoader
+from loadax.client.aperture import LINGER, RESHAPE_EVERY
 from loadax.client.fleet_events import (
     Answered,
     Connect,
@@ -32,7 +33,7 @@ from loadax.client.fleet_events import (
     Unreachable,
 )
 from loadax.client.fleet_options import FleetOptions
-from loadax.client.policy import LINGER, RESHAPE_EVERY, TICK, Policy
+from loadax.client.policy import TICK, Policy
 from loadax.client.subset import MIN_WIDTH, Seat, aperture
 from loadax.errors import WorkerError
 
