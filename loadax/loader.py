@@ -13,7 +13,7 @@ from loadax.collate.batcher import Batcher
 from loadax.dataset.names import dataset_repr
 from loadax.dataset.protocol import Dataset
 from loadax.dataset.records import varies_by_epoch
-from loadax.dataset.stream import Stream
+from loadax.dataset.stream import ALL_ITEMS, Items, Stream
 from loadax.delivery.device import DeviceIterator
 from loadax.execution.executor import Executor
 from loadax.execution.inline import InlineExecutor
@@ -315,9 +315,15 @@ class Loader(Generic[B]):
             self.sharding_strategy,
             self.stream_window,
             prefetch=self._prefetch,
+            items=self._stream_items(),
             passes=passes,
             **role,
         )
+
+    def _stream_items(self) -> Items:
+        """The stream's `take` and `skip` (a remote loader's worker streams have none)."""
+        stream = None if self.pipeline is None else self.pipeline.stream
+        return ALL_ITEMS if stream is None else stream.items
 
     def _host_role(self) -> dict[str, Any]:
         """What the training loop's host iterator counts and records: what the loop takes and

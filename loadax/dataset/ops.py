@@ -100,6 +100,24 @@ class DatasetBase(Records[T]):
         """
         return SlicedDataset(self, start, stop, step)
 
+    def take(self, count: int) -> SlicedDataset[T]:
+        """The first `count` records (all of them when there are fewer): `slice(0, count)`.
+
+        >>> from loadax import RangeDataset
+        >>> list(RangeDataset(0, 10).take(3)), len(RangeDataset(0, 2).take(5))
+        ([0, 1, 2], 2)
+        """
+        return SlicedDataset(self, 0, require_int("take", count, minimum=0))
+
+    def skip(self, count: int) -> SlicedDataset[T]:
+        """The records after the first `count` (none when there are fewer): `slice(count, None)`.
+
+        >>> from loadax import RangeDataset
+        >>> list(RangeDataset(0, 10).skip(7)), len(RangeDataset(0, 2).skip(5))
+        ([7, 8, 9], 0)
+        """
+        return SlicedDataset(self, require_int("skip", count, minimum=0))
+
     def concatenate(self, *others: Dataset[T]) -> ConcatenatedDataset[T]:
         """The records of `self`, then those of each of `others` in turn.
 

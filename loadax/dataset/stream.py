@@ -34,6 +34,46 @@ Origins = list[tuple[int, int]] | None
 """(record index, epoch) of each item of a window, while items are still single records."""
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class Items:
+    """Which items of a stream a loader yields: those from `start` on, up to `stop` (None: all).
+
+    `take` and `skip` set them; the loader that cuts the batches applies them, since how many
+    items a window yields is known only once it is loaded. With several data shards, each shard
+    yields its share: `start` and `stop` must be multiples of the number of shards.
+    """
+
+    start: int = 0
+    stop: int | None = None
+
+    def taken(self, count: int) -> Items:
+        stop = self.start + require_int("take", count, minimum=0)
+        return Items(self.start, stop if self.stop is None else min(stop, self.stop))
+
+    def skipped(self, count: int) -> Items:
+        start = self.start + require_int("skip", count, minimum=0)
+        return Items(start if self.stop is None else min(start, self.stop), self.stop)
+
+    def per_shard(self, shards: int) -> tuple[int, int | None]:
+        """The items each of `shards` data shards skips, and how many it yields then (None: all)."""
+        bounds = [self.start] if self.stop is None else [self.start, self.stop]
+        if any(bound % shards for bound in bounds):
+            raise ValueError(
+                f"a stream's take/skip ({self!r}) must be multiples of its {shards} data shards, "
+                "each of which yields its share of the items"
+            )
+        taken = None if self.stop is None else (self.stop - self.start) // shards
+        return self.start // shards, taken
+
+    def __repr__(self) -> str:
+        calls = "" if self.start == 0 else f".skip({self.start})"
+        return calls + ("" if self.stop is None else f".take({self.stop - self.start})")
+
+
+ALL_ITEMS = Items()
+"""A stream without `take` or `skip`."""
+
+
 class Stream(Generic[T]):
     """The records of `dataset` in plan order, passed through stream ops, `window` at a time.
 
@@ -54,10 +94,12 @@ class Stream(Generic[T]):
         *,
         window: int = DEFAULT_WINDOW,
         ops: Sequence[Callable[[list[Any], Origins], tuple[list[Any], Origins]]] = (),
+        items: Items = ALL_ITEMS,
     ) -> None:
         self.dataset = as_dataset(dataset, "a stream reads a random-access dataset")
         self.window = require_int("window", window, minimum=1)
         self.ops = tuple(ops)
+        self.items = items
 
     def filter(self, predicate: Callable[[T], bool]) -> Stream[T]:
         """Keep the records for which `predicate` returns True."""
@@ -76,6 +118,30 @@ class Stream(Generic[T]):
         """
         return self._then(Pack(FirstFitPacker(length, pad_value, truncate)))
 
+    def take(self, count: int) -> Stream[T]:
+        """The first `count` items of the stream (all of them when there are fewer).
+
+        `take` and `skip` come last: items are counted once the window's ops have made them.
+
+        >>> from loadax import Batcher, DataLoader, RangeDataset
+        >>> odd = RangeDataset(0, 20).filter(lambda x: x % 2 == 1)
+        >>> [batch.tolist() for batch in DataLoader(Batcher()).batch_size(2).build(odd.take(3))]
+        [[1, 3], [5]]
+        """
+        return Stream(self.dataset, window=self.window, ops=self.ops, items=self.items.taken(count))
+
+    def skip(self, count: int) -> Stream[T]:
+        """The items of the stream after its first `count`.
+
+        >>> from loadax import Batcher, DataLoader, RangeDataset
+        >>> odd = RangeDataset(0, 12).filter(lambda x: x % 2 == 1)
+        >>> [batch.tolist() for batch in DataLoader(Batcher()).batch_size(2).build(odd.skip(3))]
+        [[7, 9], [11]]
+        """
+        return Stream(
+            self.dataset, window=self.window, ops=self.ops, items=self.items.skipped(count)
+        )
+
     def apply(self, records: list[Any], origins: Origins) -> list[Any]:
         """What the ops make of the records of one window (`origins` names them in errors)."""
         items: list[Any] = records
@@ -90,11 +156,16 @@ class Stream(Generic[T]):
         # loadax's `dataset.filter(...)` and `.pack(...)` start a stream of the default window.
         chains = from_loadax(self.dataset) and hasattr(self.dataset, "filter")
         if chains and not window and self.ops and not isinstance(self.ops[0], StreamMap):
-            return f"{dataset}{ops}"
-        return f"Stream({dataset}{window}){ops}"
+            return f"{dataset}{ops}{self.items!r}"
+        return f"Stream({dataset}{window}){ops}{self.items!r}"
 
     def _then(self, op: Callable[[list[Any], Origins], tuple[list[Any], Origins]]) -> Stream[Any]:
-        return Stream(self.dataset, window=self.window, ops=(*self.ops, op))
+        if self.items != ALL_ITEMS and not isinstance(op, StreamMap):
+            raise ValueError(
+                f"{op!r} after take/skip: take and skip count the stream's last items, so they "
+                "come after every filter and pack (a map may follow them)"
+            )
+        return Stream(self.dataset, window=self.window, ops=(*self.ops, op), items=self.items)
 
 
 def _callable(name: str, fn: Any) -> Any:

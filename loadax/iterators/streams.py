@@ -17,6 +17,7 @@ from typing import Any
 import jax
 import numpy as np
 
+from loadax.dataset.stream import ALL_ITEMS, Items
 from loadax.delivery.sharding import ShardingStrategy
 from loadax.execution.executor import Executor, Pending
 from loadax.iterators.base import LoaderIterator
@@ -32,6 +33,8 @@ class StreamIterator(LoaderIterator[Any]):
 
     Iteration ends at the first batch that one of this process's shards cannot fill; that short
     batch is yielded only when there is one data shard and the plan keeps remainders.
+    `items` (the stream's `take` and `skip`) are shared by the data shards: each skips its share
+    of `items.start` before its first batch and ends after its share of what follows.
     `stats`, `counts_loop` and `fingerprint` are as `BatchIterator`'s.
     """
 
@@ -43,12 +46,14 @@ class StreamIterator(LoaderIterator[Any]):
         window_size: int,
         *,
         prefetch: int,
+        items: Items = ALL_ITEMS,
         stats: StatsRecorder | None = None,
         counts_loop: bool = True,
         passes: Passes | None = None,
         fingerprint: Callable[[], str] | None = None,
     ) -> None:
         self._executor, self._plan, self._window_size = executor, plan, window_size
+        self._skip, self._limit = items.per_shard(sharding.num_data_shards)
         self._fingerprint = fingerprint
         self._num_shards = sharding.num_data_shards
         recorder = StatsRecorder() if stats is None else stats
@@ -120,15 +125,23 @@ class StreamIterator(LoaderIterator[Any]):
         if self._closed:
             raise StopIteration
         wanted = self._rows_per_shard
+        if self._limit is not None:  # every batch before took `wanted` rows of each shard
+            wanted = max(0, min(wanted, self._limit - self._step * wanted))
         try:
+            unstarted = all(shard.cursor == [0, 0] for shard in self._shards)
+            if self._skip and self._step == 0 and unstarted:
+                for shard in self._shards:
+                    shard.take(shard.available(self._skip), 0)
             available = min(shard.available(wanted) for shard in self._shards)
         except BaseException:
             # The cursors still point at the failed batch: a next() or a restore retries it.
             for shard in self._shards:
                 shard.cancel()
             raise
-        keep_short = self._num_shards == 1 and not self._plan.drop_remainder
-        if available == 0 or (available < wanted and not keep_short):
+        # A short last batch: one shard's, or the end of `take`, which every shard reaches.
+        alike = self._num_shards == 1 or available == wanted
+        keep_short = alike and not self._plan.drop_remainder
+        if available == 0 or (available < self._rows_per_shard and not keep_short):
             if self._passes is not None:
                 passes, self._passes = self._passes, None
                 passes.finished(stacklevel=3)
