@@ -17,7 +17,7 @@ from typing import Any
 
 from loadax.client.transports.reply import Reply, bad_reply
 from loadax.errors import RecordError, WorkerError
-from loadax.wire.checksum import payload_checksum
+from loadax.wire.checksum import available, kind_name, payload_checksum
 from loadax.wire.codec import CodecError, decode_frames
 from loadax.wire.failures import RecordFailed
 from loadax.wire.plans import plan_from_wire, request_digest
@@ -60,15 +60,21 @@ class ReplyDecoder:
             raise failure from failure.__cause__  # a RecordError keeps its cause
         if error is not None:
             raise error
-        header, payload = reply.result()
-        return self.decode(request, header, payload)
+        header, payload, checksum = reply.result()
+        return self.decode(request, header, payload, checksum)
 
     def decode(
-        self, request: wire.BatchRequest, header: wire.BatchResponse, payload: Sequence[Buffer]
+        self,
+        request: wire.BatchRequest,
+        header: wire.BatchResponse,
+        payload: Sequence[Buffer],
+        checksum: int | None = None,
     ) -> Any:
         """The batch that answers `request`, once `header` and `payload` (the frames of its
         encoding) pass every check; its arrays are read-only views of the frames, which they
-        keep alive. A check that fails is a DATA_LOSS `WorkerError` saying what differed."""
+        keep alive. `checksum`: the payload's, of the kind the header names, if the transport
+        computed it as the bytes came (else computed here). A check that fails is a DATA_LOSS
+        `WorkerError` saying what differed."""
         if header.fingerprint != request.fingerprint:
             raise self.refusal(
                 request,
@@ -82,7 +88,14 @@ class ReplyDecoder:
             raise self.refusal(
                 request, f"its payload has {size} bytes, its header says {header.payload_size}"
             )
-        checksum = payload_checksum(payload)
+        if not available(header.checksum_kind):
+            raise self.refusal(
+                request,
+                f"its checksum is a {kind_name(header.checksum_kind)}, which this client "
+                "cannot compute",
+            )
+        if checksum is None:
+            checksum = payload_checksum(payload, header.checksum_kind)
         if checksum != header.checksum:
             raise self.refusal(
                 request,

@@ -51,7 +51,9 @@ def an_extra_leaf(worker: Worker, request: wire.BatchRequest, made: EncodedBatch
 def shifted_labels(worker: Worker, request: wire.BatchRequest, made: EncodedBatch) -> EncodedBatch:
     batch = _batch(made)
     shifted = encode_frames({**batch, "label": batch["label"] + 1})
-    return EncodedBatch(made.step, shifted, made.fingerprint, made.request_digest, made.checksum)
+    return EncodedBatch(
+        made.step, shifted, made.fingerprint, made.request_digest, made.checksum, made.checksum_kind
+    )
 
 
 def another_step(worker: Worker, request: wire.BatchRequest, made: EncodedBatch) -> EncodedBatch:

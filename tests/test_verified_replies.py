@@ -84,7 +84,7 @@ class Tampering(Verifying[Transport]):
     def verify(self, request: wire.BatchRequest, reply: Future[Received], timeout: float) -> Any:
         wait([reply], timeout)
         if reply.done() and not reply.cancelled() and reply.exception() is None:
-            header, payload = reply.result()
+            header, payload = reply.result()[:2]
             self.seen = (header, [bytes(part) for part in payload])
             if self.tamper is not None:
                 reply = Future()

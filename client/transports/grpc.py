@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import functools
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
@@ -19,7 +19,7 @@ from google.protobuf.message import DecodeError
 
 from loadax.buffers import BufferPool
 from loadax.client.security import ClientSecurity
-from loadax.client.transports.reply import Buffer, Reply, bad_reply
+from loadax.client.transports.reply import Reply, bad_reply
 from loadax.client.transports.shared import Shared
 from loadax.client.transports.silence import Silence
 from loadax.errors import WorkerError
@@ -40,6 +40,7 @@ from loadax.wire.payloads import (
     STREAM_BATCH,
     STREAM_FROM_BYTES,
     STREAM_WINDOW_BYTES,
+    ChecksummedStream,
     MalformedReply,
     parse_payload_reply,
     read_stream,
@@ -178,7 +179,7 @@ class GrpcTransport:
             stream = self._stream_batch(
                 request, wait_for_ready=False, metadata=self._stream_metadata
             )
-            read = functools.partial(read_stream, self._messages(stream), self._buffers.take)
+            read = functools.partial(_streamed, self._messages(stream), self._buffers.take)
         else:
             stream = self._load_payload(request, wait_for_ready=False, metadata=self._metadata)
             read = functools.partial(_reply, stream)
@@ -197,13 +198,13 @@ class GrpcTransport:
         request: wire.BatchRequest,
         reply: Future[Reply],
         call: grpc.Future,
-        read: Callable[[], tuple[wire.BatchResponse, Sequence[Buffer]]],
+        read: Callable[[], Reply],
         sent: float,
     ) -> None:
         """Finish `reply` with what `read()` receives of `call`, the answer to `request` sent at
         `sent` (`time.monotonic()`), unless it was cancelled."""
         try:
-            header, payload = read()
+            received = read()
         except grpc.FutureCancelledError:  # the reply was cancelled, or the channel closed
             reply.cancel()
             return
@@ -217,11 +218,11 @@ class GrpcTransport:
             outcome = error
         else:
             self._streamed[request.pipeline] = (
-                header.payload_size >= self._stream_from_bytes
+                received.header.payload_size >= self._stream_from_bytes
                 or time.monotonic() - sent >= STREAM_FROM_S
             )
             if reply.set_running_or_notify_cancel():
-                reply.set_result(Reply(header, payload))
+                reply.set_result(received)
             return
         call.cancel()  # nothing more of it is read (nothing happens if it is over)
         if reply.set_running_or_notify_cancel():
@@ -253,13 +254,21 @@ class GrpcTransport:
             raise _worker_error(error) from None
 
 
-def _reply(call: Iterator[bytes]) -> tuple[wire.BatchResponse, list[Buffer]]:
+def _reply(call: Iterator[bytes]) -> Reply:
     """The header and the payload of the `LOAD_BATCH_PAYLOAD` call `call`, once it ends."""
     replies = list(call)
     if len(replies) != 1:
         raise MalformedReply(f"LoadBatchPayload answered {len(replies)} messages, not one")
     header, payload = parse_payload_reply(replies[0])
-    return header, [payload]
+    return Reply(header, [payload])
+
+
+def _streamed(messages: Iterator[bytes], take: Callable[[int], memoryview]) -> Reply:
+    """The header and the payload of a `STREAM_BATCH` call's `messages` (segments larger than a
+    message joined into `take(size)`), checksummed as each message comes."""
+    stream = ChecksummedStream(messages)
+    header, segments = read_stream(stream, take)
+    return Reply(header, segments, stream.value())
 
 
 def _worker_error(error: grpc.RpcError) -> WorkerError:

@@ -15,10 +15,13 @@ Buffer = bytes | memoryview
 
 class Reply(NamedTuple):
     """The header and the payload frames of a batch reply, as received (no copy): checked and
-    decoded above the transport, by `loadax.client.replies.ReplyDecoder.verify`."""
+    decoded above the transport, by `loadax.client.replies.ReplyDecoder.verify`. `checksum` is
+    the payload's checksum of the kind the header names, when the transport computed it as the
+    bytes came (None: the decoder computes it)."""
 
     header: wire.BatchResponse
     payload: Sequence[Buffer]
+    checksum: int | None = None
 
 
 def bad_reply(worker: str, request: wire.BatchRequest, difference: str) -> WorkerError:

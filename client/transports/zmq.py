@@ -47,8 +47,9 @@ Frames = Sequence[bytes | memoryview]
 @dataclasses.dataclass(frozen=True, slots=True)
 class _Pending(Generic[T]):
     future: Future[T]
-    # The reply's frames -> the result; raises the worker's WorkerError.
-    complete: Callable[[Frames], T]
+    # The reply's frames and its payload's checksum if computed -> the result; raises the
+    # worker's WorkerError.
+    complete: Callable[[Frames, int | None], T]
     # Whether the request waits for a connection rather than failing at once without one.
     patient: bool
     # Whether the reply is a batch, whose payload is received into a pooled buffer.
@@ -163,7 +164,9 @@ class ZmqTransport:
     def __exit__(self, *exc_info: object) -> None:
         self.close()
 
-    def _call(self, request: RequestMessage, complete: Callable[[Frames], T], timeout: float) -> T:
+    def _call(
+        self, request: RequestMessage, complete: Callable[[Frames, int | None], T], timeout: float
+    ) -> T:
         """The reply to `request`, waiting up to `timeout` for a connection and the answer."""
         future = self._submit(request, complete, patient=True)
         try:
@@ -176,7 +179,7 @@ class ZmqTransport:
     def _submit(
         self,
         request: RequestMessage,
-        complete: Callable[[Frames], T],
+        complete: Callable[[Frames, int | None], T],
         *,
         patient: bool,
         batch: bool = False,
@@ -347,7 +350,8 @@ class ZmqTransport:
                 log.debug("dropped a reply from %s to unknown request %d", self.name, request_id)
                 continue
             try:
-                result = entry.complete([first, *self._reader.rest(entry.batch)])
+                rest, checksum = self._reader.rest(entry.batch)
+                result = entry.complete([first, *rest], checksum)
             except WorkerError as error:
                 _fail(entry.future, error)
             except Exception as error:
@@ -421,14 +425,15 @@ class _Cancel:
     request_id: int
 
 
-def _batch_reply(frames: Frames) -> Reply:
-    """The header and payload of the batch reply `frames`; the worker's error raised."""
+def _batch_reply(frames: Frames, checksum: int | None) -> Reply:
+    """The header and payload of the batch reply `frames` (with the payload's `checksum`); the
+    worker's error raised."""
     reply = zmq_frames.parse_batch_reply(frames)
-    return Reply(reply.header, reply.payload)
+    return Reply(reply.header, reply.payload, checksum)
 
 
-def _response(kind: type[zmq_frames.R]) -> Callable[[Frames], zmq_frames.R]:
-    return lambda frames: zmq_frames.parse_reply(frames, kind).response
+def _response(kind: type[zmq_frames.R]) -> Callable[[Frames, int | None], zmq_frames.R]:
+    return lambda frames, _: zmq_frames.parse_reply(frames, kind).response
 
 
 def _fail(future: Future[Any], error: Exception) -> None:

@@ -1,6 +1,6 @@
 """Reading a reply off a ZeroMQ client's DEALER socket after its first frame: a batch's
 payload frames received into one pooled buffer of the size its header declares, checked as they
-come."""
+come, and checksummed as each lands (while it is in the CPU's cache)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,10 @@ import zmq
 from loadax.buffers import BufferPool
 from loadax.errors import WorkerError
 from loadax.wire import zmq_frames
+from loadax.wire.checksum import available, new_hasher
 from loadax.wire.failures import BAD_REPLY
+
+Frames = list[bytes | memoryview]
 
 
 class ReplyReader:
@@ -25,27 +28,34 @@ class ReplyReader:
         self._buffers = buffers
         self._max_payload = max_payload
 
-    def rest(self, batch: bool) -> list[bytes | memoryview]:
-        """The frames of a reply after its request id. Those of a successful `batch` reply after
-        its header (the payload) come as one frame: the buffer of the pool they were received
-        into, one after the other."""
-        frames: list[bytes | memoryview] = []
+    def rest(self, batch: bool) -> tuple[Frames, int | None]:
+        """The frames of a reply after its request id, and its payload's checksum (None if not
+        computed). Those of a successful `batch` reply after its header (the payload) come as
+        one frame: the buffer of the pool they were received into, one after the other, with
+        their checksum of the kind the header names."""
+        frames: Frames = []
+        checksum: int | None = None
         while self._socket.getsockopt(zmq.RCVMORE):
             if batch and len(frames) == 2 and frames[0] == zmq_frames.OK:
-                frames.append(self._payload(frames[1]))
+                payload, checksum = self._payload(frames[1])
+                frames.append(payload)
                 break
             frames.append(self._socket.recv())
-        return frames
+        return frames, checksum
 
-    def _payload(self, head: bytes | memoryview) -> memoryview:
+    def _payload(self, head: bytes | memoryview) -> tuple[memoryview, int | None]:
         """The rest of a batch reply (its payload frames) received into one pooled buffer of the
-        size its header `head` declares. More bytes than that would be cut short by ZeroMQ (it
-        tells how long a frame was): a BAD_REPLY naming both sizes, never a truncated batch."""
+        size its header `head` declares, and their checksum (None: a kind this process cannot
+        compute, for the decoder to refuse). More bytes than that would be cut short by ZeroMQ
+        (it tells how long a frame was): a BAD_REPLY naming both sizes, never a truncated
+        batch."""
         try:
-            size = zmq_frames.batch_payload_size(head, self._max_payload)
+            header = zmq_frames.batch_head(head, self._max_payload)
         except WorkerError:
             self.discard_rest()
             raise
+        size = header.payload_size
+        hasher = new_hasher(header.checksum_kind) if available(header.checksum_kind) else None
         buffer = self._buffers.take(size)
         received = 0
         while True:
@@ -58,9 +68,11 @@ class ReplyReader:
                     f"{size} bytes its header declares: a frame of {length} bytes came with "
                     f"{size - received} left",
                 )
+            if hasher is not None:
+                hasher.update(buffer[received : received + length])
             received += length
             if not self._socket.getsockopt(zmq.RCVMORE):
-                return buffer[:received]
+                return buffer[:received], None if hasher is None else hasher.value()
 
     def discard_rest(self) -> None:
         """Read the frames left of the message being received, keeping none."""

@@ -30,7 +30,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 
 from google.protobuf.message import DecodeError
 
-from loadax.wire.checksum import payload_checksum
+from loadax.wire.checksum import Hasher, available, new_hasher, payload_checksum
 from loadax.wire.codec import ARRAY_ALIGN
 from loadax.wire.limits import MAX_BATCH_BYTES
 from loadax.wire.plans import request_digest
@@ -74,7 +74,9 @@ _MAX_HEADER_BYTES = 64 << 10  # about 100 bytes; a stream's adds about 8 per MiB
 class EncodedBatch:
     """The batch (or stream window) a request asked for, as `loadax.wire.codec.encode_frames` gives
     it (the arrays' frames are views of the batch's arrays, not copies), with what its header says:
-    the pipeline identity that made it, the digest of the request it answers and its checksum.
+    the pipeline identity that made it, the digest of the request it answers and its checksum
+    (of the kind `checksum_kind`). `shared_size` is set instead of `frames` when the payload was
+    written into the client's memory file (`loadax.wire.shared_memory`): its size.
 
     `release` frees what the worker holds for it (its share of the memory budget): the transport
     calls it once the reply has left, or was dropped; calls after the first do nothing."""
@@ -84,20 +86,25 @@ class EncodedBatch:
     fingerprint: str = ""
     request_digest: bytes = b""
     checksum: int = 0
+    checksum_kind: wire.Checksum = wire.CHECKSUM_WEIGHTED_SUM
+    shared_size: int | None = None
     release: Callable[[], None] = dataclasses.field(default=lambda: None, compare=False)
 
     @classmethod
     def answering(
         cls, request: wire.BatchRequest, fingerprint: str, frames: Sequence[bytes | memoryview]
     ) -> EncodedBatch:
-        """The answer to `request` that `frames` encode, made by the pipeline `fingerprint`."""
-        return cls(
-            request.step, frames, fingerprint, request_digest(request), payload_checksum(frames)
-        )
+        """The answer to `request` that `frames` encode, made by the pipeline `fingerprint`,
+        with the checksum the request asks for if this process has it."""
+        kind = answer_checksum(request)
+        checksum = payload_checksum(frames, kind)
+        return cls(request.step, frames, fingerprint, request_digest(request), checksum, kind)
 
     @property
     def size(self) -> int:
         """The bytes of the encoding."""
+        if self.shared_size is not None:
+            return self.shared_size
         return sum(len(frame) for frame in self.frames)
 
     @property
@@ -114,7 +121,15 @@ class EncodedBatch:
             request_digest=self.request_digest,
             checksum=self.checksum,
             payload_size=self.size,
+            checksum_kind=self.checksum_kind,
+            shared_memory=self.shared_size is not None,
         )
+
+
+def answer_checksum(request: wire.BatchRequest) -> wire.Checksum:
+    """The checksum kind that answers `request`: the one it asks for if this process has it,
+    else the weighted sums, which every loadax has."""
+    return request.checksum if available(request.checksum) else wire.CHECKSUM_WEIGHTED_SUM
 
 
 def payload_reply(header: wire.BatchResponse, frames: Sequence[bytes | memoryview]) -> bytes:
@@ -241,6 +256,42 @@ def read_stream(
             f"a message of {len(extra)} bytes follows the {len(sizes)} segments its header declares"
         )
     return header, segments
+
+
+class ChecksummedStream:
+    """The messages of a `STREAM_BATCH` reply, passed on as they come, its payload checksummed
+    on the way (of the kind its header names) while each message is in the CPU's cache.
+
+    >>> from loadax.wire.checksum import payload_checksum
+    >>> from loadax.wire.payloads import ChecksummedStream, EncodedBatch, stream_messages
+    >>> batch = EncodedBatch(3, [b"LDX1", b"..."])
+    >>> stream = ChecksummedStream(stream_messages(batch, chunk=2))
+    >>> _ = list(stream)
+    >>> stream.value() == payload_checksum(batch.frames)
+    True
+    """
+
+    def __init__(self, messages: Iterable[bytes]) -> None:
+        self._messages = messages
+        self._hasher: Hasher | None = None
+
+    def __iter__(self) -> Iterator[bytes]:
+        stream = iter(self._messages)
+        first = next(stream, None)
+        if first is None:
+            return
+        kind = _header(first).checksum_kind
+        hasher = self._hasher = new_hasher(kind) if available(kind) else None
+        yield first
+        for message in stream:
+            if hasher is not None:
+                hasher.update(memoryview(message))
+            yield message
+
+    def value(self) -> int | None:
+        """The checksum of the payload's messages (None: a kind this process cannot compute,
+        or no header came); once every message has passed."""
+        return None if self._hasher is None else self._hasher.value()
 
 
 def _segment(

@@ -10,6 +10,7 @@ import numpy as np
 from loadax.errors import WorkerError
 from loadax.plan.planner import Plan
 from loadax.plan.work import MAX_POSITION, StepWork, StreamWindow, Work
+from loadax.wire import checksum
 from loadax.wire.v1 import worker_pb2 as wire
 
 
@@ -57,6 +58,7 @@ def batch_request(
         plan=plan_to_wire(plan),
         step=work.ordinal,
         client=client,
+        checksum=checksum.PREFERRED,
     )
     if isinstance(work, StreamWindow):
         request.window.CopyFrom(

@@ -203,26 +203,31 @@ def parse_reply(frames: Sequence[Buffer], expected: type[R]) -> Reply[R]:
     return Reply(request_id, _parse(expected, frames[2], what, BAD_REPLY))
 
 
-def batch_payload_size(head: Buffer, limit: int) -> int:
-    """The size of the payload that the header frame `head` of a batch reply declares; a BAD_REPLY
-    `WorkerError` if `head` is not a `BatchResponse` or declares more than `limit` bytes."""
-    size = _parse(wire.BatchResponse, head, "BatchResponse", BAD_REPLY).payload_size
-    if size > limit:
+def batch_head(head: Buffer, limit: int) -> wire.BatchResponse:
+    """The header frame `head` of a batch reply; a BAD_REPLY `WorkerError` if `head` is not a
+    `BatchResponse` or declares a payload of more than `limit` bytes."""
+    header = _parse(wire.BatchResponse, head, "BatchResponse", BAD_REPLY)
+    if header.payload_size > limit:
         raise WorkerError(
-            BAD_REPLY, f"a batch reply declares a payload of {size} bytes, more than {limit}"
+            BAD_REPLY,
+            f"a batch reply declares a payload of {header.payload_size} bytes, more than {limit}",
         )
-    return size
+    return header
 
 
 def parse_batch_reply(frames: Sequence[Buffer]) -> BatchReply:
     """The reply in `frames` to a batch request; errors as in `parse_reply`.
 
     The payload is not copied: `loadax.wire.codec.decode_frames(reply.payload)` gives arrays that
-    view it (received into one buffer, see `batch_payload_size`; as sent, an array larger than
+    view it (received into one buffer, see `batch_head`; as sent, an array larger than
     `PAYLOAD_FRAME_BYTES` spans frames).
     """
-    request_id = _parse_status(frames, 4, "BatchResponse", more_allowed=True)
+    request_id = _parse_status(frames, 3, "BatchResponse", more_allowed=True)
     header = _parse(wire.BatchResponse, frames[2], "BatchResponse", BAD_REPLY)
+    if header.shared_memory:  # its payload is in the client's memory file
+        _require_count(frames, 3, "a BatchResponse reply in shared memory")
+    elif len(frames) < 4:
+        _require_count(frames, 4, "a BatchResponse reply")
     payload = [memoryview(frame).toreadonly() for frame in frames[3:]]
     return BatchReply(request_id, header, payload)
 

@@ -1,10 +1,18 @@
 from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from collections.abc import Iterable as _Iterable, Mapping as _Mapping
 from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
+
+class Checksum(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    CHECKSUM_WEIGHTED_SUM: _ClassVar[Checksum]
+    CHECKSUM_XXH3_64: _ClassVar[Checksum]
+CHECKSUM_WEIGHTED_SUM: Checksum
+CHECKSUM_XXH3_64: Checksum
 
 class Plan(_message.Message):
     __slots__ = ("num_records", "batch_size", "seed", "shuffle", "num_epochs", "drop_remainder")
@@ -23,17 +31,31 @@ class Plan(_message.Message):
     def __init__(self, num_records: _Optional[int] = ..., batch_size: _Optional[int] = ..., seed: _Optional[int] = ..., shuffle: _Optional[bool] = ..., num_epochs: _Optional[int] = ..., drop_remainder: _Optional[bool] = ...) -> None: ...
 
 class HandshakeRequest(_message.Message):
-    __slots__ = ("library_version", "pipeline", "plan")
+    __slots__ = ("library_version", "pipeline", "plan", "host", "probe")
     LIBRARY_VERSION_FIELD_NUMBER: _ClassVar[int]
     PIPELINE_FIELD_NUMBER: _ClassVar[int]
     PLAN_FIELD_NUMBER: _ClassVar[int]
+    HOST_FIELD_NUMBER: _ClassVar[int]
+    PROBE_FIELD_NUMBER: _ClassVar[int]
     library_version: str
     pipeline: str
     plan: Plan
-    def __init__(self, library_version: _Optional[str] = ..., pipeline: _Optional[str] = ..., plan: _Optional[_Union[Plan, _Mapping]] = ...) -> None: ...
+    host: str
+    probe: SharedMemory
+    def __init__(self, library_version: _Optional[str] = ..., pipeline: _Optional[str] = ..., plan: _Optional[_Union[Plan, _Mapping]] = ..., host: _Optional[str] = ..., probe: _Optional[_Union[SharedMemory, _Mapping]] = ...) -> None: ...
+
+class SharedMemory(_message.Message):
+    __slots__ = ("pid", "fd", "name")
+    PID_FIELD_NUMBER: _ClassVar[int]
+    FD_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    pid: int
+    fd: int
+    name: str
+    def __init__(self, pid: _Optional[int] = ..., fd: _Optional[int] = ..., name: _Optional[str] = ...) -> None: ...
 
 class HandshakeResponse(_message.Message):
-    __slots__ = ("library_version", "pipeline", "fingerprint", "num_records", "stream_window", "schema", "max_in_flight_per_client")
+    __slots__ = ("library_version", "pipeline", "fingerprint", "num_records", "stream_window", "schema", "max_in_flight_per_client", "shared_memory")
     LIBRARY_VERSION_FIELD_NUMBER: _ClassVar[int]
     PIPELINE_FIELD_NUMBER: _ClassVar[int]
     FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
@@ -41,6 +63,7 @@ class HandshakeResponse(_message.Message):
     STREAM_WINDOW_FIELD_NUMBER: _ClassVar[int]
     SCHEMA_FIELD_NUMBER: _ClassVar[int]
     MAX_IN_FLIGHT_PER_CLIENT_FIELD_NUMBER: _ClassVar[int]
+    SHARED_MEMORY_FIELD_NUMBER: _ClassVar[int]
     library_version: str
     pipeline: str
     fingerprint: str
@@ -48,7 +71,8 @@ class HandshakeResponse(_message.Message):
     stream_window: int
     schema: BatchSchema
     max_in_flight_per_client: int
-    def __init__(self, library_version: _Optional[str] = ..., pipeline: _Optional[str] = ..., fingerprint: _Optional[str] = ..., num_records: _Optional[int] = ..., stream_window: _Optional[int] = ..., schema: _Optional[_Union[BatchSchema, _Mapping]] = ..., max_in_flight_per_client: _Optional[int] = ...) -> None: ...
+    shared_memory: bool
+    def __init__(self, library_version: _Optional[str] = ..., pipeline: _Optional[str] = ..., fingerprint: _Optional[str] = ..., num_records: _Optional[int] = ..., stream_window: _Optional[int] = ..., schema: _Optional[_Union[BatchSchema, _Mapping]] = ..., max_in_flight_per_client: _Optional[int] = ..., shared_memory: _Optional[bool] = ...) -> None: ...
 
 class BatchSchema(_message.Message):
     __slots__ = ("tree", "leaves")
@@ -79,7 +103,7 @@ class StreamWindow(_message.Message):
     def __init__(self, shards: _Optional[int] = ..., shard: _Optional[int] = ..., index: _Optional[int] = ...) -> None: ...
 
 class BatchRequest(_message.Message):
-    __slots__ = ("pipeline", "fingerprint", "plan", "step", "rows", "window", "client")
+    __slots__ = ("pipeline", "fingerprint", "plan", "step", "rows", "window", "client", "checksum", "shared_memory")
     PIPELINE_FIELD_NUMBER: _ClassVar[int]
     FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
     PLAN_FIELD_NUMBER: _ClassVar[int]
@@ -87,6 +111,8 @@ class BatchRequest(_message.Message):
     ROWS_FIELD_NUMBER: _ClassVar[int]
     WINDOW_FIELD_NUMBER: _ClassVar[int]
     CLIENT_FIELD_NUMBER: _ClassVar[int]
+    CHECKSUM_FIELD_NUMBER: _ClassVar[int]
+    SHARED_MEMORY_FIELD_NUMBER: _ClassVar[int]
     pipeline: str
     fingerprint: str
     plan: Plan
@@ -94,10 +120,12 @@ class BatchRequest(_message.Message):
     rows: _containers.RepeatedScalarFieldContainer[int]
     window: StreamWindow
     client: str
-    def __init__(self, pipeline: _Optional[str] = ..., fingerprint: _Optional[str] = ..., plan: _Optional[_Union[Plan, _Mapping]] = ..., step: _Optional[int] = ..., rows: _Optional[_Iterable[int]] = ..., window: _Optional[_Union[StreamWindow, _Mapping]] = ..., client: _Optional[str] = ...) -> None: ...
+    checksum: Checksum
+    shared_memory: SharedMemory
+    def __init__(self, pipeline: _Optional[str] = ..., fingerprint: _Optional[str] = ..., plan: _Optional[_Union[Plan, _Mapping]] = ..., step: _Optional[int] = ..., rows: _Optional[_Iterable[int]] = ..., window: _Optional[_Union[StreamWindow, _Mapping]] = ..., client: _Optional[str] = ..., checksum: _Optional[_Union[Checksum, str]] = ..., shared_memory: _Optional[_Union[SharedMemory, _Mapping]] = ...) -> None: ...
 
 class BatchResponse(_message.Message):
-    __slots__ = ("step", "payload", "fingerprint", "request_digest", "checksum", "payload_size", "segment_sizes")
+    __slots__ = ("step", "payload", "fingerprint", "request_digest", "checksum", "payload_size", "segment_sizes", "checksum_kind", "shared_memory")
     STEP_FIELD_NUMBER: _ClassVar[int]
     PAYLOAD_FIELD_NUMBER: _ClassVar[int]
     FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
@@ -105,6 +133,8 @@ class BatchResponse(_message.Message):
     CHECKSUM_FIELD_NUMBER: _ClassVar[int]
     PAYLOAD_SIZE_FIELD_NUMBER: _ClassVar[int]
     SEGMENT_SIZES_FIELD_NUMBER: _ClassVar[int]
+    CHECKSUM_KIND_FIELD_NUMBER: _ClassVar[int]
+    SHARED_MEMORY_FIELD_NUMBER: _ClassVar[int]
     step: int
     payload: bytes
     fingerprint: str
@@ -112,7 +142,9 @@ class BatchResponse(_message.Message):
     checksum: int
     payload_size: int
     segment_sizes: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, step: _Optional[int] = ..., payload: _Optional[bytes] = ..., fingerprint: _Optional[str] = ..., request_digest: _Optional[bytes] = ..., checksum: _Optional[int] = ..., payload_size: _Optional[int] = ..., segment_sizes: _Optional[_Iterable[int]] = ...) -> None: ...
+    checksum_kind: Checksum
+    shared_memory: bool
+    def __init__(self, step: _Optional[int] = ..., payload: _Optional[bytes] = ..., fingerprint: _Optional[str] = ..., request_digest: _Optional[bytes] = ..., checksum: _Optional[int] = ..., payload_size: _Optional[int] = ..., segment_sizes: _Optional[_Iterable[int]] = ..., checksum_kind: _Optional[_Union[Checksum, str]] = ..., shared_memory: _Optional[bool] = ...) -> None: ...
 
 class InfoRequest(_message.Message):
     __slots__ = ()

@@ -1,0 +1,79 @@
+"""Reply checksums of either kind: the same value however the payload is cut, negotiated per
+request (a worker answers the kind asked for if it has it, the weighted sums otherwise, and says
+which), and checked by the client whether the transport computed it as the bytes came or not."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from loadax import Plan
+from loadax.client.replies import ReplyDecoder
+from loadax.errors import WorkerError
+from loadax.plan.work import StepWork
+from loadax.wire import checksum
+from loadax.wire.codec import encode_frames
+from loadax.wire.payloads import EncodedBatch
+from loadax.wire.plans import batch_request
+from loadax.wire.v1 import worker_pb2 as wire
+
+KINDS = (wire.CHECKSUM_WEIGHTED_SUM, wire.CHECKSUM_XXH3_64)
+
+
+def frames() -> list[bytes | memoryview]:
+    rng = np.random.default_rng(0)
+    return encode_frames({"x": rng.random((4, 3000), dtype=np.float32), "label": np.arange(4)})
+
+
+def request(kind: int) -> wire.BatchRequest:
+    made = batch_request("p", "f" * 64, Plan(40, 4), StepWork(0))
+    made.checksum = kind  # type: ignore[assignment]
+    return made
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_checksum_depends_on_the_bytes_not_on_their_pieces(kind: int) -> None:
+    joined = b"".join(frames())
+    whole = checksum.payload_checksum([joined], kind)
+    for piece in (1, 7, 8192, 1 << 20):
+        cut = [joined[start : start + piece] for start in range(0, len(joined), piece)]
+        assert checksum.payload_checksum(cut, kind) == whole
+    changed = bytearray(joined)
+    changed[len(changed) // 2] ^= 1
+    assert checksum.payload_checksum([changed], kind) != whole
+
+
+def test_a_client_asks_for_the_fastest_checksum_it_has() -> None:
+    asked = batch_request("p", "f", Plan(40, 4), StepWork(0)).checksum
+    assert asked == checksum.PREFERRED == wire.CHECKSUM_XXH3_64  # the dev install has xxhash
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_worker_answers_the_kind_asked_and_the_client_checks_it(kind: int) -> None:
+    asked = request(kind)
+    batch = EncodedBatch.answering(asked, asked.fingerprint, frames())
+    assert batch.header.checksum_kind == kind
+    decoder = ReplyDecoder("w")
+    decoded = decoder.decode(asked, batch.header, batch.frames)
+    assert decoded["label"].tolist() == [0, 1, 2, 3]
+    # The transport's own computation is what the decoder compares.
+    assert decoder.decode(asked, batch.header, batch.frames, batch.checksum)["x"].shape == (4, 3000)
+    with pytest.raises(WorkerError, match="its payload's checksum is 0000000000000000"):
+        decoder.decode(asked, batch.header, batch.frames, 0)
+
+
+def test_a_kind_the_worker_lacks_is_answered_with_the_weighted_sums() -> None:
+    asked = request(99)  # a kind from a newer client
+    batch = EncodedBatch.answering(asked, asked.fingerprint, frames())
+    assert batch.header.checksum_kind == wire.CHECKSUM_WEIGHTED_SUM
+    assert ReplyDecoder("w").decode(asked, batch.header, batch.frames)["label"].shape == (4,)
+
+
+def test_a_kind_the_client_cannot_compute_is_refused() -> None:
+    asked = request(wire.CHECKSUM_WEIGHTED_SUM)
+    header = EncodedBatch.answering(asked, asked.fingerprint, frames()).header
+    header.checksum_kind = 99  # type: ignore[assignment]
+    with pytest.raises(WorkerError, match="its checksum is a 99, which this client cannot compute"):
+        ReplyDecoder("w").decode(asked, header, frames())
+    with pytest.raises(ValueError, match="cannot compute the checksum 99"):
+        checksum.new_hasher(99)
