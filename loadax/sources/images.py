@@ -114,7 +114,7 @@ class ImageFolderDataset(DatasetBase[dict[str, Any]]):
         for index, label in zip(indices.tolist(), self._labels[indices].tolist(), strict=True):
             path = _joined(self._root, self._keys[index])
             data = self._files.read(path)
-            image = _decoded(data, self._mode, path) if self._decode else _raw(data)
+            image = _decoded(data, self._mode, repr(path)) if self._decode else _raw(data)
             records.append({"image": image, "label": label})
         return records
 
@@ -303,30 +303,33 @@ def _digest(classes: tuple[str, ...], keys: tuple[str, ...]) -> str:
     return digest.hexdigest()
 
 
-def _pillow() -> Any:
+def _pillow(source: str = "ImageFolderDataset") -> Any:
     """Pillow's `Image` module, or an ImportError that says how to install it."""
     try:
         from PIL import Image
     except ImportError as error:
         raise ImportError(
-            "ImageFolderDataset decodes images with Pillow, which is not installed: "
+            f"{source} decodes images with Pillow, which is not installed: "
             "pip install 'loadax[images]' (or pass decode=False for the files' bytes)"
         ) from error
     return Image
 
 
-def _decoded(data: bytes, mode: str, path: str) -> np.ndarray[Any, Any]:
-    image_module = _pillow()
+def _decoded(
+    data: bytes | memoryview, mode: str, path: str, source: str = "ImageFolderDataset"
+) -> np.ndarray[Any, Any]:
+    """The image `data` decoded by Pillow and converted to `mode`; `path` names it in errors."""
+    image_module = _pillow(source)
     try:
         with image_module.open(io.BytesIO(data)) as image:
             converted = image.convert(mode)
     except image_module.UnidentifiedImageError:
         raise ValueError(
-            f"ImageFolderDataset: cannot decode {path!r}: not an image format Pillow recognises"
+            f"{source}: cannot decode {path}: not an image format Pillow recognises"
         ) from None
     except Exception as error:  # Pillow's plugins raise many kinds for a damaged file
         raise ValueError(
-            f"ImageFolderDataset: cannot decode {path!r}: {type(error).__name__}: {error}"
+            f"{source}: cannot decode {path}: {type(error).__name__}: {error}"
         ) from error
     # A copy: numpy's view of a Pillow image is read-only, and a record should not be.
     array = np.array(converted, dtype=np.uint8)

@@ -1,0 +1,404 @@
+"""Record files in shards (tar, TFRecord) as a random-access dataset: the shards named by paths,
+URLs or globs, an index of each built once and cached on local disk, and ranged reads of the
+bytes a batch needs, through each reading thread's own open files."""
+
+from __future__ import annotations
+
+import abc
+import glob
+import hashlib
+import json
+import logging
+import os
+import tempfile
+import zipfile
+from collections import OrderedDict
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from functools import partial
+from pathlib import Path
+from typing import Any, BinaryIO, cast
+
+import numpy as np
+from typing_extensions import TypeVar
+
+from loadax.dataset.ops import DatasetBase
+from loadax.plan.permutation import IndexArray
+from loadax.sources.filesystems import Location, Store, store_of
+from loadax.sources.handles import HandlePool
+from loadax.sources.retries import DEFAULT_RETRIES, RetryPolicy
+
+T = TypeVar("T", default=Any)
+
+Index = dict[str, np.ndarray[Any, Any]]
+"""A shard's index: named arrays, saved as a `.npz` (never a pickle)."""
+
+log = logging.getLogger(__name__)
+
+_FORMAT = 1  # the layout of a cached index: a new one ignores (and rebuilds) older files
+_OPEN_FILES = 8  # open shards kept per reading thread
+_GAP = 64 << 10  # records this close together in a shard are fetched in one request
+_LONGEST_READ = 64 << 20  # but no request longer than this
+_SCAN_BUFFER = 1 << 20  # bytes read ahead when a shard is scanned for its index
+
+
+def default_index_dir() -> Path:
+    """Where indexes are cached unless `index_dir=` says: `$XDG_CACHE_HOME/loadax/indexes`
+    (`~/.cache/loadax/indexes`)."""
+    cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(cache) / "loadax" / "indexes"
+
+
+class Shards:
+    """The shard files of a dataset, in order: local files (paths or globs) or objects of a
+    store (URLs, globs of them, or paths in a `filesystem`). Each reading thread reads byte
+    ranges through its own open files (and its own copy of a store's filesystem)."""
+
+    def __init__(
+        self,
+        paths: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
+        filesystem: Any,
+        retries: RetryPolicy,
+        source: str,
+    ) -> None:
+        self.source = source
+        listed = _listed(paths, source)
+        found = store_of(listed, filesystem, source, retries=retries)
+        self.store: Store | None = None if found is None else found[0]
+        self.locations: tuple[Location, ...] = () if found is None else tuple(found[1])
+        self.names: tuple[str, ...] = (
+            tuple(_local_files(listed, source))
+            if found is None
+            else tuple(location.shown for location in self.locations)
+        )
+        self._files = HandlePool(partial(_ThreadFiles, self), _ThreadFiles.close)
+
+    def __len__(self) -> int:
+        return len(self.names)
+
+    def fingerprints(self) -> list[tuple[int, int]]:
+        """Each shard's size and modification time (ns): what its cached index was made for."""
+        if self.store is None:
+            stats = []
+            for name in self.names:
+                try:
+                    found = os.stat(name)
+                except OSError as error:
+                    raise FileNotFoundError(
+                        f"{self.source}: cannot read {name!r}: {error}"
+                    ) from None
+                stats.append((found.st_size, found.st_mtime_ns))
+            return stats
+        infos = []
+        for location in self.locations:
+            try:
+                info = self.store.filesystem.get_file_info(location.path)
+            except OSError as error:
+                raise self.store.explain(error, location, self.source) from None
+            if not info.is_file:  # asked again to say what is there instead (or no bucket)
+                if self.store.kind_of(location, self.source) == "directory":
+                    raise IsADirectoryError(
+                        f"{self.source}: {location.shown!r} is a prefix of objects; name its "
+                        "shards, or a glob of them"
+                    )
+                raise FileNotFoundError(f"{self.source}: no object at {location.shown!r}")
+            infos.append(info)
+        return [(int(info.size), int(info.mtime_ns or 0)) for info in infos]
+
+    @contextmanager
+    def scan(self, shard: int) -> Iterator[BinaryIO]:
+        """Shard `shard` opened for one pass from its start (a local file can seek)."""
+        if self.store is None:
+            with open(self.names[shard], "rb") as file:
+                yield file
+            return
+        location = self.locations[shard]
+        try:
+            stream = self.store.filesystem.open_input_stream(
+                location.path, buffer_size=_SCAN_BUFFER
+            )
+        except OSError as error:
+            raise self.store.explain(error, location, self.source) from None
+        with stream:
+            yield cast(BinaryIO, stream)
+
+    def read_at(self, shard: int, offset: int, size: int) -> bytes:
+        """`size` bytes of shard `shard` from `offset`: one ranged request from a store,
+        retried through an outage; a short read names the shard and the offset."""
+        if self.store is None:
+            data = self._files.get().read_at(shard, offset, size)
+        else:
+            data = self.store.retried(
+                lambda: self._files.get().read_at(shard, offset, size)  # this thread's files
+            )
+        if len(data) != size:
+            raise ValueError(
+                f"{self.source}: {self.names[shard]!r} ends at byte {offset + len(data)}, inside "
+                f"the record at offset {offset}: the shard is truncated or changed since it "
+                "was indexed"
+            )
+        return data
+
+    def close(self) -> None:
+        """Close every thread's open shards; later reads open them again."""
+        self._files.close()
+
+    def arguments(self) -> tuple[Any, ...]:
+        """What makes these shards again (for pickling): the paths, globs expanded, and a
+        store's filesystem by its options, and retries."""
+        if self.store is None:
+            return (list(self.names), None, DEFAULT_RETRIES)
+        paths = [location.path for location in self.locations]
+        return (paths, self.store.user_filesystem, self.store.retries)
+
+
+class _ThreadFiles:
+    """One reading thread's open shards, least recently used first, and its filesystem."""
+
+    def __init__(self, shards: Shards) -> None:
+        self.shards = shards
+        self.filesystem = None if shards.store is None else shards.store.copy()
+        self.files: OrderedDict[int, Any] = OrderedDict()
+
+    def read_at(self, shard: int, offset: int, size: int) -> bytes:
+        file = self.files.get(shard)
+        if file is None:
+            file = self._open(shard)
+            self.files[shard] = file
+            if len(self.files) > _OPEN_FILES:
+                self.files.popitem(last=False)[1].close()
+        else:
+            self.files.move_to_end(shard)
+        if self.filesystem is None:
+            return os.pread(file.fileno(), size, offset)
+        store = cast(Store, self.shards.store)
+        try:
+            return bytes(file.read_at(size, offset))
+        except OSError as error:
+            raise store.explain(error, self.shards.locations[shard], self.shards.source) from None
+
+    def _open(self, shard: int) -> Any:
+        if self.filesystem is None:
+            return open(self.shards.names[shard], "rb")
+        store, location = cast(Store, self.shards.store), self.shards.locations[shard]
+        try:
+            return self.filesystem.open_input_file(location.path)
+        except OSError as error:
+            raise store.explain(error, location, self.shards.source) from None
+
+    def close(self) -> None:
+        while self.files:
+            self.files.popitem()[1].close()
+
+    def __del__(self) -> None:  # a dataset dropped unclosed: its threads' files go with it
+        self.close()
+
+
+class IndexCache:
+    """Shard indexes saved as `.npz` files in `directory`, each with what it was made for (the
+    shard's name, size and modification time); one that does not match, or does not load (a
+    partial or damaged file: the zip's CRCs are checked), is built again. Files are written to a
+    temporary name and renamed, so a reader never sees half of one."""
+
+    def __init__(self, directory: str | os.PathLike[str] | None, kind: str, source: str) -> None:
+        if directory is not None and not isinstance(directory, str | os.PathLike):
+            raise ValueError(f"{source}: index_dir must be a path or None, got {directory!r}")
+        self.directory = default_index_dir() if directory is None else Path(directory)
+        self.kind, self.source = kind, source
+
+    def path(self, name: str) -> Path:
+        """The file caching the index of the shard `name` (its absolute path or URL)."""
+        digest = hashlib.sha256(f"{self.kind}\0{name}".encode()).hexdigest()[:32]
+        return self.directory / f"{digest}.{self.kind}.npz"
+
+    def get(self, name: str, fingerprint: tuple[int, int], build: Callable[[], Index]) -> Index:
+        """The index of shard `name` as it is now (`fingerprint`): cached, or built and saved."""
+        meta = {"format": _FORMAT, "kind": self.kind, "name": name, "fingerprint": fingerprint}
+        path = self.path(name)
+        cached = self._load(path, meta)
+        if cached is not None:
+            return cached
+        index = build()
+        self._save(path, meta, index)
+        return index
+
+    def _load(self, path: Path, meta: dict[str, Any]) -> Index | None:
+        try:
+            with path.open("rb") as file, np.load(file, allow_pickle=False) as saved:
+                found = {key: saved[key] for key in saved.files}
+            stored = json.loads(str(found.pop("__meta__")))
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError, EOFError, KeyError, zipfile.BadZipFile) as error:
+            log.warning(
+                "%s: the index %s does not load (%s); building it again", self.source, path, error
+            )
+            return None
+        if stored != json.loads(json.dumps(meta)):
+            log.info(
+                "%s: the index %s is of another shard or version; building it again",
+                self.source,
+                path,
+            )
+            return None
+        return found
+
+    def _save(self, path: Path, meta: dict[str, Any], index: Index) -> None:
+        temporary = None
+        try:
+            self.directory.mkdir(parents=True, exist_ok=True)
+            descriptor, temporary = tempfile.mkstemp(dir=self.directory, suffix=".partial")
+            with os.fdopen(descriptor, "wb") as file:
+                arrays: dict[str, Any] = {"__meta__": np.array(json.dumps(meta)), **index}
+                np.savez(file, **arrays)
+            os.replace(temporary, path)
+        except OSError as error:  # the index is still used, only not kept for next time
+            log.warning("%s: cannot cache the index in %s: %s", self.source, self.directory, error)
+            if temporary is not None:
+                Path(temporary).unlink(missing_ok=True)
+
+
+class ShardedDataset(DatasetBase[T], abc.ABC):
+    """The records of shards, shard after shard, each shard's located by its index.
+
+    A subclass says how a shard is indexed (`build_index`), how many records an index holds
+    (`count`), where each record's bytes lie (`spans`) and what a record is made of its bytes
+    (`record`); this class lists and fingerprints the shards, caches the indexes, and reads each
+    batch's records with ranged reads (records near each other in a shard in one request).
+    """
+
+    kind = "shard"
+    """The name of the index format, in the cached files' names."""
+
+    def __init__(
+        self,
+        paths: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
+        filesystem: Any,
+        retries: RetryPolicy,
+        index_dir: str | os.PathLike[str] | None,
+    ) -> None:
+        source = type(self).__name__
+        self.shards = Shards(paths, filesystem, retries, source)
+        self.index_dir = index_dir
+        cache = IndexCache(index_dir, self.kind, source)
+        self.indexes: list[Index] = []
+        for shard, fingerprint in enumerate(self.shards.fingerprints()):
+            build = partial(self._scanned, shard, fingerprint[0])
+            self.indexes.append(cache.get(self.shards.names[shard], fingerprint, build))
+        counts = np.array([self.count(index) for index in self.indexes], dtype=np.int64)
+        self._ends = np.cumsum(counts)  # one past the last global index of each shard
+        self._starts = self._ends - counts
+
+    @abc.abstractmethod
+    def build_index(self, shard: int, file: BinaryIO, size: int) -> Index:
+        """The index of shard `shard`, read from `file` (at its start; `size` bytes long)."""
+
+    @abc.abstractmethod
+    def count(self, index: Index) -> int:
+        """The number of records `index` holds."""
+
+    @abc.abstractmethod
+    def spans(self, shard: int, records: IndexArray) -> tuple[IndexArray, IndexArray]:
+        """The byte ranges `[starts, ends)` of `records` (numbers within the shard)."""
+
+    @abc.abstractmethod
+    def record(self, shard: int, number: int, data: memoryview, offset: int) -> T:
+        """Record `number` of shard `shard`, made of its bytes `data` (which start at `offset`)."""
+
+    def __len__(self) -> int:
+        return int(self._ends[-1])
+
+    @property
+    def paths(self) -> tuple[str, ...]:
+        """The shards, in order: absolute local paths, or the objects' URLs."""
+        return self.shards.names
+
+    def locate(self, index: int) -> tuple[str, int]:
+        """The shard holding record `index` (in range) and the record's number within it."""
+        shard = int(np.searchsorted(self._ends, index, side="right"))
+        return self.shards.names[shard], index - int(self._starts[shard])
+
+    def read(self, indices: IndexArray, epoch: int) -> list[T]:
+        records: list[Any] = [None] * len(indices)
+        owners = np.searchsorted(self._ends, indices, side="right")
+        for shard in np.unique(owners).tolist():
+            (positions,) = np.nonzero(owners == shard)
+            numbers = indices[positions] - self._starts[shard]
+            starts, ends = self.spans(shard, numbers)
+            order = np.argsort(starts, kind="stable")
+            for group in _requests(starts[order], ends[order]):
+                members = order[group]
+                first, last = int(starts[members[0]]), int(ends[members].max())
+                data = memoryview(self.shards.read_at(shard, first, last - first))
+                for member in members.tolist():
+                    start, end = int(starts[member]), int(ends[member])
+                    view = data[start - first : end - first]
+                    records[positions[member]] = self.record(
+                        shard, int(numbers[member]), view, start
+                    )
+        return cast(list[T], records)
+
+    def close(self) -> None:
+        """Close every thread's open shards; later reads open them again."""
+        self.shards.close()
+
+    def _scanned(self, shard: int, size: int) -> Index:
+        with self.shards.scan(shard) as file:
+            return self.build_index(shard, file, size)
+
+
+def _requests(starts: IndexArray, ends: IndexArray) -> list[IndexArray]:
+    """Spans sorted by start, grouped into requests: a span joins the previous request when it
+    starts within `_GAP` bytes of its end and the request stays under `_LONGEST_READ`."""
+    groups: list[list[int]] = []
+    request_start = request_end = 0
+    for position, (start, end) in enumerate(zip(starts.tolist(), ends.tolist(), strict=True)):
+        if groups and start <= request_end + _GAP and end - request_start <= _LONGEST_READ:
+            groups[-1].append(position)
+            request_end = max(request_end, end)
+        else:
+            groups.append([position])
+            request_start, request_end = start, end
+    return [np.array(group, dtype=np.int64) for group in groups]
+
+
+def _listed(
+    paths: str | os.PathLike[str] | Sequence[str | os.PathLike[str]], source: str
+) -> list[str | os.PathLike[str]]:
+    if isinstance(paths, str | os.PathLike):
+        listed: list[Any] = [paths]
+    elif isinstance(paths, Sequence):
+        listed = list(paths)
+    else:
+        raise ValueError(
+            f"{source}: paths must be a path, a URL, a glob or a sequence of them, got {paths!r}"
+        )
+    if not listed:
+        raise ValueError(f"{source}: paths must not be empty")
+    for path in listed:
+        if not isinstance(path, str | os.PathLike):
+            raise ValueError(f"{source}: each path must be a str or os.PathLike, got {path!r}")
+    return listed
+
+
+def _local_files(paths: Sequence[str | os.PathLike[str]], source: str) -> list[str]:
+    """The absolute paths of the local files `paths` name, each glob's matches sorted."""
+    found: list[str] = []
+    for path in paths:
+        text = os.fspath(path)
+        if glob.has_magic(text):
+            matches = sorted(glob.glob(text, recursive=True))
+            if not matches:
+                raise FileNotFoundError(f"{source}: no file matches {text!r}")
+        else:
+            matches = [text]
+        for match in matches:
+            if os.path.isdir(match):
+                raise IsADirectoryError(
+                    f"{source}: {match!r} is a directory; name its shards (or a glob such as "
+                    f"'{os.path.join(match, '*.tar')}')"
+                )
+            if not os.path.isfile(match):
+                raise FileNotFoundError(f"{source}: no file at {match!r}")
+            found.append(os.path.abspath(match))
+    return found
