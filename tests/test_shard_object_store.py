@@ -1,0 +1,95 @@
+"""Tar shards and TFRecord files in a bucket (moto's S3 server on loopback): the records of the
+same files read locally, by ranged reads once indexed, in threads, processes and a worker."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow.fs as pafs  # type: ignore[import-untyped]
+import pytest
+from helpers import assert_batches_equal
+from moto_server import BUCKET, Moto
+from shard_files import SAMPLES, write_tar_shards, write_tfrecords
+from test_object_store import CountingHandler
+
+from loadax import Batcher, DataLoader, Pipeline
+from loadax.client import RemoteDataLoader
+from loadax.server.worker import Worker
+from loadax.sources.tar import TarShardDataset
+from loadax.sources.tfrecord import TFRecordDataset
+
+
+@pytest.fixture(scope="module")
+def moto(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Moto]:
+    server = Moto(tmp_path_factory.mktemp("moto"))
+    try:
+        yield server
+    finally:
+        server.close()
+
+
+@pytest.fixture(scope="module")
+def local(tmp_path_factory: pytest.TempPathFactory, moto: Moto) -> Path:
+    """Two tar shards and two TFRecord files, locally and under s3://bucket/shards/."""
+    directory = tmp_path_factory.mktemp("shards")
+    for path in [*write_tar_shards(directory, 2), *write_tfrecords(directory, 2)]:
+        key = f"{BUCKET}/shards/{path.name}"
+        pafs.copy_files(str(path), key, destination_filesystem=moto.filesystem())
+    return directory
+
+
+def without_url(samples: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [{key: value for key, value in sample.items() if key != "__url__"} for sample in samples]
+
+
+def test_shards_in_a_bucket_are_the_local_shards(
+    moto: Moto, local: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    moto.environment(monkeypatch)
+    samples = TarShardDataset(f"s3://{BUCKET}/shards/*.tar", decode=False, index_dir=tmp_path)
+    assert samples.paths == tuple(f"s3://{BUCKET}/shards/shard-00{n}.tar" for n in range(2))
+    assert samples[SAMPLES]["__url__"] == f"s3://{BUCKET}/shards/shard-001.tar"
+    expected = list(TarShardDataset(local / "*.tar", decode=False, index_dir=tmp_path))
+    assert without_url(list(samples)) == without_url(expected)
+    records = TFRecordDataset(
+        f"{BUCKET}/shards/*.tfrecord", parse=False, filesystem=moto.filesystem(), index_dir=tmp_path
+    )
+    assert list(records) == list(TFRecordDataset(local / "*.tfrecord", parse=False))
+    with pytest.raises(FileNotFoundError, match=r"TFRecordDataset: no object matches"):
+        TFRecordDataset(f"s3://{BUCKET}/shards/*.tfrec", index_dir=tmp_path)
+
+
+def test_an_indexed_record_is_one_ranged_read(moto: Moto, local: Path, tmp_path: Path) -> None:
+    url = f"{BUCKET}/shards/train-001.tfrecord"
+    TFRecordDataset(url, filesystem=moto.filesystem(), index_dir=tmp_path)  # indexes it
+    counting = pafs.PyFileSystem(CountingHandler(moto.filesystem()))
+    records = TFRecordDataset(url, filesystem=counting, index_dir=tmp_path)
+    CountingHandler.reads.clear()
+    records.read(np.array([4]), 0)
+    index = records.indexes[0]
+    assert CountingHandler.reads == [int(index["lengths"][4]) + 16]
+
+
+def test_loaders_read_the_bucket_in_threads_processes_and_a_worker(
+    moto: Moto, local: Path, tmp_path: Path
+) -> None:
+    def loaded(dataset: Any, kind: str = "threads") -> list[Any]:
+        builder = DataLoader(Batcher(list)).batch_size(3).shuffle(seed=2).num_epochs(2)
+        return list(builder.workers(2, kind=kind).build(dataset))
+
+    options = {"fields": ["cls", "png"], "index_dir": tmp_path}
+    expected = loaded(TarShardDataset(local / "*.tar", **options))
+    samples = TarShardDataset(f"{BUCKET}/shards/*.tar", filesystem=moto.filesystem(), **options)
+    assert_batches_equal(loaded(samples), expected)
+    # A process unpickles it by its URLs and the filesystem's options, and loads the index.
+    assert_batches_equal(loaded(samples, kind="processes"), expected)
+    worker = Worker({"samples": Pipeline(samples, Batcher(list))}, threads=2)
+    try:
+        remote = RemoteDataLoader([worker], pipeline="samples").batch_size(3).shuffle(seed=2)
+        with remote.num_epochs(2).build() as batches:
+            assert_batches_equal(batches, expected)
+    finally:
+        worker.close()
