@@ -5,13 +5,17 @@ from __future__ import annotations
 
 import copy as copy_module
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Self
 
+import numpy.typing as npt
 from jax.sharding import Mesh
 
 from loadax.delivery.sharding import data_axis_of
 from loadax.options import LoaderOptions
+from loadax.plan.buckets import LengthBuckets, LengthsOf
+from loadax.plan.planner import checked_changes
+from loadax.validation import require_int
 
 
 class LoaderBuilder:
@@ -27,7 +31,60 @@ class LoaderBuilder:
         >>> len(DataLoader(Batcher()).batch_size(3).build(RangeDataset(0, 10)))
         4
         """
-        return self._with(batch_size=size)
+        return self._with(batch_size=size, batch_size_changes=())
+
+    def batch_size_schedule(self, schedule: Sequence[tuple[int, int]]) -> Self:
+        """Change the (global) batch size at steps: `[(0, 256), (2000, 512), (6000, 1024)]`.
+
+        At each change, the epoch under way continues from its first record not yet delivered:
+        every record once per epoch. The batches are the same for any number of processes,
+        workers and mode, and a state at any step restores them.
+
+        >>> from loadax import Batcher, DataLoader, RangeDataset
+        >>> builder = DataLoader(Batcher()).batch_size_schedule([(0, 2), (2, 4)])
+        >>> [batch.tolist() for batch in builder.build(RangeDataset(0, 10))]
+        [[0, 1], [2, 3], [4, 5, 6, 7], [8, 9]]
+        """
+        if isinstance(schedule, str | bytes) or not isinstance(schedule, Sequence) or not schedule:
+            raise ValueError(
+                f"batch_size_schedule takes a list of (step, batch_size) pairs, got {schedule!r}"
+            )
+        first, *later = schedule
+        if not isinstance(first, tuple | list) or len(first) != 2 or first[0] != 0:
+            raise ValueError(
+                f"batch_size_schedule's first change must be (0, batch_size), got {first!r}"
+            )
+        size = require_int("batch_size_schedule's first batch_size", first[1], minimum=1)
+        return self._with(batch_size=size, batch_size_changes=checked_changes(later, 0))
+
+    def bucket_by_length(
+        self,
+        lengths: npt.ArrayLike | Callable[[Any], int],
+        boundaries: Sequence[int] | None = None,
+        num_buckets: int | None = None,
+    ) -> Self:
+        """Make every global step's records come from one length bucket, so that data-parallel
+        replicas get rows of similar lengths.
+
+        `lengths` is one int per record, or a function of a record that the loader calls once
+        per record when it is built. Bucket k holds the lengths in [boundaries[k-1],
+        boundaries[k]); `num_buckets` instead splits the records into buckets of equal counts.
+        Every record comes once per epoch; the order of the buckets' batches over the steps is
+        keyed random (seed, epoch), and with `shuffle` so is each bucket's order of records. The
+        last short batch of each bucket is a step of its own unless `drop_remainder`.
+
+        >>> from loadax import Batcher, DataLoader, RangeDataset
+        >>> lengths = [1, 9, 2, 8, 3, 7]
+        >>> builder = DataLoader(Batcher()).batch_size(3).bucket_by_length(lengths, [5])
+        >>> sorted(batch.tolist() for batch in builder.build(RangeDataset(0, 6)))
+        [[0, 2, 4], [1, 3, 5]]
+        """
+        if callable(lengths):
+            if (boundaries is None) == (num_buckets is None):
+                raise ValueError("bucket_by_length takes boundaries or num_buckets, exactly one")
+            bounds = None if boundaries is None else tuple(boundaries)
+            return self._with(buckets=LengthsOf(lengths, bounds, num_buckets))
+        return self._with(buckets=LengthBuckets(lengths, boundaries, num_buckets))
 
     def shuffle(self, seed: int = 0) -> Self:
         """Visit the records in a different keyed random order in every epoch.

@@ -107,7 +107,12 @@ class DataLoader(LoaderBuilder, Generic[T, B]):
         """
         options = self._options
         pipeline = Pipeline(dataset, self._batcher)
-        plan = options.plan(pipeline.num_records)
+        if pipeline.stream is not None and options.buckets is not None:
+            raise ValueError(
+                "bucket_by_length needs a random-access dataset: a stream (filter, pack) has "
+                "no records of known length before it reads them"
+            )
+        plan = options.plan(pipeline.num_records, lambda indices: pipeline.read(indices, 0))
         concurrency = options.concurrency
         pickled = PickledPipeline(pipeline) if options.loading_kind == "processes" else None
 
@@ -168,12 +173,13 @@ class Loader(Generic[B]):
     ) -> None:
         self.plan, self.pipeline, self.stream_window = plan, pipeline, stream_window
         self.sharding_strategy = options.sharding_strategy()
-        self.sharding_strategy.check_batch_length(plan.batch_size, "the global batch size")
-        short = plan.num_records % plan.batch_size
-        if short and not plan.drop_remainder and stream_window is None:
-            self.sharding_strategy.check_batch_length(
-                short, "the last batch of each epoch (drop it with .drop_remainder())"
-            )
+        for size in {plan.batch_size, *(size for _, size in plan.batch_size_changes)}:
+            self.sharding_strategy.check_batch_length(size, "the global batch size")
+        if stream_window is None:
+            for length in plan.batch_lengths():
+                self.sharding_strategy.check_batch_length(
+                    length, "the last batch of an epoch (drop it with .drop_remainder())"
+                )
         self._executor, self._prefetch = executor, prefetch
         self._device_prefetch = options.device_prefetch
         self._options, self._description = options, description

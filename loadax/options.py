@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Literal, get_args
+from collections.abc import Callable, Sequence
+from typing import Any, Literal, get_args
 
 from jax.sharding import Mesh
 
 from loadax.delivery.sharding import DataAxis, ShardingStrategy
+from loadax.plan.buckets import LengthBuckets, LengthsOf
+from loadax.plan.permutation import IndexArray
 from loadax.plan.planner import Plan
 from loadax.validation import require_bool, require_int
 
@@ -34,6 +37,8 @@ class LoaderOptions:
     mesh: Mesh | None = None
     data_axis: DataAxis | None = None
     device_prefetch: int | None = None  # None: yield host batches
+    batch_size_changes: tuple[tuple[int, int], ...] = ()  # (step, size) after step 0
+    buckets: LengthBuckets | LengthsOf | None = None
 
     def __post_init__(self) -> None:
         optional = ("batch_size", "num_epochs", "prefetch", "device_prefetch")
@@ -73,8 +78,13 @@ class LoaderOptions:
     def calls(self) -> str:
         """The builder calls that set these options, those left at their defaults left out."""
         calls = []
-        if self.batch_size is not None:
+        if self.batch_size_changes:
+            schedule = [(0, self.batch_size), *self.batch_size_changes]
+            calls.append(f"batch_size_schedule({schedule})")
+        elif self.batch_size is not None:
             calls.append(f"batch_size({self.batch_size})")
+        if self.buckets is not None:
+            calls.append(f"bucket_by_length(<{type(self.buckets).__name__}>)")
         if self.shuffle:
             calls.append(f"shuffle(seed={self.seed})")
         if self.num_epochs != 1:
@@ -93,9 +103,21 @@ class LoaderOptions:
             calls.append(f"device_prefetch({self.device_prefetch})")
         return "".join(f".{call}" for call in calls)
 
-    def plan(self, num_records: int) -> Plan:
+    def plan(
+        self, num_records: int, read: Callable[[IndexArray], Sequence[Any]] | None = None
+    ) -> Plan:
+        """The plan of `num_records` records; `read` reads records by index, for the lengths
+        of `bucket_by_length(function)` (None: a loader without the records refuses one)."""
         if self.batch_size is None:
             raise ValueError("batch_size is required: call .batch_size(n) before .build()")
+        buckets = self.buckets
+        if isinstance(buckets, LengthsOf):
+            if read is None:
+                raise ValueError(
+                    "bucket_by_length(function) needs the records to measure; this loader has "
+                    "none of its own: pass an array of lengths"
+                )
+            buckets = buckets.buckets(num_records, read)
         return Plan(
             num_records=num_records,
             batch_size=self.batch_size,
@@ -103,4 +125,6 @@ class LoaderOptions:
             shuffle=self.shuffle,
             num_epochs=self.num_epochs,
             drop_remainder=self.drop_remainder,
+            batch_size_changes=self.batch_size_changes,
+            buckets=buckets,
         )

@@ -150,7 +150,8 @@ def test_restore_without_an_iterator_returns_the_saved_state(tmp_path: pathlib.P
     with ocp.CheckpointManager(tmp_path) as manager:
         state = manager.restore(4, args=ocp.args.Composite(loader=LoaderRestore())).loader
     expected = {"step": 4, "plan": loader.plan.describe(), "fingerprint": loader.fingerprint()}
-    assert state == {"version": 2, **expected}
+    position = loader.plan.position(4).describe()
+    assert state == {"version": 2, **expected, "position": position}
 
 
 def test_a_state_of_another_plan_is_rejected(tmp_path: pathlib.Path) -> None:

@@ -77,10 +77,20 @@ class DeviceIterator(LoaderIterator[Any]):
             return state
         return {**state, "fingerprint": self._fingerprint()}
 
-    def set_state(self, state: dict[str, Any], *, allow_new_pipeline: bool = False) -> None:
+    def set_state(
+        self,
+        state: dict[str, Any],
+        *,
+        allow_new_pipeline: bool = False,
+        allow_new_batch_size: bool = False,
+    ) -> None:
         if self._fingerprint is not None:
             check_fingerprint(state, self._fingerprint, allow_new_pipeline)
-        self._host_batches.set_state(state, allow_new_pipeline=allow_new_pipeline)
+        self._host_batches.set_state(
+            state,
+            allow_new_pipeline=allow_new_pipeline,
+            allow_new_batch_size=allow_new_batch_size,
+        )
         self._on_device.clear()
         self._failed = None
 

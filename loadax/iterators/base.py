@@ -40,20 +40,31 @@ class LoaderIterator(Iterator[B], abc.ABC):
         >>> _ = next(iterator)
         >>> state = iterator.get_state()
         >>> sorted(state), state["step"], state["plan"]["batch_size"]
-        (['fingerprint', 'plan', 'step', 'version'], 1, 2)
+        (['fingerprint', 'plan', 'position', 'step', 'version'], 1, 2)
         >>> state["fingerprint"] == loader.fingerprint()
         True
         >>> iterator.close()
         """
 
     @abc.abstractmethod
-    def set_state(self, state: dict[str, Any], *, allow_new_pipeline: bool = False) -> None:
+    def set_state(
+        self,
+        state: dict[str, Any],
+        *,
+        allow_new_pipeline: bool = False,
+        allow_new_batch_size: bool = False,
+    ) -> None:
         """Continue from a state of `get_state()`; a state of another plan is a ValueError.
 
         So is a state saved by a loader of another pipeline (its fingerprint differs: the
         pipeline's code or its probe batch changed), unless `allow_new_pipeline`: then the new
         pipeline continues from the state's step. A state without a fingerprint (saved by loadax
         before fingerprints) is not checked.
+
+        A state of a plan that differs in its batch size (or schedule) only is refused too,
+        unless `allow_new_batch_size`: then the epoch under way continues from its first record
+        not yet delivered, in this loader's batch sizes from the state's step on, and the later
+        epochs are this loader's. Every record of the epoch comes once across the change.
 
         >>> from loadax import Batcher, DataLoader, RangeDataset
         >>> builder = DataLoader(Batcher()).batch_size(2)
@@ -79,6 +90,11 @@ class LoaderIterator(Iterator[B], abc.ABC):
         >>> resumed.set_state(state, allow_new_pipeline=True)
         >>> next(resumed).tolist()
         [0, 3]
+        >>> wider = DataLoader(Batcher()).batch_size(4).build(RangeDataset(0, 6))
+        >>> resumed = iter(wider)
+        >>> resumed.set_state(iterator.get_state(), allow_new_batch_size=True)
+        >>> [batch.tolist() for batch in resumed]  # the epoch goes on from record 4
+        [[4, 5]]
         """
 
     @abc.abstractmethod

@@ -27,7 +27,8 @@ from loadax.state.checks import (
     STATE_VERSION,
     check_fingerprint,
     checked_epoch_step,
-    checked_step,
+    checked_plan_step,
+    restored,
 )
 
 B = TypeVar("B", default=Any)
@@ -63,16 +64,12 @@ class BatchIterator(LoaderIterator[B]):
         passes: Passes | None = None,
         fingerprint: Callable[[], str] | None = None,
     ) -> None:
-        self._executor, self._plan, self._sharding = executor, plan, sharding
+        self._executor, self._sharding = executor, sharding
+        self._loader_plan = plan  # what a restored state is checked against
         self._fingerprint = fingerprint
         self._prefetch = prefetch
         self._epoch = epoch
-        if epoch is None:
-            self._work_plan, first, self._stop = plan, 0, plan.num_steps
-        else:
-            steps = plan.epoch_steps(epoch)
-            # The same records for every step: the loader's plan only ends sooner.
-            self._work_plan, first, self._stop = plan.extended_to(epoch), steps.start, steps.stop
+        first = self._follow(plan)
         self._next_step = first  # the step the training loop gets next
         self._next_submit = first  # the first step not yet handed to the executor
         self._in_flight: deque[tuple[int, Pending[B]]] = deque()
@@ -102,27 +99,43 @@ class BatchIterator(LoaderIterator[B]):
     def epoch(self) -> int:
         if self._epoch is not None:
             return self._epoch
-        per_epoch = self._plan.steps_per_epoch
-        return self._next_step // per_epoch if per_epoch else 0
+        return self._plan.position(self._next_step).epoch
 
     def get_state(self) -> dict[str, Any]:
-        state = {"version": STATE_VERSION, "step": self._next_step, "plan": self._plan.describe()}
+        step = self._next_step
+        state = {
+            "version": STATE_VERSION,
+            "step": step,
+            "plan": self._plan.describe(),
+            "position": self._work_plan.position(step).describe(),
+        }
         if self._epoch is not None:
             state["epoch"] = self._epoch
         if self._fingerprint is not None:
             state["fingerprint"] = self._fingerprint()
         return state
 
-    def set_state(self, state: dict[str, Any], *, allow_new_pipeline: bool = False) -> None:
+    def set_state(
+        self,
+        state: dict[str, Any],
+        *,
+        allow_new_pipeline: bool = False,
+        allow_new_batch_size: bool = False,
+    ) -> None:
         if self._epoch is None:
-            step = checked_step(state, self._plan)
+            plan, step = checked_plan_step(state, self._loader_plan, allow_new_batch_size)
         else:
-            step = checked_epoch_step(state, self._plan, self._epoch)
+            plan, step = restored(state, self._loader_plan, allow_new_batch_size)
+            checked_epoch_step(state, plan, self._epoch)
         if self._fingerprint is not None:
             check_fingerprint(state, self._fingerprint, allow_new_pipeline)
+        if plan is not self._plan:
+            for length in plan.batch_lengths():
+                self._sharding.check_batch_length(length, "a batch of the resumed plan")
+        self._follow(plan)
         self._next_step = step
-        self._passes = None  # a resumed run is no full pass
         self._cancel_in_flight()
+        self._passes = None  # a resumed run is no full pass
 
     def close(self) -> None:
         self._closed = True
@@ -148,6 +161,17 @@ class BatchIterator(LoaderIterator[B]):
             raise
         self._next_step = step + 1
         return batch
+
+    def _follow(self, plan: Plan) -> int:
+        """Yield the steps of `plan` (of its epoch, for an iterator of one); the first of them."""
+        self._plan = plan
+        if self._epoch is None:
+            self._work_plan, self._stop = plan, plan.num_steps
+            return plan.first_step
+        steps = plan.epoch_steps(self._epoch)
+        # The same records for every step: the loader's plan only ends sooner.
+        self._work_plan, self._stop = plan.extended_to(self._epoch), steps.stop
+        return steps.start
 
     def _is_finished(self, step: int) -> bool:
         return self._stop is not None and step >= self._stop

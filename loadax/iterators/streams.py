@@ -71,7 +71,6 @@ class StreamIterator(LoaderIterator[Any]):
             )
             for shard in shards
         ]
-        self._rows_per_shard = plan.batch_size // self._num_shards
         self._prefetch = prefetch
         self._step = 0
         self._closed = False
@@ -107,8 +106,15 @@ class StreamIterator(LoaderIterator[Any]):
             state["fingerprint"] = self._fingerprint()
         return state
 
-    def set_state(self, state: dict[str, Any], *, allow_new_pipeline: bool = False) -> None:
-        step = checked_step(state, self._plan)
+    def set_state(
+        self,
+        state: dict[str, Any],
+        *,
+        allow_new_pipeline: bool = False,
+        allow_new_batch_size: bool = False,
+    ) -> None:
+        # The cursors say which rows come next, whatever the batch size: the shards go on.
+        step = checked_step(state, self._plan, allow_new_batch_size)
         cursors = self._checked_cursors(state.get("stream"))
         if self._fingerprint is not None:
             check_fingerprint(state, self._fingerprint, allow_new_pipeline)
@@ -124,7 +130,8 @@ class StreamIterator(LoaderIterator[Any]):
     def _next_batch(self) -> Any:
         if self._closed:
             raise StopIteration
-        wanted = self._rows_per_shard
+        rows_per_shard = self._plan.batch_size_at(self._step) // self._num_shards
+        wanted = rows_per_shard
         if self._limit is not None:  # every batch before took `wanted` rows of each shard
             wanted = max(0, min(wanted, self._limit - self._step * wanted))
         try:
@@ -141,7 +148,7 @@ class StreamIterator(LoaderIterator[Any]):
         # A short last batch: one shard's, or the end of `take`, which every shard reaches.
         alike = self._num_shards == 1 or available == wanted
         keep_short = alike and not self._plan.drop_remainder
-        if available == 0 or (available < self._rows_per_shard and not keep_short):
+        if available == 0 or (available < rows_per_shard and not keep_short):
             if self._passes is not None:
                 passes, self._passes = self._passes, None
                 passes.finished(stacklevel=3)

@@ -26,11 +26,13 @@ class KeyPurpose(enum.IntEnum):
     DATASET_SHUFFLE = 2
     RECORD_RNG = 3
     MIX = 4
+    BUCKET_SHUFFLE = 5
+    BUCKET_ORDER = 6
 
 
-def derive_key(purpose: KeyPurpose, seed: int, epoch: int) -> npt.NDArray[np.uint64]:
-    """The round keys of the permutation for (purpose, seed, epoch)."""
-    sequence = np.random.SeedSequence((int(purpose), seed, epoch))
+def derive_key(purpose: KeyPurpose, seed: int, epoch: int, *more: int) -> npt.NDArray[np.uint64]:
+    """The round keys of the permutation for (purpose, seed, epoch, *more)."""
+    sequence = np.random.SeedSequence((int(purpose), seed, epoch, *more))
     return sequence.generate_state(_ROUNDS, dtype=np.uint64).astype(np.uint64)
 
 

@@ -8,13 +8,18 @@ different keyed permutation of the records.
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
+import itertools
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
+from loadax.plan.buckets import LengthBuckets
+from loadax.plan.orders import EpochOrder, PlainOrder
 from loadax.plan.permutation import IndexArray, KeyPurpose, derive_key, permute
+from loadax.plan.segments import Position, Segment, segments
 from loadax.validation import require_bool, require_int
 
 PLAN_VERSION = 1
@@ -32,6 +37,16 @@ class Plan:
     >>> plan = Plan(num_records=10, batch_size=4, seed=0, shuffle=True, num_epochs=2)
     >>> plan.num_steps, plan.indices(0).tolist(), plan.indices(3).tolist()
     (6, [9, 8, 6, 0], [3, 8, 6, 0])
+
+    `batch_size_changes` ((step, size) pairs) change the batch size from those steps on: the
+    epoch under way continues from its first record not yet delivered, so every record comes
+    once per epoch across a change. `buckets` (`LengthBuckets`) make every batch's records come
+    from one length bucket. A plan resumed with a new batch size (`resumed`) starts at
+    `first_step`, at `first_position` of its epoch; it has no steps before.
+
+    >>> plan = Plan(num_records=10, batch_size=4, batch_size_changes=((1, 2),))
+    >>> [plan.indices(step).tolist() for step in range(plan.num_steps)]
+    [[0, 1, 2, 3], [4, 5], [6, 7], [8, 9]]
     """
 
     num_records: int
@@ -40,8 +55,14 @@ class Plan:
     shuffle: bool = False
     num_epochs: int | None = 1
     drop_remainder: bool = False
+    batch_size_changes: tuple[tuple[int, int], ...] = ()
+    buckets: LengthBuckets | None = None
+    first_step: int = 0
+    first_position: Position | None = None
     # Derived once: every step asks for them.
-    _steps_per_epoch: int = dataclasses.field(init=False, repr=False, compare=False)
+    _order: EpochOrder[Any] = dataclasses.field(init=False, repr=False, compare=False)
+    _segments: tuple[Segment, ...] = dataclasses.field(init=False, repr=False, compare=False)
+    _firsts: list[int] = dataclasses.field(init=False, repr=False, compare=False)
     _num_steps: int | None = dataclasses.field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -50,6 +71,7 @@ class Plan:
             ("batch_size", 1),
             ("seed", 0),
             ("num_epochs", 1),
+            ("first_step", 0),
         ):
             value = getattr(self, name)
             if value is not None or name != "num_epochs":
@@ -57,24 +79,48 @@ class Plan:
                 object.__setattr__(self, name, require_int(name, value, minimum=minimum))
         require_bool("shuffle", self.shuffle)
         require_bool("drop_remainder", self.drop_remainder)
-        if self.drop_remainder:
-            per_epoch = self.num_records // self.batch_size
+        changes = checked_changes(self.batch_size_changes, self.first_step)
+        object.__setattr__(self, "batch_size_changes", changes)
+        order: EpochOrder[Any]
+        if self.buckets is None:
+            order = PlainOrder(self.num_records, self.seed, self.shuffle, self.drop_remainder)
         else:
-            per_epoch = -(-self.num_records // self.batch_size)
-        object.__setattr__(self, "_steps_per_epoch", per_epoch)
-        epochs = self.num_epochs
-        total = 0 if per_epoch == 0 else None if epochs is None else epochs * per_epoch
+            order = self.buckets.order(
+                self.num_records, self.seed, self.shuffle, self.drop_remainder
+            )
+        object.__setattr__(self, "_order", order)
+        position = self.first_position
+        if position is None:
+            position = Position(0, order.zero)
+        else:
+            epoch = require_int("first_position's epoch", position.epoch, minimum=0)
+            position = Position(epoch, order.check_cursor(position.cursor))
+            object.__setattr__(self, "first_position", position)
+        sizes = ((self.first_step, self.batch_size), *self.batch_size_changes)
+        parts = segments(order, self.first_step, position, sizes)
+        object.__setattr__(self, "_segments", parts)
+        object.__setattr__(self, "_firsts", [part.first for part in parts])
+        if self.num_epochs is None:
+            total = None if parts[-1].per_epoch else parts[-1].first
+        else:
+            total = self._epoch_start(self.num_epochs)
         object.__setattr__(self, "_num_steps", total)
 
     @property
     def steps_per_epoch(self) -> int:
-        """Batches in one epoch, the short last one included unless `drop_remainder`.
+        """Batches in one epoch, the short last one included unless `drop_remainder`; only for
+        a plan of one batch size from step 0 (else see `epoch_steps`).
 
         >>> from loadax import Plan
         >>> Plan(10, 4).steps_per_epoch, Plan(10, 4, drop_remainder=True).steps_per_epoch
         (3, 2)
         """
-        return self._steps_per_epoch
+        if len(self._segments) > 1 or self.first_position is not None:
+            raise ValueError(
+                "a plan whose batch size changes has no fixed number of steps per epoch: "
+                "ask epoch_steps(epoch) for an epoch's steps"
+            )
+        return self._segments[0].per_epoch
 
     @property
     def num_steps(self) -> int | None:
@@ -93,7 +139,8 @@ class Plan:
         >>> [Plan(10, 4, num_epochs=2).epoch(step) for step in range(6)]
         [0, 0, 0, 1, 1, 1]
         """
-        return self._check_step(step) // self.steps_per_epoch
+        step = self._check_step(step)
+        return self._segment(step).locate(step)[0]
 
     def epoch_steps(self, epoch: int) -> range:
         """The steps of `epoch`: its batches, the short last one included unless
@@ -105,7 +152,7 @@ class Plan:
         (range(0, 3), range(3, 6), range(15, 18))
         """
         epoch = require_int("epoch", epoch, minimum=0)
-        return range(epoch * self.steps_per_epoch, (epoch + 1) * self.steps_per_epoch)
+        return range(self._epoch_start(epoch), self._epoch_start(epoch + 1))
 
     def extended_to(self, epoch: int) -> Plan:
         """This plan if it runs `epoch`; else the same plan without an end (`num_epochs=None`).
@@ -135,8 +182,10 @@ class Plan:
         >>> [Plan(10, 4).batch_length(step) for step in range(3)]
         [4, 4, 2]
         """
-        first = (self._check_step(step) % self.steps_per_epoch) * self.batch_size
-        return min(self.batch_size, self.num_records - first)
+        step = self._check_step(step)
+        segment = self._segment(step)
+        epoch, cursor, place = segment.locate(step)
+        return self._order.batch_length(epoch, cursor, segment.size, place)
 
     def indices(self, step: int, rows: Rows | None = None) -> IndexArray:
         """The global record indices of `step`, or of just `rows` (positions in its batch).
@@ -145,14 +194,87 @@ class Plan:
         >>> Plan(10, 4).indices(1).tolist(), Plan(10, 4).indices(1, rows=[0, 3]).tolist()
         ([4, 5, 6, 7], [4, 7])
         """
-        epoch = self.epoch(step)
-        length = self.batch_length(step)
-        first = (step % self.steps_per_epoch) * self.batch_size
-        positions = first + row_positions(rows, length)
-        if not self.shuffle:
-            return positions
-        key = derive_key(KeyPurpose.PLAN_SHUFFLE, self.seed, epoch)
-        return permute(positions, self.num_records, key)
+        step = self._check_step(step)
+        segment, order = self._segment(step), self._order
+        epoch, cursor, place = segment.locate(step)
+        length = order.batch_length(epoch, cursor, segment.size, place)
+        return order.records(epoch, cursor, segment.size, place, row_positions(rows, length))
+
+    def batch_size_at(self, step: int) -> int:
+        """The batch size the plan gives `step` (its batch is shorter at an epoch's end).
+
+        >>> from loadax import Plan
+        >>> plan = Plan(100, 4, batch_size_changes=((2, 8), (5, 16)))
+        >>> [plan.batch_size_at(step) for step in (0, 1, 2, 4, 5, 9)]
+        [4, 4, 8, 8, 16, 16]
+        """
+        step = require_int("step", step, minimum=self.first_step)
+        size = self.batch_size
+        for first, changed in self.batch_size_changes:
+            if first > step:
+                break
+            size = changed
+        return size
+
+    def batch_lengths(self) -> set[int]:
+        """Every length a batch of the plan may have (a sharded loader checks each).
+
+        >>> from loadax import Plan
+        >>> sorted(Plan(10, 4).batch_lengths())
+        [2, 4]
+        >>> sorted(Plan(10, 4, drop_remainder=True).batch_lengths())
+        [4]
+        """
+        lengths: set[int] = set()
+        parts, order = self._segments, self._order
+        for index, part in enumerate(parts):
+            end = parts[index + 1].first if index + 1 < len(parts) else self._num_steps
+            if not part.per_epoch or end == part.first:
+                continue
+            lengths |= order.lengths(part.position.cursor, part.size)
+            if end is None or end > part.first + part.left:
+                lengths |= order.lengths(order.zero, part.size)
+        return lengths
+
+    def position(self, step: int) -> Position:
+        """Where `step` starts: its epoch and what of that epoch the steps before delivered (a
+        count of records; per bucket with `buckets`). At the plan's end: the next epoch's start.
+
+        >>> from loadax import Plan
+        >>> plan = Plan(10, 4, num_epochs=2)
+        >>> plan.position(1), plan.position(3), plan.position(6)
+        (Position(epoch=0, cursor=4), Position(epoch=1, cursor=0), Position(epoch=2, cursor=0))
+        """
+        step = require_int("step", step, minimum=self.first_step)
+        total = self._num_steps
+        if total is not None and step > total:
+            raise IndexError(f"step {step} is beyond the plan's {total} steps")
+        segment = self._segment(step)
+        if not segment.per_epoch:
+            return segment.position
+        epoch, cursor, place = segment.locate(step)
+        return Position(epoch, self._order.advance(epoch, cursor, segment.size, place))
+
+    def resumed(self, step: int, position: Position) -> Plan:
+        """This plan's batch sizes from `step` on, continuing another plan's epoch at `position`
+        (where that plan's `step` starts): every record of the epoch not yet delivered comes
+        once, in the same order, in batches of this plan's size.
+
+        >>> from loadax import Plan
+        >>> saved = Plan(10, 4, num_epochs=2)
+        >>> plan = Plan(10, 2, num_epochs=2).resumed(1, saved.position(1))
+        >>> [plan.indices(step).tolist() for step in range(1, 5)]
+        [[4, 5], [6, 7], [8, 9], [0, 1]]
+        """
+        step = require_int("step", step, minimum=self.first_step)
+        changes = tuple(change for change in self.batch_size_changes if change[0] > step)
+        return dataclasses.replace(
+            self,
+            batch_size=self.batch_size_at(step),
+            batch_size_changes=changes,
+            first_step=step,
+            first_position=position,
+        )
 
     def records_at(self, positions: IndexArray) -> tuple[IndexArray, IndexArray]:
         """The record index and epoch at each position of the plan's record order.
@@ -168,6 +290,8 @@ class Plan:
         """
         if self.num_records == 0:
             raise IndexError("a plan over no records has no positions")
+        if self.buckets is not None:
+            raise TypeError("a length-bucketed plan has batches, not a record order to stream")
         epochs, offsets = np.divmod(positions, self.num_records)
         if not self.shuffle:
             return offsets, epochs
@@ -186,16 +310,60 @@ class Plan:
         {'version': 1, 'num_records': 10, 'batch_size': 4, 'seed': 0, 'shuffle': False,
          'num_epochs': 1, 'drop_remainder': False}
         """
-        given = {field.name: getattr(self, field.name) for field in dataclasses.fields(self)}
-        return {"version": PLAN_VERSION, **{k: v for k, v in given.items() if k[0] != "_"}}
+        described = {"version": PLAN_VERSION, **{name: getattr(self, name) for name in _PLAIN}}
+        if self.batch_size_changes:
+            described["batch_size_changes"] = [list(change) for change in self.batch_size_changes]
+        if self.buckets is not None:
+            described["buckets"] = self.buckets.describe()
+        if self.first_position is not None:
+            described["start"] = {"step": self.first_step, **self.first_position.describe()}
+        return described
 
     def _check_step(self, step: int) -> int:
         if type(step) is not int or step < 0:  # the common case skips the checked conversion
             step = require_int("step", step, minimum=0)
+        if step < self.first_step:
+            raise IndexError(
+                f"step {step} comes before step {self.first_step}, where this plan was "
+                "resumed with a new batch size"
+            )
         total = self._num_steps
         if total is not None and step >= total:
             raise IndexError(f"step {step} is beyond the plan's {total} steps")
         return step
+
+    def _segment(self, step: int) -> Segment:
+        parts = self._segments
+        return parts[0] if len(parts) == 1 else parts[bisect.bisect_right(self._firsts, step) - 1]
+
+    def _epoch_start(self, epoch: int) -> int:
+        """The first step in `epoch` or a later one, ignoring where the plan ends."""
+        parts = self._segments
+        for part, following in itertools.pairwise(parts):
+            start = part.epoch_start(epoch)
+            if start < following.first:
+                return start
+        return parts[-1].epoch_start(epoch)
+
+
+def checked_changes(changes: Any, first_step: int) -> tuple[tuple[int, int], ...]:
+    """Batch size changes as (step, size) int pairs at ascending steps after `first_step`,
+    or a ValueError naming the first that is not."""
+    checked: list[tuple[int, int]] = []
+    previous = first_step
+    for change in changes:
+        if not isinstance(change, tuple | list) or len(change) != 2:
+            raise ValueError(
+                f"a batch size change must be a (step, batch_size) pair, got {change!r}"
+            )
+        step = require_int("a batch size change's step", change[0], minimum=previous + 1)
+        size = require_int("a batch size change's batch_size", change[1], minimum=1)
+        checked.append((step, size))
+        previous = step
+    return tuple(checked)
+
+
+_PLAIN = ("num_records", "batch_size", "seed", "shuffle", "num_epochs", "drop_remainder")
 
 
 def row_positions(rows: Rows | None, length: int) -> IndexArray:

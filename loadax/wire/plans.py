@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import hashlib
 import json
+from typing import Any
 
 import numpy as np
 
 from loadax.errors import WorkerError
 from loadax.plan.planner import Plan
+from loadax.plan.segments import Position
 from loadax.plan.work import MAX_POSITION, StepWork, StreamWindow, Work
 from loadax.wire import checksum
 from loadax.wire.v1 import worker_pb2 as wire
@@ -20,6 +22,10 @@ def compatible_versions(client: str, worker: str) -> bool:
 
 
 def plan_to_wire(plan: Plan) -> wire.Plan:
+    """The plan's parameters, as a worker rebuilds it: a length-bucketed plan cannot travel
+    (a worker has not its lengths), and a remote loader refuses one when it is built."""
+    if plan.buckets is not None:
+        raise ValueError("a length-bucketed plan cannot be sent to workers")
     message = wire.Plan(
         num_records=plan.num_records,
         batch_size=plan.batch_size,
@@ -29,12 +35,23 @@ def plan_to_wire(plan: Plan) -> wire.Plan:
     )
     if plan.num_epochs is not None:
         message.num_epochs = plan.num_epochs
+    for step, size in plan.batch_size_changes:
+        message.batch_size_changes.add(step=step, batch_size=size)
+    if plan.first_position is not None:
+        message.start.CopyFrom(
+            wire.PlanStart(
+                step=plan.first_step,
+                epoch=plan.first_position.epoch,
+                delivered=plan.first_position.cursor,  # type: ignore[arg-type]  # a plain plan's
+            )
+        )
     return message
 
 
 def plan_from_wire(message: wire.Plan, num_records: int | None = None) -> Plan:
     """The plan of a request; `num_records` overrides the message's (handshakes leave it 0)."""
     try:
+        start = message.start if message.HasField("start") else None
         return Plan(
             num_records=message.num_records if num_records is None else num_records,
             batch_size=message.batch_size,
@@ -42,6 +59,11 @@ def plan_from_wire(message: wire.Plan, num_records: int | None = None) -> Plan:
             shuffle=message.shuffle,
             num_epochs=message.num_epochs if message.HasField("num_epochs") else None,
             drop_remainder=message.drop_remainder,
+            batch_size_changes=tuple(
+                (change.step, change.batch_size) for change in message.batch_size_changes
+            ),
+            first_step=0 if start is None else start.step,
+            first_position=None if start is None else Position(start.epoch, start.delivered),
         )
     except ValueError as error:
         raise WorkerError("INVALID_ARGUMENT", f"invalid plan: {error}") from error
@@ -88,7 +110,7 @@ def request_digest(request: wire.BatchRequest) -> bytes:
     """
     plan = request.plan
     window = request.window if request.HasField("window") else None
-    fields = [
+    fields: list[Any] = [
         request.pipeline,
         request.fingerprint,
         [plan.num_records, plan.batch_size, plan.seed, plan.shuffle, plan.drop_remainder],
@@ -97,6 +119,12 @@ def request_digest(request: wire.BatchRequest) -> bytes:
         None if window is None else [window.shards, window.shard, window.index],
         len(request.rows),
     ]
+    if plan.batch_size_changes or plan.HasField("start"):  # absent: the digests of before
+        start = plan.start
+        fields.append([[change.step, change.batch_size] for change in plan.batch_size_changes])
+        fields.append(
+            [start.step, start.epoch, start.delivered] if plan.HasField("start") else None
+        )
     digest = hashlib.blake2b(json.dumps(fields).encode(), digest_size=16)
     digest.update(np.array(request.rows, dtype="<u8").tobytes())
     return digest.digest()

@@ -15,20 +15,42 @@ CHECKSUM_WEIGHTED_SUM: Checksum
 CHECKSUM_XXH3_64: Checksum
 
 class Plan(_message.Message):
-    __slots__ = ("num_records", "batch_size", "seed", "shuffle", "num_epochs", "drop_remainder")
+    __slots__ = ("num_records", "batch_size", "seed", "shuffle", "num_epochs", "drop_remainder", "batch_size_changes", "start")
     NUM_RECORDS_FIELD_NUMBER: _ClassVar[int]
     BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
     SEED_FIELD_NUMBER: _ClassVar[int]
     SHUFFLE_FIELD_NUMBER: _ClassVar[int]
     NUM_EPOCHS_FIELD_NUMBER: _ClassVar[int]
     DROP_REMAINDER_FIELD_NUMBER: _ClassVar[int]
+    BATCH_SIZE_CHANGES_FIELD_NUMBER: _ClassVar[int]
+    START_FIELD_NUMBER: _ClassVar[int]
     num_records: int
     batch_size: int
     seed: int
     shuffle: bool
     num_epochs: int
     drop_remainder: bool
-    def __init__(self, num_records: _Optional[int] = ..., batch_size: _Optional[int] = ..., seed: _Optional[int] = ..., shuffle: _Optional[bool] = ..., num_epochs: _Optional[int] = ..., drop_remainder: _Optional[bool] = ...) -> None: ...
+    batch_size_changes: _containers.RepeatedCompositeFieldContainer[BatchSizeChange]
+    start: PlanStart
+    def __init__(self, num_records: _Optional[int] = ..., batch_size: _Optional[int] = ..., seed: _Optional[int] = ..., shuffle: _Optional[bool] = ..., num_epochs: _Optional[int] = ..., drop_remainder: _Optional[bool] = ..., batch_size_changes: _Optional[_Iterable[_Union[BatchSizeChange, _Mapping]]] = ..., start: _Optional[_Union[PlanStart, _Mapping]] = ...) -> None: ...
+
+class BatchSizeChange(_message.Message):
+    __slots__ = ("step", "batch_size")
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
+    step: int
+    batch_size: int
+    def __init__(self, step: _Optional[int] = ..., batch_size: _Optional[int] = ...) -> None: ...
+
+class PlanStart(_message.Message):
+    __slots__ = ("step", "epoch", "delivered")
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    DELIVERED_FIELD_NUMBER: _ClassVar[int]
+    step: int
+    epoch: int
+    delivered: int
+    def __init__(self, step: _Optional[int] = ..., epoch: _Optional[int] = ..., delivered: _Optional[int] = ...) -> None: ...
 
 class HandshakeRequest(_message.Message):
     __slots__ = ("library_version", "pipeline", "plan", "host", "probe")
