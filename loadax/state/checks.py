@@ -47,13 +47,16 @@ def restored(state: Any, plan: Plan, allow_new_batch_size: bool) -> tuple[Plan, 
         if same.describe() == saved:
             return same, step
     if not allow_new_batch_size:
-        differences = _plan_differences(saved, plan, ())
-        raise ValueError(
-            f"iterator state belongs to another plan: {differences}; restore with "
-            "set_state(state, allow_new_batch_size=True) to continue its epoch in this "
-            "loader's batch sizes"
-        )
+        raise _new_batch_size(_plan_differences(saved, plan, ()))
     return plan.resumed(step, _position(state, step)), step
+
+
+def _new_batch_size(differences: str) -> ValueError:
+    return ValueError(
+        f"iterator state belongs to another plan: {differences}; restore with "
+        "set_state(state, allow_new_batch_size=True) to continue its epoch in this "
+        "loader's batch sizes"
+    )
 
 
 def checked_step(state: Any, plan: Plan, allow_new_batch_size: bool = False) -> int:
@@ -174,11 +177,13 @@ def _checked(state: Any, plan: Plan, allow_new_batch_size: bool = False) -> int:
     saved = state["plan"]
     if not isinstance(saved, dict):
         raise ValueError(f"iterator state has plan {saved!r}; it must be a dict")
-    batch_sizes_may_differ = allow_new_batch_size or "start" in saved
-    ignored = BATCH_SIZE_KEYS if batch_sizes_may_differ else ()
-    differences = _plan_differences(saved, plan, ignored)
+    differences = _plan_differences(saved, plan, BATCH_SIZE_KEYS)
     if differences:
         raise ValueError(f"iterator state belongs to another plan: {differences}")
+    if not (allow_new_batch_size or "start" in saved):
+        differences = _plan_differences(saved, plan, ())
+        if differences:
+            raise _new_batch_size(differences)
     step = state["step"]
     if not is_int(step, minimum=0):
         raise ValueError(f"iterator state has step {step!r}; it must be an int >= 0")
