@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import weakref
 from collections.abc import Callable
 from typing import Any, Generic, Self
 
@@ -19,7 +20,7 @@ from loadax.execution.executor import Executor
 from loadax.execution.inline import InlineExecutor
 from loadax.execution.pickled import PickledPipeline
 from loadax.execution.pipeline import Pipeline
-from loadax.execution.processes import ProcessExecutor
+from loadax.execution.processes import SharedProcesses
 from loadax.execution.threads import ThreadExecutor
 from loadax.identity.fingerprint import pipeline_fingerprint
 from loadax.iterators.base import LoaderIterator
@@ -72,8 +73,10 @@ class DataLoader(LoaderBuilder, Generic[T, B]):
         Python transforms that hold the GIL. The pipeline is pickled when the loader is built,
         so its functions must be defined at module level, and batches come back through shared
         memory, so they must be what `loadax.wire.codec` encodes (dicts, lists, tuples of arrays).
-        With processes, `prefetch` defaults to at least `count`. Batches and checkpoints are the
-        same for every count and kind.
+        With processes, `prefetch` defaults to at least `count`; the processes start with the
+        first batch and serve every epoch and iterator of the loader until `Loader.close()` (or
+        until the loader is collected and its iterators are done). Batches and checkpoints are
+        the same for every count and kind.
 
         >>> from loadax import Batcher, DataLoader, RangeDataset
         >>> loader = DataLoader(Batcher()).batch_size(2).workers(4).build(RangeDataset(0, 4))
@@ -114,18 +117,22 @@ class DataLoader(LoaderBuilder, Generic[T, B]):
             )
         plan = options.plan(pipeline.num_records, lambda indices: pipeline.read(indices, 0))
         concurrency = options.concurrency
-        pickled = PickledPipeline(pipeline) if options.loading_kind == "processes" else None
+        processes = (
+            SharedProcesses(PickledPipeline(pipeline), concurrency)
+            if options.loading_kind == "processes"
+            else None
+        )
 
         def executor() -> Executor[B]:
-            if pickled is not None:
-                return ProcessExecutor(pickled, concurrency)
+            if processes is not None:
+                return processes.lease()
             if concurrency == 0:
                 return InlineExecutor(pipeline)
             return ThreadExecutor(pipeline, concurrency)
 
         # Each process loads whole batches: keep every one of them busy.
         default_prefetch = (
-            DEFAULT_PREFETCH if pickled is None else max(DEFAULT_PREFETCH, concurrency)
+            DEFAULT_PREFETCH if processes is None else max(DEFAULT_PREFETCH, concurrency)
         )
         prefetch = 0 if concurrency == 0 else options.prefetch or default_prefetch
         stream = pipeline.stream
@@ -137,6 +144,7 @@ class DataLoader(LoaderBuilder, Generic[T, B]):
             pipeline=pipeline,
             stream_window=None if stream is None else stream.window,
             description=f"{self!r}.build({dataset_repr(dataset)})",
+            processes=processes,
         )
 
 
@@ -147,6 +155,7 @@ class Loader(Generic[B]):
     epoch `e` alone. With `stream_window`, the batches are cut from the windows of a stream of
     that size. `stats` counts what the loop got and waited for, over all the loader's iterators.
     Its iterators' states record its pipeline's `fingerprint()`, and refuse a state of another.
+    Its loader `processes`, if any, serve all its iterators until `close()` (or collection).
 
     >>> from loadax import Batcher, DataLoader, RangeDataset
     >>> loader = DataLoader(Batcher()).batch_size(2).build(RangeDataset(0, 5))
@@ -170,6 +179,7 @@ class Loader(Generic[B]):
         stream_window: int | None = None,
         stats: StatsRecorder | None = None,
         description: str | None = None,
+        processes: SharedProcesses[B] | None = None,
     ) -> None:
         self.plan, self.pipeline, self.stream_window = plan, pipeline, stream_window
         self.sharding_strategy = options.sharding_strategy()
@@ -188,6 +198,9 @@ class Loader(Generic[B]):
         self._passes = Passes(varies)
         self._fingerprint: str | None = None
         self._fingerprint_lock = threading.Lock()
+        self._processes = processes
+        if processes is not None:
+            weakref.finalize(self, processes.disown)
 
     def __iter__(self) -> LoaderIterator[B]:
         return self._delivered(self._host_batches(self._passes, **self._host_role()))
@@ -285,6 +298,26 @@ class Loader(Generic[B]):
         (80, True, True)
         """
         return self._recorder.snapshot()
+
+    def close(self) -> None:
+        """Stop the loader's processes (`workers(n, kind="processes")`), which otherwise serve
+        every epoch and iterator until the loader and its iterators are collected; iterators
+        still loading fail. A loader of threads holds nothing between iterators.
+
+        >>> from loadax import Batcher, DataLoader, RangeDataset
+        >>> builder = DataLoader(Batcher()).batch_size(2).workers(2, kind="processes")
+        >>> with builder.build(RangeDataset(0, 4).map(str)) as loader:
+        ...     [[batch.tolist() for batch in loader.epoch(e)] for e in range(2)]
+        [[['0', '1'], ['2', '3']], [['0', '1'], ['2', '3']]]
+        """
+        if self._processes is not None:
+            self._processes.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
 
     def __len__(self) -> int:
         """The number of batches an iterator yields."""

@@ -79,8 +79,8 @@ def our_segments() -> list[str]:
 
 
 def drain(loader: Loader[Any]) -> list[Any]:
-    """Every batch of a new iterator, which is closed even when one fails."""
-    with iter(loader) as iterator:
+    """Every batch of a new iterator; it and the loader are closed even when one fails."""
+    with loader, iter(loader) as iterator:
         return list(iterator)
 
 
@@ -135,6 +135,7 @@ def test_stream_windows_are_those_of_threads_and_restore_at_every_step(stream: S
     loader = processes(builder).prefetch(3).build(stream)
     assert_batches_equal(loader, expected)
     assert_equal_output_after_checkpoint(loader)
+    loader.close()
     assert_nothing_left()
 
 
@@ -143,7 +144,8 @@ def test_a_failing_record_is_the_record_error_of_threads_with_the_process_traceb
     builder = DataLoader(Batcher()).batch_size(4)
     with pytest.raises(RecordError) as threaded:
         drain(builder.workers(2).build(dataset))
-    iterator = iter(processes(builder).build(dataset))
+    loader = processes(builder).build(dataset)
+    iterator = iter(loader)
     assert_batches_equal([next(iterator)], [next(iter(builder.workers(0).build(dataset)))])
     with pytest.raises(RecordError) as failed:
         next(iterator)
@@ -162,6 +164,7 @@ def test_a_failing_record_is_the_record_error_of_threads_with_the_process_traceb
     with pytest.raises(RecordError, match="record 7"):
         next(iterator)
     iterator.close()
+    loader.close()
     assert_nothing_left()
 
 
@@ -205,7 +208,8 @@ def test_a_killed_process_fails_its_batch_and_is_replaced(tmp_path: Path) -> Non
     builder = DataLoader(Batcher()).batch_size(4)
     expected = list(builder.workers(0).build(dataset))
     marker.touch()
-    iterator = iter(processes(builder).build(dataset))
+    loader = processes(builder).build(dataset)
+    iterator = iter(loader)
     got = [next(iterator), next(iterator)]
     with pytest.raises(
         WorkerProcessError,
@@ -215,7 +219,7 @@ def test_a_killed_process_fails_its_batch_and_is_replaced(tmp_path: Path) -> Non
     assert iterator.get_state()["step"] == 2
     got.extend(iterator)  # a new process takes the dead one's place
     assert_batches_equal(got, expected)
-    iterator.close()
+    loader.close()
     assert_nothing_left()
 
 
@@ -250,19 +254,44 @@ def test_close_cancel_and_abandon_leave_no_process_thread_or_shared_memory_behin
     loader = processes(DataLoader(Batcher()).batch_size(4)).prefetch(4).build(dataset)
     with iter(loader) as iterator:
         first = next(iterator)
-        assert len(loader_processes()) == 2
+        started = loader_processes()
+        assert len(started) == 2
         iterator.set_state(iterator.get_state())  # cancels the batches in flight
         next(iterator)
-    assert_nothing_left()
 
     abandoned = iter(loader)
     next(abandoned)
     del abandoned
     gc.collect()
-    assert_nothing_left()
 
     with iter(loader) as iterator:
         assert_batches_equal([next(iterator)], [first])
+    assert loader_processes() == started  # the loader's processes serve all its iterators
+    loader.close()
+    assert_nothing_left()
+    with pytest.raises(ValueError, match="the loader is closed"):
+        next(iter(loader))
+
+    # A loader collected once its iterators are done leaves nothing either.
+    iterator = iter(processes(DataLoader(Batcher()).batch_size(4)).build(dataset))
+    next(iterator)
+    iterator.close()
+    del iterator
+    assert_nothing_left()
+
+
+def test_a_loaders_processes_serve_every_epoch_and_iterator() -> None:
+    dataset = RangeDataset(0, 24).map(record).random_map(noisy, seed=1)
+    builder = DataLoader(Batcher()).batch_size(8).shuffle(seed=2)
+    with processes(builder).build(dataset) as loader:
+        pids = set()
+        for epoch in range(3):
+            expected = list(builder.workers(0).build(dataset).epoch(epoch))
+            assert_batches_equal(loader.epoch(epoch), expected)
+            pids |= {process.pid for process in loader_processes()}
+        assert_batches_equal(loader, builder.workers(0).build(dataset))
+        pids |= {process.pid for process in loader_processes()}
+        assert len(pids) == 2  # started once, for the first epoch
     assert_nothing_left()
 
 

@@ -29,6 +29,7 @@ class Task:
     request: ChildRequest
     future: Future[Any] = dataclasses.field(default_factory=Future)
     started: float = 0.0  # when a process took it (time.monotonic())
+    owner: object = None  # who submitted it, for `ProcessExecutor.cancel_queued`
 
 
 class LoaderProcess:

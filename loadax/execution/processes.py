@@ -10,6 +10,9 @@ What a process runs is `process_child`; the parent's handle on it, with the shar
 batches come back through, is `process_handle`. The parent copies each batch out (one memcpy) and
 decodes it.
 
+A loader's processes are shared by its iterators (`SharedProcesses`): they live across epochs
+and iterators until the loader is closed or collected, each iterator dropping only its own work.
+
 With a deadline, a process that runs one work item longer is killed and its item fails with
 `WorkerProcessLost`, like one whose process died; a new process takes the slot. With `encoded`,
 the parent hands out the encoding itself (for a loadax-worker, which sends it on unchanged).
@@ -27,7 +30,7 @@ from collections import deque
 from concurrent.futures import CancelledError, InvalidStateError
 from multiprocessing import context as mp_context
 from multiprocessing import get_context
-from typing import Any
+from typing import Any, Generic
 
 from typing_extensions import TypeVar
 
@@ -41,7 +44,13 @@ from loadax.plan.work import Work
 from loadax.wire.codec import CodecError, decode
 
 # The errors are imported from here by the worker and by users, as before they had a file.
-__all__ = ["EXIT_GRACE_S", "ProcessExecutor", "WorkerProcessError", "WorkerProcessLost"]
+__all__ = [
+    "EXIT_GRACE_S",
+    "ProcessExecutor",
+    "SharedProcesses",
+    "WorkerProcessError",
+    "WorkerProcessLost",
+]
 
 B = TypeVar("B", default=Any)
 
@@ -100,7 +109,20 @@ class ProcessExecutor(Executor[B]):
         _EXECUTORS.add(self)
 
     def submit(self, plan: Plan, work: Work) -> Pending[Any]:
-        return self._enqueue(ChildRequest(plan, work))
+        return self._enqueue(Task(ChildRequest(plan, work)))
+
+    def submit_for(self, owner: object, plan: Plan, work: Work) -> Pending[Any]:
+        """`submit`, noting `owner` for `cancel_queued`."""
+        return self._enqueue(Task(ChildRequest(plan, work), owner=owner))
+
+    def cancel_queued(self, owner: object) -> None:
+        """Cancel the items `owner` submitted that no process has taken yet; the processes, and
+        the items they load, carry on."""
+        with self._lock:
+            queued = [task for task in self._queue if task.owner is owner]
+            self._queue = deque(task for task in self._queue if task.owner is not owner)
+        for task in queued:
+            task.future.cancel()
 
     def release(self, wait: bool) -> None:
         """Stop the processes: each exits once it has finished the item it loads, so that what
@@ -132,8 +154,7 @@ class ProcessExecutor(Executor[B]):
                 if child.collector is not None:
                     child.collector.join()
 
-    def _enqueue(self, request: ChildRequest) -> Pending[Any]:
-        task = Task(request)
+    def _enqueue(self, task: Task) -> Pending[Any]:
         with self._lock:
             for slot, child in enumerate(self._children):
                 if child is None:
@@ -288,3 +309,65 @@ class ProcessExecutor(Executor[B]):
                         f"{task.request} was not loaded, since no loader process is left: {reason}"
                     )
                 )
+
+
+class SharedProcesses(Generic[B]):
+    """A loader's `ProcessExecutor`, shared by its iterators: its processes start with the first
+    batch asked for and stay up across epochs and iterators (no start-up, no unpickling of the
+    pipeline again) until `close()`, or until the loader is collected and no iterator of it is
+    still open. Each iterator's `lease()` drops only its own queued work when it ends."""
+
+    def __init__(self, pipeline: PickledPipeline[B], processes: int) -> None:
+        self.executor = ProcessExecutor(pipeline, processes)
+        self.closed = False
+        self._lock = threading.Lock()
+        self._open: set[_Lease[B]] = set()  # leases not released
+        self._owned = True  # the loader lives: it may ask for more iterators
+
+    def lease(self) -> Executor[B]:
+        """The executor of one iterator; the processes stay up while it is open."""
+        return _Lease(self)
+
+    def disown(self) -> None:
+        """The loader is gone: stop the processes once no iterator of it is open."""
+        with self._lock:
+            self._owned = False
+            idle = not self._open
+        if idle:
+            self.executor.release(wait=False)
+
+    def close(self) -> None:
+        """Stop the processes (see `ProcessExecutor.release`); iterators still loading fail."""
+        self.closed = True
+        self.executor.release(wait=True)
+
+    def _opened(self, lease: _Lease[B]) -> None:
+        if self.closed:
+            raise ValueError("the loader is closed: its processes are gone; build it again")
+        with self._lock:
+            self._open.add(lease)
+
+    def _released(self, lease: _Lease[B]) -> None:
+        with self._lock:
+            self._open.discard(lease)
+            idle = not self._owned and not self._open
+        self.executor.cancel_queued(lease)
+        if idle:
+            self.executor.release(wait=False)
+
+
+class _Lease(Executor[B]):
+    """One iterator's use of a loader's shared processes: open from its first submit until its
+    release (an iterator releases its executor when it ends, is closed or is collected)."""
+
+    def __init__(self, shared: SharedProcesses[B]) -> None:
+        self._shared = shared
+
+    def submit(self, plan: Plan, work: Work) -> Pending[Any]:
+        self._shared._opened(self)
+        return self._shared.executor.submit_for(self, plan, work)
+
+    def release(self, wait: bool) -> None:
+        """Cancel this iterator's queued work; the processes stay for the loader's next one."""
+        del wait  # what a process loads for it is dropped when done: nothing to wait for
+        self._shared._released(self)
