@@ -177,7 +177,13 @@ class RemoteDataLoader(LoaderBuilder):
         When no target can serve, the error names each one and what it said (see `startup`).
         When the loader is sharded over a mesh of several JAX processes, every process checks
         that all bound to the same identity (a ValueError naming each process's if not).
+        A length-bucketed plan (`bucket_by_length`) is refused: workers have not its lengths.
         """
+        if self._options.buckets is not None:
+            raise ValueError(
+                "bucket_by_length is for local loaders: a worker cannot compute a bucketed "
+                "plan's steps without every record's length"
+            )
         return RemoteLoader(
             self._targets,
             self._pipeline,

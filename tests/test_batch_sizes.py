@@ -19,10 +19,12 @@ from processes import run_jax_processes
 
 from loadax import Batcher, DataLoader, Pipeline, Plan, RangeDataset
 from loadax.client import RemoteDataLoader
+from loadax.dataset.packing import Packer
 from loadax.plan.buckets import LengthBuckets
 from loadax.server.worker import Worker
 
 FEW = settings(max_examples=25, deadline=None)
+FITS = ("first_fit", "best_fit")
 
 changes = st.lists(
     st.tuples(st.integers(1, 40), st.integers(1, 12)), max_size=3, unique_by=lambda c: c[0]
@@ -219,3 +221,18 @@ def test_two_by_four_to_one_by_eight_with_a_new_schedule_gives_the_same_global_b
     counts = Counter(index for batch in multi for index in batch["id"])
     assert sorted(counts) == list(range(check.RECORDS))
     assert set(counts.values()) == {2}
+
+
+@FEW
+@given(sizes=st.lists(st.integers(1, 16), max_size=40))
+def test_both_packings_keep_every_token_once_and_best_fit_is_deterministic(
+    sizes: list[int],
+) -> None:
+    sequences = [[position] * size for position, size in enumerate(sizes)]
+    first, best = (Packer(16, pad_value=-1, strategy=kind)(sequences) for kind in FITS)
+    for rows in (first, best):
+        tokens = Counter(t for row in rows for t in row["tokens"].tolist() if t >= 0)
+        assert tokens == Counter(dict(enumerate(sizes)))
+    assert [r["tokens"].tolist() for r in best] == [
+        r["tokens"].tolist() for r in Packer(16, pad_value=-1, strategy="best_fit")(sequences)
+    ]

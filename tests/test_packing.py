@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from loadax.dataset.packing import POSITIONS, SEGMENT_IDS, TOKENS, FirstFitPacker
+from loadax.dataset.packing import POSITIONS, SEGMENT_IDS, TOKENS, Packer
 
 LENGTH = 12
 
@@ -45,7 +45,7 @@ def test_packing_keeps_every_token_in_rows_of_the_length_with_right_segments(
     lengths: list[int], pad: int
 ) -> None:
     sequences = _sequences(lengths)
-    rows = FirstFitPacker(LENGTH, pad_value=pad)(sequences)
+    rows = Packer(LENGTH, pad_value=pad)(sequences)
 
     placed = []
     for row in rows:
@@ -82,7 +82,7 @@ def test_packing_keeps_every_token_in_rows_of_the_length_with_right_segments(
 @given(lengths=st.lists(st.integers(0, 3 * LENGTH), max_size=20))
 def test_truncation_cuts_long_sequences_to_the_row_length(lengths: list[int]) -> None:
     sequences = _sequences(lengths)
-    rows = FirstFitPacker(LENGTH, truncate=True)(sequences)
+    rows = Packer(LENGTH, truncate=True)(sequences)
     segments = [segment for row in rows for segment in _segments(row, TOKENS)]
     assert sorted(int(s[0]) // 100 - 1 for s in segments) == [k for k, n in enumerate(lengths) if n]
     for segment in segments:
@@ -95,7 +95,7 @@ def test_dicts_of_sequences_pack_together_and_keep_their_dtypes() -> None:
         {"inputs": np.array([1, 2, 3], dtype=np.int16), "targets": np.array([2.0, 3.0, 4.0])},
         {"inputs": np.array([5, 6], dtype=np.int16), "targets": np.array([6.0, 7.0])},
     ]
-    (row,) = FirstFitPacker(6, pad_value=-1)(records)
+    (row,) = Packer(6, pad_value=-1)(records)
     np.testing.assert_array_equal(row["inputs"], [1, 2, 3, 5, 6, -1])
     assert row["inputs"].dtype == np.int16
     np.testing.assert_array_equal(row["targets"], [2.0, 3.0, 4.0, 6.0, 7.0, -1.0])
@@ -105,7 +105,7 @@ def test_dicts_of_sequences_pack_together_and_keep_their_dtypes() -> None:
 
 
 def test_plain_lists_of_tokens_pack() -> None:
-    rows = FirstFitPacker(4)([[7, 8, 9], [1], [2, 3]])
+    rows = Packer(4)([[7, 8, 9], [1], [2, 3]])
     assert [row[TOKENS].tolist() for row in rows] == [[7, 8, 9, 1], [2, 3, 0, 0]]
 
 
@@ -121,12 +121,12 @@ def test_plain_lists_of_tokens_pack() -> None:
 )
 def test_bad_records_are_named(records: list[Any], message: str) -> None:
     with pytest.raises(ValueError, match=re.escape(message)):
-        FirstFitPacker(4)(records)
+        Packer(4)(records)
 
 
 def test_errors_name_records_by_the_indices_given() -> None:
     with pytest.raises(ValueError, match="record 41 has 5 tokens"):
-        FirstFitPacker(4)([[1], list(range(5))], indices=[40, 41])
+        Packer(4)([[1], list(range(5))], indices=[40, 41])
 
 
 @pytest.mark.parametrize(
@@ -139,4 +139,4 @@ def test_errors_name_records_by_the_indices_given() -> None:
 )
 def test_bad_options_are_named(kwargs: dict[str, Any], message: str) -> None:
     with pytest.raises(ValueError, match=message):
-        FirstFitPacker(**kwargs)
+        Packer(**kwargs)

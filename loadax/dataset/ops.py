@@ -14,7 +14,7 @@ import numpy.typing as npt
 from typing_extensions import TypeVar
 
 from loadax.dataset.names import callable_name, dataset_repr
-from loadax.dataset.packing import PackedRow
+from loadax.dataset.packing import PackedRow, PackingStrategy
 from loadax.dataset.protocol import (
     Dataset,
     ReadsRows,
@@ -149,9 +149,14 @@ class DatasetBase(Records[T]):
         return Stream(self).filter(predicate)
 
     def pack(
-        self, length: int, *, pad_value: int | float = 0, truncate: bool = False
+        self,
+        length: int,
+        *,
+        pad_value: int | float = 0,
+        truncate: bool = False,
+        strategy: PackingStrategy = "first_fit",
     ) -> Stream[PackedRow]:
-        """A stream of token sequences first-fit packed into rows of `length` (see Stream.pack).
+        """A stream of token sequences packed into rows of `length` (see Stream.pack).
 
         >>> from loadax import Batcher, DataLoader, InMemoryDataset
         >>> packed = InMemoryDataset([[1, 2, 3], [4, 5], [6, 7, 8, 9]]).pack(5)
@@ -161,7 +166,7 @@ class DatasetBase(Records[T]):
         >>> batch["segment_ids"].tolist()
         [[1, 1, 1, 2, 2], [1, 1, 1, 1, 0]]
         """
-        return Stream(self).pack(length, pad_value=pad_value, truncate=truncate)
+        return Stream(self).pack(length, pad_value=pad_value, truncate=truncate, strategy=strategy)
 
 
 def _op(parent: Dataset[Any], method: str, constructor: str, arguments: str) -> str:

@@ -1,4 +1,8 @@
-"""Sequence packing: variable-length token sequences, first-fit into rows of a fixed length.
+"""Sequence packing: variable-length token sequences into rows of a fixed length.
+
+Each sequence goes into the first row with room for it (`first_fit`), or into the row it fills
+best, the one with the least room that still takes it (`best_fit`, the earliest opened of
+equals): best-fit leaves fewer rows part-empty, so less padding (measured by benchmarks P2).
 
 Each output row holds whole sequences back to back, then padding. `segment_ids` numbers the
 sequences of a row from 1 (0 is padding) and `positions` counts from 0 within each sequence, as
@@ -8,9 +12,10 @@ within its sequence; a sequence longer than a row is an error unless `truncate` 
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Literal, get_args
 
 import numpy as np
 import numpy.typing as npt
@@ -24,33 +29,46 @@ POSITIONS = "positions"
 
 PackedRow = dict[str, npt.NDArray[Any]]
 
+PackingStrategy = Literal["first_fit", "best_fit"]
+
 
 @dataclasses.dataclass(frozen=True, slots=True)
-class FirstFitPacker:
-    """Packs sequences into rows of `length` tokens, each into the first row with room for it.
+class Packer:
+    """Packs sequences into rows of `length` tokens, each into the first row with room for it,
+    or (`strategy="best_fit"`) into the row with the least room that takes it.
 
     A record is a 1-D sequence of tokens, or a dict of 1-D sequences of one length (e.g. inputs
     and targets), packed together. Rows come out in the order they were opened.
 
-    >>> from loadax.dataset.packing import FirstFitPacker
-    >>> rows = FirstFitPacker(length=5)([[1, 2, 3], [4, 5, 6, 7], [8, 9]])
+    >>> from loadax.dataset.packing import Packer
+    >>> rows = Packer(length=5)([[1, 2, 3], [4, 5, 6, 7], [8, 9]])
     >>> [row["tokens"].tolist() for row in rows]
     [[1, 2, 3, 8, 9], [4, 5, 6, 7, 0]]
     >>> [row["segment_ids"].tolist() for row in rows]
     [[1, 1, 1, 2, 2], [1, 1, 1, 1, 0]]
     >>> [row["positions"].tolist() for row in rows]
     [[0, 1, 2, 0, 1], [0, 1, 2, 3, 0]]
+    >>> sequences = [[1] * 3, [2] * 4, [3], [4] * 2]
+    >>> [row["tokens"].tolist() for row in Packer(5)(sequences)]
+    [[1, 1, 1, 3, 0], [2, 2, 2, 2, 0], [4, 4, 0, 0, 0]]
+    >>> [row["tokens"].tolist() for row in Packer(5, strategy="best_fit")(sequences)]
+    [[1, 1, 1, 4, 4], [2, 2, 2, 2, 3]]
     """
 
     length: int
     pad_value: int | float = 0
     truncate: bool = False
+    strategy: PackingStrategy = "first_fit"
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "length", require_int("length", self.length, minimum=1))
         if not is_number(self.pad_value):
             raise ValueError(f"pad_value must be a number, got {self.pad_value!r}")
         require_bool("truncate", self.truncate)
+        if self.strategy not in get_args(PackingStrategy):
+            raise ValueError(
+                f"strategy must be one of {list(get_args(PackingStrategy))}, got {self.strategy!r}"
+            )
 
     def __call__(
         self, records: Sequence[Any], indices: Sequence[int] | None = None
@@ -71,7 +89,7 @@ class FirstFitPacker:
         sequences = [columns for columns in sequences if _size(columns)]
         if not sequences:
             return []
-        rows = _first_fit([_size(columns) for columns in sequences], self.length)
+        rows = _STRATEGIES[self.strategy]([_size(columns) for columns in sequences], self.length)
         return [self._row(row, sequences, keys) for row in rows]
 
     def _columns(self, record: Any, name: int) -> dict[str, npt.NDArray[Any]]:
@@ -139,3 +157,26 @@ def _first_fit(sizes: list[int], length: int) -> list[list[int]]:
             rows.append([position])
             room.append(length - size)
     return rows
+
+
+def _best_fit(sizes: list[int], length: int) -> list[list[int]]:
+    """As `_first_fit`, each sequence into the open row with the least room that takes it."""
+    rows: list[list[int]] = []
+    by_room: list[tuple[int, int]] = []  # (room, row), ascending: the best fit is the first
+    for position, size in enumerate(sizes):
+        found = bisect.bisect_left(by_room, (size, -1))
+        if found < len(by_room):
+            room, row = by_room.pop(found)
+            rows[row].append(position)
+        else:
+            room, row = length, len(rows)
+            rows.append([position])
+        if room - size:
+            bisect.insort(by_room, (room - size, row))
+    return rows
+
+
+_STRATEGIES: dict[str, Callable[[list[int], int], list[list[int]]]] = {
+    "first_fit": _first_fit,
+    "best_fit": _best_fit,
+}

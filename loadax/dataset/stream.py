@@ -19,7 +19,7 @@ import numpy as np
 from typing_extensions import TypeVar
 
 from loadax.dataset.names import callable_name, dataset_repr, from_loadax
-from loadax.dataset.packing import FirstFitPacker, PackedRow
+from loadax.dataset.packing import PackedRow, Packer, PackingStrategy
 from loadax.dataset.protocol import Dataset, as_dataset
 from loadax.errors import RecordError
 from loadax.validation import require_int
@@ -110,13 +110,19 @@ class Stream(Generic[T]):
         return self._then(StreamMap(_callable("fn", fn)))
 
     def pack(
-        self, length: int, *, pad_value: int | float = 0, truncate: bool = False
+        self,
+        length: int,
+        *,
+        pad_value: int | float = 0,
+        truncate: bool = False,
+        strategy: PackingStrategy = "first_fit",
     ) -> Stream[PackedRow]:
-        """First-fit pack token sequences into rows of `length`, with segment ids and positions.
+        """Pack token sequences into rows of `length`, with segment ids and positions.
 
-        Sequences are packed within each window; see `loadax.dataset.packing.FirstFitPacker`.
+        Sequences are packed within each window (a larger window packs tighter); `strategy` is
+        "first_fit" or "best_fit" (less padding); see `loadax.dataset.packing.Packer`.
         """
-        return self._then(Pack(FirstFitPacker(length, pad_value, truncate)))
+        return self._then(Pack(Packer(length, pad_value, truncate, strategy)))
 
     def take(self, count: int) -> Stream[T]:
         """The first `count` items of the stream (all of them when there are fewer).
@@ -225,7 +231,7 @@ class StreamMap:
 class Pack:
     """Packs the window's sequences into rows; after it, items are rows, not records."""
 
-    packer: FirstFitPacker
+    packer: Packer
 
     def __call__(self, items: list[Any], origins: Origins) -> tuple[list[Any], Origins]:
         indices = None if origins is None else [index for index, _ in origins]
@@ -235,6 +241,7 @@ class Pack:
         packer = self.packer
         options = "" if packer.pad_value == 0 else f", pad_value={packer.pad_value!r}"
         options += ", truncate=True" if packer.truncate else ""
+        options += f", strategy={packer.strategy!r}" if packer.strategy != "first_fit" else ""
         return f"pack({packer.length}{options})"
 
 
