@@ -20,6 +20,8 @@ MIB = 1 << 20
 FLEET = Path(__file__).with_name("FLEET.md")
 """The fleet's results measured apart: the simulator's calibration and R3 (written by
 fleet_sim_calibration.py and fleet_sim_r3.py) and gRPC through a proxy (proxy_check.py)."""
+PLANS = Path(__file__).with_name("PLANS.md")
+"""P2's counts, measured apart (written by p2_plans.py)."""
 PROFILES = Path(__file__).with_name("PROFILES.md")
 """The profiles that explain the missed transport targets, measured apart and kept by hand."""
 RECEIVED = ("R1", *T1_BATCH_BYTES)
@@ -63,7 +65,8 @@ def render(document: Mapping[str, Any]) -> str:
             lines += ["", "Every R2 run:", "", *workload_table(results, workload)]
         else:
             lines += ["", heading, "", *workload_table(results, workload)]
-    lines += ["", FLEET.read_text().rstrip(), "", PROFILES.read_text().rstrip()]
+    lines += ["", FLEET.read_text().rstrip(), "", PLANS.read_text().rstrip()]
+    lines += ["", PROFILES.read_text().rstrip()]
     return "\n".join(lines) + "\n"
 
 
