@@ -12,6 +12,7 @@ import numpy.typing as npt
 from jax.sharding import Mesh
 
 from loadax.delivery.sharding import data_axis_of
+from loadax.execution.record_errors import DEFAULT_BUDGET, RecordErrorMode, RecordErrors
 from loadax.options import LoaderOptions
 from loadax.plan.buckets import LengthBuckets, LengthsOf
 from loadax.plan.planner import checked_changes
@@ -149,6 +150,30 @@ class LoaderBuilder:
         (True, [0, 1, 2, 3])
         """
         return self._with(device_prefetch=depth)
+
+    def on_record_error(self, mode: RecordErrorMode, budget: int | float = DEFAULT_BUDGET) -> Self:
+        """What a record that fails to load does: "raise" (the default) ends iteration with its
+        `RecordError`; "skip" drops it from its batch, which is shorter by one; "replace" fills
+        its row with the next record of the same epoch that loads (in delivery order, wrapping
+        to the epoch's start). Each one is logged and listed in `stats().bad_records`. More than
+        `budget` bad records in an epoch (an int, or a share of its records: 0.1 % by default,
+        at least 1) raise `TooManyBadRecords`. A storage outage (`StorageError`) is never a bad
+        record. The batches are the same for any executor, worker count and resume.
+
+        >>> from loadax import Batcher, DataLoader, RangeDataset
+        >>> def decode(x):
+        ...     if x == 2:
+        ...         raise ValueError("truncated")
+        ...     return x
+        >>> dataset = RangeDataset(0, 6).map(decode)
+        >>> builder = DataLoader(Batcher()).batch_size(3).on_record_error("skip", budget=1)
+        >>> [batch.tolist() for batch in builder.build(dataset)]
+        [[0, 1], [3, 4, 5]]
+        >>> loader = builder.on_record_error("replace", budget=1).build(dataset)
+        >>> [batch.tolist() for batch in loader], loader.stats().bad_records[0].action
+        ([[0, 1, 3], [3, 4, 5]], 'replaced by record 3')
+        """
+        return self._with(record_errors=RecordErrors(mode, budget))
 
     def __repr__(self) -> str:
         return f"{self._repr_head()}{self._options.calls()}"

@@ -50,6 +50,22 @@ class StorageError(OSError):
         return (type(self), (str(self), self.url, self.reason, self.transient), self.__dict__)
 
 
+class TooManyBadRecords(RecordError):
+    """More records failed than a bad-record policy's budget allows (`on_record_error(...,
+    budget=...)`): `error` is the last failure (its `index`, `epoch` and cause are this error's).
+
+    >>> from loadax.errors import RecordError, TooManyBadRecords
+    >>> error = TooManyBadRecords(RecordError(9, 1, ValueError("bad JPEG")), "3 in epoch 1")
+    >>> str(error), error.index, error.__cause__
+    ('record 9 (epoch 1) failed: ValueError: bad JPEG; 3 in epoch 1', 9, ValueError('bad JPEG'))
+    """
+
+    def __init__(self, error: RecordError, problem: str) -> None:
+        cause = error.__cause__ if error.__cause__ is not None else error
+        super().__init__(error.index, error.epoch, cause)
+        self.args = (f"{error}; {problem}",)
+
+
 class PoisonedRecords(RecordError):
     """Work that killed the process loading it on a worker, or never finished, on every worker
     that was asked (two by default): one or more of its records (`indices`, of `epochs`; at

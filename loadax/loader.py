@@ -21,6 +21,7 @@ from loadax.execution.inline import InlineExecutor
 from loadax.execution.pickled import PickledPipeline
 from loadax.execution.pipeline import Pipeline
 from loadax.execution.processes import SharedProcesses
+from loadax.execution.record_errors import RecordErrors, TolerantExecutor
 from loadax.execution.threads import ThreadExecutor
 from loadax.identity.fingerprint import pipeline_fingerprint
 from loadax.iterators.base import LoaderIterator
@@ -191,6 +192,7 @@ class Loader(Generic[B]):
                     length, "the last batch of an epoch (drop it with .drop_remainder())"
                 )
         self._executor, self._prefetch = executor, prefetch
+        self._record_errors = _checked_policy(options, stream_window)
         self._device_prefetch = options.device_prefetch
         self._options, self._description = options, description
         self._recorder = StatsRecorder() if stats is None else stats
@@ -276,7 +278,7 @@ class Loader(Generic[B]):
                 "or .num_epochs(None) and a step count"
             )
         host_batches = BatchIterator(
-            self._executor(),
+            self._new_executor(self._recorder),
             self.plan,
             self.sharding_strategy,
             prefetch=self._prefetch,
@@ -341,7 +343,7 @@ class Loader(Generic[B]):
         """A new iterator of the plan's host batches, counting and recording as `role` says."""
         if self.stream_window is None:
             return BatchIterator(
-                self._executor(),
+                self._new_executor(role.get("stats")),
                 self.plan,
                 self.sharding_strategy,
                 prefetch=self._prefetch,
@@ -358,6 +360,14 @@ class Loader(Generic[B]):
             passes=passes,
             **role,
         )
+
+    def _new_executor(self, stats: StatsRecorder | None) -> Executor[B]:
+        """An executor for a new iterator, under the bad-record policy (reporting to `stats`)."""
+        executor = self._executor()
+        if self._record_errors.mode == "raise":
+            return executor
+        report = (lambda record: None) if stats is None else stats.bad_record
+        return TolerantExecutor(executor, self._record_errors, report)
 
     def _stream_items(self) -> Items:
         """The stream's `take` and `skip` (a remote loader's worker streams have none)."""
@@ -381,3 +391,20 @@ class Loader(Generic[B]):
             stats=self._recorder,
             fingerprint=self.fingerprint,
         )
+
+
+def _checked_policy(options: LoaderOptions, stream_window: int | None) -> RecordErrors:
+    """The loader's bad-record policy, refused where it cannot apply."""
+    policy = options.record_errors
+    if policy.mode != "raise" and stream_window is not None:
+        raise ValueError(
+            f"on_record_error({policy.mode!r}) applies to random-access pipelines: a stream "
+            "(filter, pack) has no rows to skip or fill; catch the failure in its map and filter "
+            "out what it returns instead"
+        )
+    if policy.mode == "skip" and options.mesh is not None:
+        raise ValueError(
+            "on_record_error('skip') makes a batch shorter, and a batch sharded over a mesh "
+            "must keep its shape: use on_record_error('replace')"
+        )
+    return policy

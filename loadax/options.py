@@ -9,6 +9,7 @@ from typing import Any, Literal, get_args
 from jax.sharding import Mesh
 
 from loadax.delivery.sharding import DataAxis, ShardingStrategy
+from loadax.execution.record_errors import RecordErrors
 from loadax.plan.buckets import LengthBuckets, LengthsOf
 from loadax.plan.permutation import IndexArray
 from loadax.plan.planner import Plan
@@ -17,6 +18,9 @@ from loadax.validation import require_bool, require_int
 DEFAULT_CONCURRENCY = 1
 """Loading threads of a loader by default (`.workers(n)` sets them)."""
 DEFAULT_PREFETCH = 2
+
+RAISE = RecordErrors()
+"""The default bad-record policy: a record that fails ends iteration with its `RecordError`."""
 
 LoadingKind = Literal["threads", "processes"]
 """What loads the batches of a local loader: its own threads or child processes."""
@@ -39,6 +43,7 @@ class LoaderOptions:
     device_prefetch: int | None = None  # None: yield host batches
     batch_size_changes: tuple[tuple[int, int], ...] = ()  # (step, size) after step 0
     buckets: LengthBuckets | LengthsOf | None = None
+    record_errors: RecordErrors = RAISE
 
     def __post_init__(self) -> None:
         optional = ("batch_size", "num_epochs", "prefetch", "device_prefetch")
@@ -101,6 +106,8 @@ class LoaderOptions:
             calls.append(f"shard(<mesh {dict(self.mesh.shape)}>, {self.data_axis!r})")
         if self.device_prefetch is not None:
             calls.append(f"device_prefetch({self.device_prefetch})")
+        if self.record_errors != RAISE:
+            calls.append(self.record_errors.call())
         return "".join(f".{call}" for call in calls)
 
     def plan(

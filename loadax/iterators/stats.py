@@ -13,6 +13,7 @@ import dataclasses
 import threading
 import time
 import weakref
+from collections import deque
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -46,6 +47,25 @@ class WorkerStats:
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
+class BadRecord:
+    """A record that failed to load, which a bad-record policy (`on_record_error`) skipped or
+    replaced: its `index` and `epoch`, the `step` and `row` of the batch it was to be in, what it
+    raised (`cause`: "TypeName: message") and what became of its row (`action`: "skipped" or
+    "replaced by record N")."""
+
+    index: int
+    epoch: int
+    step: int
+    row: int
+    cause: str
+    action: str
+
+
+MAX_BAD_RECORDS = 100
+"""The most recent bad records a loader's stats list (`bad_record_count` counts them all)."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
 class LoaderStats:
     """A loader's numbers since its first request, over all its iterators.
 
@@ -54,6 +74,8 @@ class LoaderStats:
     a batch (near 0: loading keeps up; near 1: the loop starves, add workers or prefetch).
     `workers` and `left_out` are a remote loader's (empty for a local one): each worker's
     requests, and the targets it does not use because of what they answered its handshake.
+    `bad_records` are the most recent records a bad-record policy skipped or replaced (at most
+    `MAX_BAD_RECORDS`), `bad_record_count` all of them.
 
     >>> from loadax import Batcher, DataLoader, RangeDataset
     >>> loader = DataLoader(Batcher()).batch_size(2).build(RangeDataset(0, 6))
@@ -72,6 +94,8 @@ class LoaderStats:
     wait_fraction: float
     workers: Mapping[str, WorkerStats]
     left_out: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    bad_records: tuple[BadRecord, ...] = ()
+    bad_record_count: int = 0
 
 
 class LoopCounts:
@@ -151,6 +175,8 @@ class StatsRecorder:
         self._lock = threading.Lock()
         self._live: dict[int, LoopCounts] = {}  # the counts of iterators still alive
         self._done = LoopCounts(clock)  # the sum of those of iterators gone
+        self._bad_records: deque[BadRecord] = deque(maxlen=MAX_BAD_RECORDS)
+        self._bad_record_count = 0
 
     def counts(self, iterator: object, *, loop: bool = True) -> LoopCounts:
         """New counts for `iterator` to update, added up with the others until it is collected
@@ -160,6 +186,12 @@ class StatsRecorder:
             self._live[id(counts)] = counts
         weakref.finalize(iterator, self._retire, counts)
         return counts
+
+    def bad_record(self, record: BadRecord) -> None:
+        """Note a record that a bad-record policy skipped or replaced."""
+        with self._lock:
+            self._bad_records.append(record)
+            self._bad_record_count += 1
 
     @property
     def largest(self) -> int:
@@ -176,6 +208,8 @@ class StatsRecorder:
         total = self._total()
         seconds = 0.0 if total.first is None else now - total.first
         batches, size, waited = total.batches, total.bytes, total.waited
+        with self._lock:
+            bad_records, bad_record_count = tuple(self._bad_records), self._bad_record_count
         return LoaderStats(
             batches=batches,
             bytes=size,
@@ -186,6 +220,8 @@ class StatsRecorder:
             wait_fraction=min(waited / seconds, 1.0) if seconds > 0 else 0.0,
             workers=dict(workers or {}),
             left_out=dict(left_out or {}),
+            bad_records=bad_records,
+            bad_record_count=bad_record_count,
         )
 
     def _total(self) -> LoopCounts:
