@@ -89,7 +89,8 @@ class TolerantExecutor(Executor[Any]):
         self, executor: Executor[Any], policy: RecordErrors, report: Callable[[BadRecord], None]
     ) -> None:
         self._executor, self._policy, self._report = executor, policy, report
-        self._epoch, self._bad_in_epoch = -1, 0
+        self._epoch = -1
+        self._bad_by_step: dict[int, int] = {}  # of the epoch's steps loaded so far
 
     def submit(self, plan: Plan, work: Work) -> Pending[Any]:
         if not isinstance(work, StepWork):
@@ -105,18 +106,19 @@ class TolerantExecutor(Executor[Any]):
     def load(self, plan: Plan, step: int, rows: IndexArray) -> Pending[Any]:
         return self._executor.submit(plan, StepWork(step, rows))
 
-    def counted(self, plan: Plan, step: int, error: RecordError) -> None:
-        """Count a bad record of `step`: `TooManyBadRecords` once its epoch has too many."""
+    def counted(self, plan: Plan, step: int, bad: int, error: RecordError) -> None:
+        """Note that `step` has `bad` bad records so far (a step loaded again after a restore
+        counts once): `TooManyBadRecords` once its epoch has more than the budget."""
         epoch = plan.epoch(step)
         if epoch != self._epoch:
-            self._epoch, self._bad_in_epoch = epoch, 0
-        self._bad_in_epoch += 1
-        allowed = self._policy.allowed(plan.num_records)
-        if self._bad_in_epoch > allowed:
+            self._epoch, self._bad_by_step = epoch, {}
+        self._bad_by_step[step] = bad
+        total, allowed = sum(self._bad_by_step.values()), self._policy.allowed(plan.num_records)
+        if total > allowed:
             raise TooManyBadRecords(
                 error,
-                f"{self._bad_in_epoch} bad records in epoch {epoch}, more than the "
-                f"on_record_error budget of {allowed}",
+                f"{total} bad records in epoch {epoch}, more than the on_record_error budget "
+                f"of {allowed}",
             ) from error
 
     def reported(self, record: BadRecord) -> None:
@@ -162,8 +164,8 @@ class _Tolerant:
                 raise  # it kills what loads it: no record of it is known to be at fault
             except RecordError as error:
                 row = _row_of(plan, step, rows, error)
-                owner.counted(plan, step, error)
                 bad.append((row, error))
+                owner.counted(plan, step, len(bad), error)
                 rows = rows[rows != row]
                 if not rows.size and owner.mode == "skip":
                     error.add_note(f"loadax: every record of the batch of step {step} failed")
