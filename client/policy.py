@@ -21,8 +21,9 @@ a byte. The rules:
   sent to another member once its newest attempt is `HEDGE_FACTOR` x the fleet's p95 latency
   old (a hedge that lands on a slow member is hedged in turn); an attempt older than
   `HUNG_FACTOR` x p95 (at least `HUNG_FLOOR`) is given up as hung (it still wins if it answers
-  first). Hedges and re-issues of hung attempts add at most `EXTRA_SHARE` of the requests. A
-  member given up `HUNG_STRIKES` times in a row is quarantined.
+  first). Hedges and re-issues of hung attempts add at most `EXTRA_SHARE` of the requests,
+  but a request outstanding alone may borrow against that share: a loop held up by it admits
+  nothing, so would earn none. A member given up `HUNG_STRIKES` times in a row is quarantined.
 - A failed attempt is re-issued elsewhere at once and its member backs off, doubling; a member
   wrong for this loader (another identity, no such pipeline, a bad reply) is quarantined, and
   probed with one real request after a doubling back-off; an answer releases it.
@@ -92,7 +93,7 @@ HEDGED_FRONT = 2
 EXTRA_SHARE = 0.1
 """Hedges and re-issues of hung attempts add at most this share of the requests."""
 EXTRA_BURST = 4.0
-"""The most extra attempts saved up for a burst of slow requests."""
+"""The most extra attempts saved up for a burst of slow requests (and the most owed)."""
 ALIKE = 0.25
 """Members expected to answer within this share of the soonest are alike: the load is spread
 over them."""
@@ -256,12 +257,15 @@ class Policy:
         attempt.member.abandoned(attempt_id, self._now)
         self._actions.append(Cancel(attempt_id))
 
-    def _dispatch(self, request: _Request, now: float, extra: bool = False) -> None:
+    def _dispatch(
+        self, request: _Request, now: float, extra: bool = False, head: bool = False
+    ) -> None:
         """Send an attempt to the best member free for it; an `extra` one only within the share
-        of extra attempts."""
+        of extra attempts, which a `head` request (the only one outstanding, which the loop
+        waits for) may borrow against: a loop held up admits no requests, so earns no share."""
         if self._gave_up(request, now):
             return
-        if extra and self._extra_credit < 1.0:
+        if extra and self._extra_credit < 1.0 and not head:
             return
         if request.poisoned and (
             len(request.poisoned) + len(request.attempts) > self.options.poison_retries
@@ -275,7 +279,7 @@ class Policy:
         if member is None:
             return  # the next tick tries again
         if extra:
-            self._extra_credit -= 1.0
+            self._extra_credit = max(self._extra_credit - 1.0, -EXTRA_BURST)
         attempt_id = next(self._ids)
         self._attempts[attempt_id] = _Attempt(request, member, now)
         request.attempts[member.name] = attempt_id
@@ -458,7 +462,9 @@ class Policy:
         front = heapq.nsmallest(HEDGED_FRONT, requests, key=lambda request: request.started)
         for request in requests:
             if request.id in self._admitted:
-                self._check(request, now, hung, hedge if request in front else None)
+                # The loop waits for this one alone: it admits no request, so earns no share.
+                head = len(requests) == 1 and not self._waiting
+                self._check(request, now, hung, hedge if request in front else None, head)
 
     def _thresholds(self) -> tuple[float, float | None]:
         """(the age at which an attempt is hung, the age at which a request is hedged)."""
@@ -470,8 +476,11 @@ class Policy:
             return hung, None if p95 is None else HEDGE_FACTOR * p95
         return hung, hedge
 
-    def _check(self, request: _Request, now: float, hung: float, hedge: float | None) -> None:
-        """Give up hung attempts, re-issue or hedge the request, or fail it."""
+    def _check(
+        self, request: _Request, now: float, hung: float, hedge: float | None, head: bool
+    ) -> None:
+        """Give up hung attempts, re-issue or hedge the request (the `head` one: see
+        `_dispatch`), or fail it."""
         if self._gave_up(request, now):
             return
         attempts = [self._attempts[attempt] for attempt in request.attempts.values()]
@@ -492,9 +501,9 @@ class Policy:
                 attempt.member.quarantined is not None or now - attempt.sent >= timeout
                 for attempt in attempts
             )
-            self._dispatch(request, now, extra=bool(attempts) and not free)
+            self._dispatch(request, now, extra=bool(attempts) and not free, head=head)
         elif hedge is not None and now - max(attempt.sent for attempt in live) >= hedge:
-            self._dispatch(request, now, extra=True)
+            self._dispatch(request, now, extra=True, head=head)
 
     def _note(self, level: int, message: str, facts: dict[str, Value]) -> None:
         self._actions.append(Note(level, message, facts))
