@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 import weakref
 from collections.abc import Callable
-from typing import Any, Generic, Self
+from typing import Any, Generic, Literal, Self
 
 from typing_extensions import TypeVar
 
@@ -17,12 +17,10 @@ from loadax.dataset.records import varies_by_epoch
 from loadax.dataset.stream import ALL_ITEMS, Items, Stream
 from loadax.delivery.device import DeviceIterator
 from loadax.execution.executor import Executor
-from loadax.execution.inline import InlineExecutor
-from loadax.execution.pickled import PickledPipeline
+from loadax.execution.local import LocalExecutors
 from loadax.execution.pipeline import Pipeline
 from loadax.execution.processes import SharedProcesses
 from loadax.execution.record_errors import RecordErrors, TolerantExecutor
-from loadax.execution.threads import ThreadExecutor
 from loadax.identity.fingerprint import pipeline_fingerprint
 from loadax.iterators.base import LoaderIterator
 from loadax.iterators.batches import BatchIterator
@@ -30,7 +28,7 @@ from loadax.iterators.determinism import check_determinism
 from loadax.iterators.passes import Passes
 from loadax.iterators.stats import LoaderStats, StatsRecorder
 from loadax.iterators.streams import StreamIterator
-from loadax.options import DEFAULT_PREFETCH, LoaderOptions, LoadingKind
+from loadax.options import DEFAULT_CONCURRENCY, DEFAULT_PREFETCH, LoaderOptions, LoadingKind
 from loadax.plan.planner import Plan
 from loadax.validation import require_int
 
@@ -65,7 +63,7 @@ class DataLoader(LoaderBuilder, Generic[T, B]):
     def _repr_head(self) -> str:
         return f"DataLoader({self._batcher!r})"
 
-    def workers(self, count: int, kind: LoadingKind = "threads") -> Self:
+    def workers(self, count: int | Literal["auto"], kind: LoadingKind = "threads") -> Self:
         """This loader's loading threads (or processes); 0 loads in the calling thread. Default 1.
 
         They are the trainer's own (the method keeps loadax 0.2's name), not loadax-workers.
@@ -86,20 +84,41 @@ class DataLoader(LoaderBuilder, Generic[T, B]):
         >>> builder = DataLoader(Batcher()).batch_size(2).workers(2, kind="processes")
         >>> [batch.tolist() for batch in builder.build(RangeDataset(0, 4).map(str))]
         [['0', '1'], ['2', '3']]
-        """
-        return self._with(concurrency=count, loading_kind=kind)
 
-    def prefetch(self, batches: int) -> Self:
+        `workers("auto")` starts with one and adds threads (up to 2 per core) or processes (up to
+        one per core) while the training loop waits for batches: as many as make a batch in the
+        time the loop takes one, within `memory_budget_mb`. Each choice is logged and in
+        `stats().tuning`; the batches are the same.
+        """
+        if count == "auto":
+            return self._with(
+                concurrency=DEFAULT_CONCURRENCY, loading_kind=kind, autotune_workers=True
+            )
+        return self._with(concurrency=count, loading_kind=kind, autotune_workers=False)
+
+    def prefetch(self, batches: int | Literal["auto"]) -> Self:
         """Batches (for a stream: windows per data shard) loaded ahead of the training loop.
 
-        Needs loading threads: `workers(n)` with n >= 1. Default 2.
+        Needs loading threads: `workers(n)` with n >= 1. Default 2. `prefetch("auto")` loads as
+        far ahead as hides a batch's loading behind the training loop's step (measured, see
+        `workers("auto")`), within `memory_budget_mb`.
 
         >>> from loadax import Batcher, DataLoader, RangeDataset
         >>> builder = DataLoader(Batcher()).batch_size(2).workers(2).prefetch(4)
         >>> [batch.tolist() for batch in builder.build(RangeDataset(0, 4))]
         [[0, 1], [2, 3]]
+        >>> builder = DataLoader(Batcher()).batch_size(2).workers("auto").prefetch("auto")
+        >>> [batch.tolist() for batch in builder.build(RangeDataset(0, 4))], builder
+        ([[0, 1], [2, 3]], DataLoader(Batcher()).batch_size(2).workers('auto').prefetch('auto'))
         """
-        return self._with(prefetch=batches)
+        if batches == "auto":
+            return self._with(prefetch=None, autotune_prefetch=True)
+        return self._with(prefetch=batches, autotune_prefetch=False)
+
+    def memory_budget_mb(self, megabytes: int) -> Self:
+        """The most MiB of batches autotune (`workers("auto")`, `prefetch("auto")`) lets the
+        loader hold, loading and ready. Default 1024."""
+        return self._with(memory_budget_mb=megabytes)
 
     def build(self, dataset: Dataset[T] | Stream[T]) -> Loader[B]:
         """The loader of `dataset` (or of a stream): iterate it as many times as you like.
@@ -117,35 +136,19 @@ class DataLoader(LoaderBuilder, Generic[T, B]):
                 "no records of known length before it reads them"
             )
         plan = options.plan(pipeline.num_records, lambda indices: pipeline.read(indices, 0))
-        concurrency = options.concurrency
-        processes = (
-            SharedProcesses(PickledPipeline(pipeline), concurrency)
-            if options.loading_kind == "processes"
-            else None
-        )
-
-        def executor() -> Executor[B]:
-            if processes is not None:
-                return processes.lease()
-            if concurrency == 0:
-                return InlineExecutor(pipeline)
-            return ThreadExecutor(pipeline, concurrency)
-
-        # Each process loads whole batches: keep every one of them busy.
-        default_prefetch = (
-            DEFAULT_PREFETCH if processes is None else max(DEFAULT_PREFETCH, concurrency)
-        )
-        prefetch = 0 if concurrency == 0 else options.prefetch or default_prefetch
+        stats = StatsRecorder()
+        executors = LocalExecutors(pipeline, options, stats)
         stream = pipeline.stream
         return Loader(
             plan,
             options,
-            executor,
-            prefetch=prefetch,
+            executors,
+            prefetch=executors.prefetch,
             pipeline=pipeline,
             stream_window=None if stream is None else stream.window,
+            stats=stats,
             description=f"{self!r}.build({dataset_repr(dataset)})",
-            processes=processes,
+            processes=executors.processes,
         )
 
 

@@ -9,6 +9,7 @@ from typing import Any, Literal, get_args
 from jax.sharding import Mesh
 
 from loadax.delivery.sharding import DataAxis, ShardingStrategy
+from loadax.execution.autotune import DEFAULT_MEMORY_BUDGET_MB
 from loadax.execution.record_errors import RecordErrors
 from loadax.plan.buckets import LengthBuckets, LengthsOf
 from loadax.plan.permutation import IndexArray
@@ -44,6 +45,9 @@ class LoaderOptions:
     batch_size_changes: tuple[tuple[int, int], ...] = ()  # (step, size) after step 0
     buckets: LengthBuckets | LengthsOf | None = None
     record_errors: RecordErrors = RAISE
+    autotune_workers: bool = False  # workers("auto"): `concurrency` is where it starts
+    autotune_prefetch: bool = False  # prefetch("auto")
+    memory_budget_mb: int = DEFAULT_MEMORY_BUDGET_MB  # what autotune may hold
 
     def __post_init__(self) -> None:
         optional = ("batch_size", "num_epochs", "prefetch", "device_prefetch")
@@ -54,6 +58,7 @@ class LoaderOptions:
             ("concurrency", 0),
             ("prefetch", 1),
             ("device_prefetch", 0),
+            ("memory_budget_mb", 1),
         ):
             value = getattr(self, name)
             if value is not None or name not in optional:
@@ -71,9 +76,10 @@ class LoaderOptions:
                 "workers(0, kind='processes') starts no process: workers(0) loads each batch "
                 "in the calling thread; ask for workers(n) with n >= 1"
             )
-        if self.prefetch is not None and self.concurrency == 0:
+        if (self.prefetch is not None or self.autotune_prefetch) and self.concurrency == 0:
+            asked = "'auto'" if self.autotune_prefetch else str(self.prefetch)
             raise ValueError(
-                f"prefetch({self.prefetch}) needs workers(n) with n >= 1: "
+                f"prefetch({asked}) needs workers(n) with n >= 1: "
                 "workers(0) loads each batch in the calling thread when it is asked for"
             )
 
@@ -96,12 +102,17 @@ class LoaderOptions:
             calls.append(f"num_epochs({self.num_epochs})")
         if self.drop_remainder:
             calls.append("drop_remainder()")
+        workers = "'auto'" if self.autotune_workers else self.concurrency
         if self.loading_kind != "threads":
-            calls.append(f"workers({self.concurrency}, kind={self.loading_kind!r})")
-        elif self.concurrency != DEFAULT_CONCURRENCY:
-            calls.append(f"workers({self.concurrency})")
-        if self.prefetch is not None:
+            calls.append(f"workers({workers}, kind={self.loading_kind!r})")
+        elif self.autotune_workers or self.concurrency != DEFAULT_CONCURRENCY:
+            calls.append(f"workers({workers})")
+        if self.autotune_prefetch:
+            calls.append("prefetch('auto')")
+        elif self.prefetch is not None:
             calls.append(f"prefetch({self.prefetch})")
+        if self.memory_budget_mb != DEFAULT_MEMORY_BUDGET_MB:
+            calls.append(f"memory_budget_mb({self.memory_budget_mb})")
         if self.mesh is not None:
             calls.append(f"shard(<mesh {dict(self.mesh.shape)}>, {self.data_axis!r})")
         if self.device_prefetch is not None:

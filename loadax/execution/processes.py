@@ -115,6 +115,14 @@ class ProcessExecutor(Executor[B]):
         """`submit`, noting `owner` for `cancel_queued`."""
         return self._enqueue(Task(ChildRequest(plan, work), owner=owner))
 
+    def grow(self, processes: int) -> None:
+        """Load with `processes` processes (if more than now); the new ones start with the next
+        `submit`."""
+        with self._lock:
+            if processes > self._slots:
+                self._children += [None] * (processes - self._slots)
+                self._slots = processes
+
     def cancel_queued(self, owner: object) -> None:
         """Cancel the items `owner` submitted that no process has taken yet; the processes, and
         the items they load, carry on."""

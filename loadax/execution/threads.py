@@ -56,6 +56,15 @@ class ThreadExecutor(Executor[B]):
             None if shared is None else shared.place,
         )
 
+    def resize(self, threads: int) -> None:
+        """Read each work item submitted from now on with `threads` threads (the chunks already
+        queued still run); the batches are the same for any number."""
+        if threads != self._threads:
+            self._threads = threads
+            if self._pool is not None:
+                self._pool.shutdown(wait=False)
+                self._pool = None
+
     def release(self, wait: bool) -> None:
         if self._pool is not None:
             self._pool.shutdown(wait=wait, cancel_futures=True)

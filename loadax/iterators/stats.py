@@ -61,6 +61,21 @@ class BadRecord:
     action: str
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class Tuning:
+    """What autotune (`workers("auto")`, `prefetch("auto")`) chose last, and from what: `workers`
+    threads or processes (`kind`) and `prefetch` batches ahead, for batches that take one worker
+    `batch_seconds` to load (measured while the training loop waited) and a loop that spends
+    `loop_seconds` on each outside `next()`; batches of `batch_bytes` (the largest seen)."""
+
+    kind: str
+    workers: int
+    prefetch: int
+    batch_seconds: float
+    loop_seconds: float
+    batch_bytes: int
+
+
 MAX_BAD_RECORDS = 100
 """The most recent bad records a loader's stats list (`bad_record_count` counts them all)."""
 
@@ -75,7 +90,8 @@ class LoaderStats:
     `workers` and `left_out` are a remote loader's (empty for a local one): each worker's
     requests, and the targets it does not use because of what they answered its handshake.
     `bad_records` are the most recent records a bad-record policy skipped or replaced (at most
-    `MAX_BAD_RECORDS`), `bad_record_count` all of them.
+    `MAX_BAD_RECORDS`), `bad_record_count` all of them. `tuning` is autotune's last choice (None
+    before its first, or without autotune).
 
     >>> from loadax import Batcher, DataLoader, RangeDataset
     >>> loader = DataLoader(Batcher()).batch_size(2).build(RangeDataset(0, 6))
@@ -96,6 +112,7 @@ class LoaderStats:
     left_out: Mapping[str, str] = dataclasses.field(default_factory=dict)
     bad_records: tuple[BadRecord, ...] = ()
     bad_record_count: int = 0
+    tuning: Tuning | None = None
 
 
 class LoopCounts:
@@ -177,6 +194,7 @@ class StatsRecorder:
         self._done = LoopCounts(clock)  # the sum of those of iterators gone
         self._bad_records: deque[BadRecord] = deque(maxlen=MAX_BAD_RECORDS)
         self._bad_record_count = 0
+        self._tuning: Tuning | None = None
 
     def counts(self, iterator: object, *, loop: bool = True) -> LoopCounts:
         """New counts for `iterator` to update, added up with the others until it is collected
@@ -192,6 +210,10 @@ class StatsRecorder:
         with self._lock:
             self._bad_records.append(record)
             self._bad_record_count += 1
+
+    def tuned(self, tuning: Tuning) -> None:
+        """Note autotune's latest choice."""
+        self._tuning = tuning
 
     @property
     def largest(self) -> int:
@@ -222,6 +244,7 @@ class StatsRecorder:
             left_out=dict(left_out or {}),
             bad_records=bad_records,
             bad_record_count=bad_record_count,
+            tuning=self._tuning,
         )
 
     def _total(self) -> LoopCounts:
