@@ -26,6 +26,8 @@ class FleetOptions:
     - `poison_retries`: how many more workers are asked work that killed or stalled one.
     - `backoff_*`, `quarantine_*`: how long a failed or a quarantined worker is kept off,
       doubling from the initial value up to the maximum.
+    - `shared_memory`: whether workers on this host write batches into this process's memory
+      rather than send them (`loadax.wire.shared_memory`).
     """
 
     request_timeout: float = 60.0
@@ -42,6 +44,7 @@ class FleetOptions:
     backoff_max: float = 2.0
     quarantine_initial: float = 1.0
     quarantine_max: float = 4.0
+    shared_memory: bool = True
 
     def __post_init__(self) -> None:
         for name in (
@@ -63,3 +66,5 @@ class FleetOptions:
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be an int >= 1, got {value!r}")
         require_int("poison_retries", self.poison_retries, minimum=0)
+        if not isinstance(self.shared_memory, bool):
+            raise ValueError(f"shared_memory must be True or False, got {self.shared_memory!r}")

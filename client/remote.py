@@ -31,6 +31,7 @@ from loadax.client.names import Resolver, resolve_host
 from loadax.client.security import ClientSecurity
 from loadax.client.transports import TargetSpec, check_spec, connect
 from loadax.client.transports.diagnosis import diagnose
+from loadax.client.transports.memory_files import MemoryFiles
 from loadax.execution.executor import Executor, FuturePending, Pending
 from loadax.iterators.stats import LoaderStats, StatsRecorder
 from loadax.loader import DEFAULT_PREFETCH, Loader, LoaderBuilder, LoaderOptions
@@ -137,6 +138,12 @@ class RemoteDataLoader(LoaderBuilder):
         `loadax.errors.PoisonedRecords` (a `RecordError`) naming its rows and records. Default 1."""
         return self._with_failover(poison_retries=workers)
 
+    def shared_memory(self, enabled: bool) -> Self:
+        """Whether a worker on this host (a sidecar, one on loopback) writes batches straight
+        into this process's memory rather than send them over its socket: found at the
+        handshake, checked like any reply. Default True."""
+        return self._with_failover(shared_memory=enabled)
+
     def quarantine(self, initial: float, longest: float) -> Self:
         """How long a worker that proved wrong for this loader (another identity, no such
         pipeline, a reply that fails its checks) is kept off before one request probes it again:
@@ -233,13 +240,16 @@ class RemoteLoader(Loader[Any]):
     ) -> None:
         self._stats = stats = StatsRecorder()
         buffers = BufferPool()  # the members' batches are received into these
+        files = MemoryFiles()  # or written into these, by members on this host
         processes = mesh_processes(options.mesh)
         seat = job_seat(pipeline, processes)
         self._membership = membership = Membership(
             specs,
             pipeline,
             lambda records: handshake_request(pipeline, options.plan(records)),
-            connect=lambda spec: connect(spec, security, buffers),
+            connect=lambda spec: connect(
+                spec, security, buffers, shared_memory=failover.shared_memory, files=files
+            ),
             resolver=resolver,
             timeout=failover.startup_timeout,
             give_up_after=failover.give_up_after,
@@ -260,6 +270,7 @@ class RemoteLoader(Loader[Any]):
         except BaseException:
             membership.close(every=True)
             driver.close()
+            files.close()
             raise
         fingerprint, budget = identity.fingerprint, failover.memory_budget_mb << 20
         client = uuid.uuid4().hex  # this loader's, whatever connections it shares
@@ -275,7 +286,7 @@ class RemoteLoader(Loader[Any]):
             stream_window=identity.stream_window or None,
             stats=stats,
         )
-        self._finalizer = weakref.finalize(self, _close, membership, driver)
+        self._finalizer = weakref.finalize(self, _close, membership, driver, files)
         membership.refresh_every(resolve_every, lambda: driver.known)
 
     @property
@@ -355,6 +366,7 @@ class RemoteExecutor(Executor[Any]):
         """The connections belong to the loader, not to one iterator."""
 
 
-def _close(membership: Membership, driver: Driver) -> None:
+def _close(membership: Membership, driver: Driver, files: MemoryFiles) -> None:
     membership.close()
     driver.close()
+    files.close()

@@ -41,6 +41,7 @@ _SERVER_KEYS = (
     "curve",
     "log_format",
     "python_path",
+    "shared_memory",
 )
 _PIPELINE_KEYS = ("factory", "args")
 _FACTORY = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
@@ -83,6 +84,8 @@ class WorkerConfig:
     token: str | None = dataclasses.field(default=None, repr=False)
     log_format: str = "text"  # of the logs on stderr: "text" or "json" (one object a line)
     python_path: tuple[str, ...] = ()  # absolute folders put first on sys.path for the factories
+    # Whether clients on this host may have payloads written into their memory (server/same_host)
+    shared_memory: bool = True
 
     def error(self, message: str) -> ConfigError:
         return ConfigError(f"{self.source}: {message}")
@@ -296,6 +299,7 @@ def _parse(
         token=token,
         log_format=_log_format(source, server),
         python_path=_python_path(source, base, server.get("python_path", [])),
+        shared_memory=_flag(source, server, "shared_memory", True),
     )
 
 
@@ -360,6 +364,13 @@ def _int(source: str, server: Mapping[str, Any], key: str, default: int, *, mini
             f"{source}: [server].{key} must be an int >= {minimum}, got {show(value)}"
         )
     return int(value)
+
+
+def _flag(source: str, server: Mapping[str, Any], key: str, default: bool) -> bool:
+    value = server.get(key, default)
+    if not isinstance(value, bool):
+        raise ConfigError(f"{source}: [server].{key} must be true or false, got {show(value)}")
+    return value
 
 
 def _seconds(source: str, server: Mapping[str, Any], key: str, default: float) -> float:

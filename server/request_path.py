@@ -24,6 +24,7 @@ from loadax.errors import WorkerError
 from loadax.server.admission import Admission, Transport
 from loadax.server.ledger import Held, Ledger
 from loadax.server.metrics import WorkerMetrics
+from loadax.server.same_host import SameHost
 from loadax.server.worker import Worker
 from loadax.validation import require_int
 from loadax.wire.messages import RequestMessage, ResponseMessage, method_of
@@ -69,6 +70,7 @@ class RequestPath:
         )
         """The policy, for what the transport refuses before a request is parsed."""
         self._slots = _Slots(threads)
+        self._same_host = SameHost(worker.shared_memory)
 
     def arrive(
         self, connection: Hashable, name: str, request: RequestMessage, *, until: int = 1
@@ -141,7 +143,8 @@ class RequestPath:
         if isinstance(request, wire.BatchRequest):
             return self._load(request, held, wanted)
         if isinstance(request, wire.HandshakeRequest):
-            return self.admission.announce(self._worker.handshake(request))
+            response = self._same_host.announce(request, self._worker.handshake(request))
+            return self.admission.announce(response)
         return self._worker.info(request)
 
     def recheck(self) -> None:
@@ -159,9 +162,10 @@ class RequestPath:
     ) -> EncodedBatch:
         limit = self._transport.max_reply_bytes
         with self._slots.taken(held.client, self._rows(request), request.step, wanted):
-            return self._worker.load_batch(
+            batch = self._worker.load_batch(
                 request, None if limit is None else limit - _HEADER_BYTES
             )
+        return self._same_host.place(request, batch)
 
     def _rows(self, request: wire.BatchRequest) -> int:
         """The rows `request` asks for, as its client's turns count them: its rows, else the

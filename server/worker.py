@@ -91,6 +91,7 @@ class Worker:
         rebuilt: Mapping[str, PickledPipeline[Any]] | None = None,
         memory_budget_bytes: int | None = None,
         memory_wait_s: float = DEFAULT_MEMORY_WAIT_S,
+        shared_memory: bool = True,
     ) -> None:
         if not pipelines:
             raise ValueError("a worker needs at least one pipeline")
@@ -108,6 +109,8 @@ class Worker:
                     f"pipeline {name!r} must be a loadax.Pipeline, got {type(pipeline).__name__}"
                 )
         self._pipelines = dict(pipelines)
+        self.shared_memory = shared_memory
+        """Whether clients on this host may have payloads written into their memory files."""
         self._threads, self._processes = threads, processes
         self._deadline_s = float(request_deadline_s)
         self._executors = {
@@ -155,6 +158,7 @@ class Worker:
             request_deadline_s=config.request_deadline_s,
             rebuilt=rebuilt,
             memory_budget_bytes=config.memory_budget_bytes,
+            shared_memory=config.shared_memory,
         )
 
     @property

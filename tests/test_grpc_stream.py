@@ -357,7 +357,7 @@ def test_a_large_batch_is_the_local_batch_and_its_buffer_is_reused(
 ) -> None:
     _, address = blobs
     pool = BufferPool()
-    target = Verifying(GrpcTransport(f"grpc://{address}", buffers=pool))
+    target = Verifying(GrpcTransport(f"grpc://{address}", buffers=pool, shared_memory=False))
     local = pipelines.blobs(16, floats=BLOB_FLOATS)
     try:
         for step in range(2):

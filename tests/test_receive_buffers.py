@@ -81,7 +81,7 @@ def data_address(array: np.ndarray[Any, Any]) -> int:
 
 def test_a_steady_stream_reuses_the_same_buffers(worker: Worker, server: str) -> None:
     buffers = BufferPool()
-    with ZmqTransport(server, buffers=buffers) as transport:
+    with ZmqTransport(server, buffers=buffers, shared_memory=False) as transport:
         target = Verifying(transport)
         addresses = set()
         for step in range(20):
@@ -96,7 +96,7 @@ def test_a_steady_stream_reuses_the_same_buffers(worker: Worker, server: str) ->
 
 def test_a_held_batch_is_never_a_buffer_handed_out_again(worker: Worker, server: str) -> None:
     buffers = BufferPool()
-    with ZmqTransport(server, buffers=buffers) as transport:
+    with ZmqTransport(server, buffers=buffers, shared_memory=False) as transport:
         batch = Verifying(transport).load(request(worker, 0), WAIT_S)
         with pytest.raises(ValueError, match="read-only"):
             batch["x"][0] = 1.0
@@ -190,7 +190,9 @@ def test_a_reply_whose_frames_do_not_fit_its_header_is_refused_and_the_next_one_
     caplog.set_level(logging.DEBUG, logger="loadax.client")
     fake_worker, address = fake
     buffers = BufferPool()
-    with ZmqTransport(address, max_reply_bytes=MAX_REPLY_BYTES, buffers=buffers) as transport:
+    with ZmqTransport(
+        address, max_reply_bytes=MAX_REPLY_BYTES, buffers=buffers, shared_memory=False
+    ) as transport:
         target = Verifying(transport)
         asked = request(worker, 1)
         refused = transport.send(asked)
@@ -275,7 +277,11 @@ def test_a_loaders_workers_share_one_pool_of_receive_buffers(
     second = ZmqServer(worker, "tcp://127.0.0.1:0", threads=2)
     address = second.start().replace("tcp://", "zmq://", 1)
     try:
-        builder = RemoteDataLoader([server, address], pipeline="blobs").batch_size(BATCH)
+        builder = (
+            RemoteDataLoader([server, address], pipeline="blobs")
+            .batch_size(BATCH)
+            .shared_memory(False)
+        )
         with builder.build() as loader:
             batches = list(loader)
             assert len(loader.targets) == 2

@@ -82,13 +82,27 @@ def test_in_process_workers_give_the_local_batches(reference: list[str]) -> None
     worker.close()
 
 
+@pytest.mark.parametrize("shared_memory", [True, False])
 @pytest.mark.parametrize("transport", ["grpc", "zmq"])
 @pytest.mark.parametrize("count", [1, 2, 3])
 def test_remote_workers_give_the_local_batches(
-    workers: list[WorkerProcess], transport: str, count: int, reference: list[str]
+    workers: list[WorkerProcess],
+    transport: str,
+    count: int,
+    shared_memory: bool,
+    reference: list[str],
 ) -> None:
-    with remote_builder(addresses(workers, transport, count)).build() as loader:
-        assert digests(loader) == reference
+    builder = remote_builder(addresses(workers, transport, count)).shared_memory(shared_memory)
+    with builder.build() as loader:
+        batches = list(loader)
+        # Workers on this host write batches into the client's memory files, unless turned off.
+        assert bool(memory_files()) == shared_memory
+        assert digests(batches) == reference
+
+
+def memory_files() -> int:
+    """How many mappings of loadax memory files (loadax/wire/shared_memory.py) this process has."""
+    return pathlib.Path("/proc/self/maps").read_text().count("/memfd:loadax-")
 
 
 def test_grpc_and_zmq_targets_mix(workers: list[WorkerProcess], reference: list[str]) -> None:

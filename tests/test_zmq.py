@@ -361,7 +361,9 @@ def test_many_concurrent_requests_resolve_to_their_steps(
 
 def test_batches_are_read_only_views_of_a_pooled_receive_buffer(server: str) -> None:
     buffers = BufferPool()
-    with ZmqTransport(server.replace("tcp://", "zmq://"), buffers=buffers) as transport:
+    with ZmqTransport(
+        server.replace("tcp://", "zmq://"), buffers=buffers, shared_memory=False
+    ) as transport:
         target = Verifying(transport)
         fingerprint = handshake(target, "numbers").fingerprint
         array = target.load(batch_request(fingerprint, 1), WAIT_S)["x"]

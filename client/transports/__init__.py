@@ -17,6 +17,7 @@ from loadax.buffers import BufferPool
 from loadax.client.security import ClientSecurity
 from loadax.client.transports.grpc import GrpcTransport
 from loadax.client.transports.in_process import InProcessTransport, WorkerLike
+from loadax.client.transports.memory_files import MemoryFiles
 from loadax.client.transports.reply import Buffer, Reply
 from loadax.client.transports.zmq import ZmqTransport
 from loadax.wire.limits import DEFAULT_TIMEOUT_S
@@ -64,6 +65,8 @@ class Opener(Protocol):
         security: ClientSecurity | None = None,
         *,
         buffers: BufferPool | None = None,
+        shared_memory: bool = True,
+        files: MemoryFiles | None = None,
     ) -> Transport: ...
 
 
@@ -87,17 +90,26 @@ def check_spec(spec: object) -> None:
 
 
 def connect(
-    spec: TargetSpec, security: ClientSecurity | None = None, buffers: BufferPool | None = None
+    spec: TargetSpec,
+    security: ClientSecurity | None = None,
+    buffers: BufferPool | None = None,
+    *,
+    shared_memory: bool = True,
+    files: MemoryFiles | None = None,
 ) -> Transport:
     """The transport to `spec`: of its URL scheme for an address, in-process for a worker object.
 
     `security` applies to the addresses; a worker object is called directly, without it. An
     address receives its batches into `buffers` (by default a pool of its own): a loader shares
-    one among its workers, so that they keep one spare buffer between them, not one each.
+    one among its workers, so that they keep one spare buffer between them, not one each. A
+    worker on this host writes them into this process's memory files instead, unless
+    `shared_memory` is False (see `loadax.wire.shared_memory`): into `files` (by default a
+    pool of its own), which a loader shares the same way.
     """
     if security is not None and not isinstance(security, ClientSecurity):
         raise ValueError(f"security must be a ClientSecurity, got {type(security).__name__}")
     check_spec(spec)
     if isinstance(spec, str):
-        return TRANSPORTS[spec.partition("://")[0]](spec, security, buffers=buffers)
+        opener = TRANSPORTS[spec.partition("://")[0]]
+        return opener(spec, security, buffers=buffers, shared_memory=shared_memory, files=files)
     return InProcessTransport(spec)

@@ -19,6 +19,7 @@ from google.protobuf.message import DecodeError
 
 from loadax.buffers import BufferPool
 from loadax.client.security import ClientSecurity
+from loadax.client.transports.memory_files import Lease, MemoryFiles, SameHost
 from loadax.client.transports.reply import Reply, bad_reply
 from loadax.client.transports.shared import Shared
 from loadax.client.transports.silence import Silence
@@ -94,6 +95,8 @@ class GrpcTransport:
         *,
         buffers: BufferPool | None = None,
         stream_from_bytes: int = STREAM_FROM_BYTES,
+        shared_memory: bool = True,
+        files: MemoryFiles | None = None,
     ) -> None:
         self.name = address
         self._stream_from_bytes = stream_from_bytes
@@ -146,6 +149,8 @@ class GrpcTransport:
         # By pipeline: whether its last batch was streamed (large), so its next one is too.
         self._streamed: dict[str, bool] = {}
         self._buffers = buffers or BufferPool()
+        # The files a worker on this host writes batches into, once its handshake says it can.
+        self._same_host = SameHost(shared_memory, files)
         self._readers = _SHARED_READERS.acquire()
         self._closed = False
 
@@ -157,7 +162,11 @@ class GrpcTransport:
     def handshake(
         self, request: wire.HandshakeRequest, timeout: float = DEFAULT_TIMEOUT_S
     ) -> wire.HandshakeResponse:
+        """The worker's answer; one that can write into this process's memory files has its
+        batches written there from then on (unless `shared_memory` was False)."""
+        request = self._same_host.handshake(request)
         response: wire.HandshakeResponse = self._call(self._stub.Handshake, request, timeout)
+        self._same_host.learn(response)
         return response
 
     def info(
@@ -171,11 +180,24 @@ class GrpcTransport:
         pipeline was smaller than `stream_from_bytes`, then in one reply. Its payload frames
         are the messages it came in, or a buffer of `buffers` for a segment larger than a
         streamed message, not reused while they (or anything made from them without a copy)
-        are alive. Cancelling it cancels the call."""
+        are alive. Cancelling it cancels the call.
+
+        To a worker on this host (see `handshake`), the request names a memory file of this
+        process that the worker writes the payload into (the reply holds the header alone), and
+        the payload is a view of it."""
         reply: Future[Reply] = Future()
         sent = time.monotonic()
         # Fail fast on a lost connection: the request is sent elsewhere.
-        if self._streamed.get(request.pipeline, True):
+        lease = self._same_host.lease(request)
+        if lease is not None:
+            reply.add_done_callback(lease.settle)
+            stream = self._stream_batch(
+                lease.request, wait_for_ready=False, metadata=self._stream_metadata
+            )
+            read: Callable[[], Reply] = functools.partial(
+                _shared, self._messages(stream), self._buffers.take, lease, self.name
+            )
+        elif self._streamed.get(request.pipeline, True):
             stream = self._stream_batch(
                 request, wait_for_ready=False, metadata=self._stream_metadata
             )
@@ -192,6 +214,7 @@ class GrpcTransport:
         if not self._closed:
             self._closed = True
             _SHARED_READERS.release(self._readers)
+            self._same_host.close()
 
     def _settle(
         self,
@@ -261,6 +284,15 @@ def _reply(call: Iterator[bytes]) -> Reply:
         raise MalformedReply(f"LoadBatchPayload answered {len(replies)} messages, not one")
     header, payload = parse_payload_reply(replies[0])
     return Reply(header, [payload])
+
+
+def _shared(
+    messages: Iterator[bytes], take: Callable[[int], memoryview], lease: Lease, worker: str
+) -> Reply:
+    """The reply of a `STREAM_BATCH` call's `messages` whose request names the memory file of
+    `lease`: its payload a view of that file (or, if the worker sent it, as `_streamed`)."""
+    header, payload, checksum = _streamed(messages, take)
+    return lease.reply(worker, header, payload, checksum, MAX_BATCH_BYTES)
 
 
 def _streamed(messages: Iterator[bytes], take: Callable[[int], memoryview]) -> Reply:

@@ -9,22 +9,31 @@ alive.
 from __future__ import annotations
 
 import collections
-import dataclasses
 import itertools
 import logging
 import queue
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from concurrent.futures import Future
-from typing import Any, Generic, TypeVar
+from typing import Any, TypeVar
 
 import zmq
 
 from loadax.buffers import BufferPool
 from loadax.client.security import ClientSecurity
 from loadax.client.transports import zmq_io
+from loadax.client.transports.memory_files import MemoryFiles, SameHost
 from loadax.client.transports.reply import Reply
 from loadax.client.transports.zmq_connection import Connection, connect_dealer
+from loadax.client.transports.zmq_pending import (
+    Cancel,
+    Frames,
+    Pending,
+    batch_reply,
+    fail,
+    reply_of,
+    shared_batch_reply,
+)
 from loadax.client.transports.zmq_receive import ReplyReader
 from loadax.errors import WorkerError
 from loadax.wire import zmq_frames
@@ -41,19 +50,6 @@ log = logging.getLogger(__name__)
 _BURST = 256  # replies taken per turn, so that other workers and submissions are not starved
 
 T = TypeVar("T")
-Frames = Sequence[bytes | memoryview]
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class _Pending(Generic[T]):
-    future: Future[T]
-    # The reply's frames and its payload's checksum if computed -> the result; raises the
-    # worker's WorkerError.
-    complete: Callable[[Frames, int | None], T]
-    # Whether the request waits for a connection rather than failing at once without one.
-    patient: bool
-    # Whether the reply is a batch, whose payload is received into a pooled buffer.
-    batch: bool = False
 
 
 class ZmqTransport:
@@ -87,6 +83,8 @@ class ZmqTransport:
         *,
         max_reply_bytes: int | None = None,
         buffers: BufferPool | None = None,
+        shared_memory: bool = True,
+        files: MemoryFiles | None = None,
     ) -> None:
         self.name = address
         security = security or ClientSecurity()
@@ -101,16 +99,16 @@ class ZmqTransport:
             raise
         # Watched for a refused security handshake until the first connection is up.
         self._monitor: zmq.Socket[bytes] | None = monitor
+        self._max_reply_bytes = MAX_BATCH_BYTES if max_reply_bytes is None else max_reply_bytes
         self._reader = ReplyReader(
-            self._dealer,
-            address,
-            buffers or BufferPool(),
-            MAX_BATCH_BYTES if max_reply_bytes is None else max_reply_bytes,
+            self._dealer, address, buffers or BufferPool(), self._max_reply_bytes
         )
+        # The files a worker on this host writes batches into, once its handshake says it can.
+        self._same_host = SameHost(shared_memory, files)
         # `_lock` guards `_pending`, `_closed` and `_refused`, which any thread uses, and orders
         # every wake-up of the I/O thread before the transport lets go of it.
         self._lock = threading.Lock()
-        self._pending: dict[int, _Pending[Any]] = {}
+        self._pending: dict[int, Pending[Any]] = {}
         self._closed = False
         self._refused: WorkerError | None = None
         # Owned by the I/O thread: the connection; the requests sent and neither answered nor
@@ -123,7 +121,7 @@ class ZmqTransport:
         # Set once the I/O thread has closed the sockets.
         self._sockets_closed = threading.Event()
         # Requests to send, cancels of requests (their ids), and None: stop.
-        self._outbox: queue.SimpleQueue[tuple[int, list[bytes]] | _Cancel | None] = (
+        self._outbox: queue.SimpleQueue[tuple[int, list[bytes]] | Cancel | None] = (
             queue.SimpleQueue()
         )
         self._ids = itertools.count(1)
@@ -132,12 +130,17 @@ class ZmqTransport:
     def handshake(
         self, request: wire.HandshakeRequest, timeout: float = DEFAULT_TIMEOUT_S
     ) -> wire.HandshakeResponse:
-        return self._call(request, _response(wire.HandshakeResponse), timeout)
+        """The worker's answer; one that can write into this process's memory files has its
+        batches written there from then on (unless `shared_memory` was False)."""
+        request = self._same_host.handshake(request)
+        response = self._call(request, reply_of(wire.HandshakeResponse), timeout)
+        self._same_host.learn(response)
+        return response
 
     def info(
         self, request: wire.InfoRequest, timeout: float = DEFAULT_TIMEOUT_S
     ) -> wire.InfoResponse:
-        return self._call(request, _response(wire.InfoResponse), timeout)
+        return self._call(request, reply_of(wire.InfoResponse), timeout)
 
     def send(self, request: wire.BatchRequest) -> Future[Reply]:
         """A future of the reply; its payload is one read-only view of the buffer it was
@@ -148,8 +151,17 @@ class ZmqTransport:
         does not hold, or UNAVAILABLE without a connection to the worker (once there was one),
         with one lost, or once the transport is closed. Cancelling it tells the worker, which
         then lets go of the request without loading it, if it has not started to.
+
+        To a worker on this host (see `handshake`), the request names a memory file of this
+        process that the worker writes the payload into, and the payload is a view of it.
         """
-        return self._submit(request, _batch_reply, patient=False, batch=True)
+        lease = self._same_host.lease(request)
+        if lease is None:
+            return self._submit(request, batch_reply, patient=False, batch=True)
+        complete = shared_batch_reply(lease, self.name, self._max_reply_bytes)
+        future = self._submit(lease.request, complete, patient=False, batch=True)
+        future.add_done_callback(lease.settle)
+        return future
 
     def close(self) -> None:
         """Fail pending requests with UNAVAILABLE and close the sockets (waiting for the I/O
@@ -194,7 +206,7 @@ class ZmqTransport:
             if self._refused is not None:
                 future.set_exception(self._refused)
                 return future
-            self._pending[request_id] = _Pending(future, complete, patient, batch)
+            self._pending[request_id] = Pending(future, complete, patient, batch)
             self._outbox.put((request_id, frames))
             self._io.wake(self)
 
@@ -204,7 +216,7 @@ class ZmqTransport:
                 return
             with self._lock:
                 if self._pending.pop(request_id, None) is not None and not self._closed:
-                    self._outbox.put(_Cancel(request_id))
+                    self._outbox.put(Cancel(request_id))
                     self._io.wake(self)
 
         future.add_done_callback(forget)
@@ -220,7 +232,7 @@ class ZmqTransport:
             self._outbox.put(None)
             self._io.wake(self)
         for entry in pending:
-            _fail(entry.future, WorkerError("UNAVAILABLE", f"{self.name} was closed"))
+            fail(entry.future, WorkerError("UNAVAILABLE", f"{self.name} was closed"))
 
     def serve(self) -> bool:
         """Serve the worker's sockets, on the I/O thread: send what callers submitted, take the
@@ -255,7 +267,7 @@ class ZmqTransport:
                 return True
             if item is None:
                 return False
-            if isinstance(item, _Cancel):
+            if isinstance(item, Cancel):
                 self._send_cancel(item.request_id)
                 continue
             request_id, frames = item
@@ -353,9 +365,9 @@ class ZmqTransport:
                 rest, checksum = self._reader.rest(entry.batch)
                 result = entry.complete([first, *rest], checksum)
             except WorkerError as error:
-                _fail(entry.future, error)
+                fail(entry.future, error)
             except Exception as error:
-                _fail(entry.future, WorkerError(BAD_REPLY, f"bad reply from {self.name}: {error}"))
+                fail(entry.future, WorkerError(BAD_REPLY, f"bad reply from {self.name}: {error}"))
             else:
                 if entry.future.set_running_or_notify_cancel():
                     entry.future.set_result(result)
@@ -373,7 +385,7 @@ class ZmqTransport:
             self._refused = refused
             pending, self._pending = list(self._pending.values()), {}
         for entry in pending:
-            _fail(entry.future, refused)
+            fail(entry.future, refused)
 
     def _on_connected(self) -> None:
         """A connection is up: send the requests held for one. Its security handshake passed,
@@ -391,13 +403,13 @@ class ZmqTransport:
         if pending:
             log.warning("lost the connection to %s with %d requests", self.name, len(pending))
         for entry in pending:
-            _fail(entry.future, WorkerError("UNAVAILABLE", f"lost the connection to {self.name}"))
+            fail(entry.future, WorkerError("UNAVAILABLE", f"lost the connection to {self.name}"))
 
     def _fail_request(self, request_id: int, message: str) -> None:
         with self._lock:
             entry = self._pending.pop(request_id, None)
         if entry is not None:
-            _fail(entry.future, WorkerError("UNAVAILABLE", message))
+            fail(entry.future, WorkerError("UNAVAILABLE", message))
 
     def _close_monitor(self, monitor: zmq.Socket[bytes]) -> None:
         if self._watched:
@@ -414,29 +426,6 @@ class ZmqTransport:
         if self._watched:
             self._io.unwatch(self._dealer)
         self._dealer.close(linger=0)
+        self._same_host.close()
         self._sockets_closed.set()
         zmq_io.SHARED.release(self._io)
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class _Cancel:
-    """A cancel of the request `request_id`, for the I/O thread to send."""
-
-    request_id: int
-
-
-def _batch_reply(frames: Frames, checksum: int | None) -> Reply:
-    """The header and payload of the batch reply `frames` (with the payload's `checksum`); the
-    worker's error raised."""
-    reply = zmq_frames.parse_batch_reply(frames)
-    return Reply(reply.header, reply.payload, checksum)
-
-
-def _response(kind: type[zmq_frames.R]) -> Callable[[Frames, int | None], zmq_frames.R]:
-    return lambda frames, _: zmq_frames.parse_reply(frames, kind).response
-
-
-def _fail(future: Future[Any], error: Exception) -> None:
-    # A cancelled future has nobody waiting for it.
-    if future.set_running_or_notify_cancel():
-        future.set_exception(error)

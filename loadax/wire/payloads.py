@@ -244,10 +244,12 @@ def read_stream(
             f"its header declares {header.payload_size} payload bytes, more than the "
             f"{MAX_BATCH_BYTES} a reply may hold"
         )
-    if sum(sizes) != header.payload_size or not all(sizes):
+    # A payload in the client's memory file (`header.shared_memory`) comes in no message.
+    if sum(sizes) != (0 if header.shared_memory else header.payload_size) or not all(sizes):
         raise MalformedReply(
             f"its header's segments {sizes[:8]}{'...' if len(sizes) > 8 else ''} do not cut "
             f"its {header.payload_size} payload bytes"
+            + (" (in shared memory: none come)" if header.shared_memory else "")
         )
     segments = [_segment(stream, index, size, take) for index, size in enumerate(sizes)]
     extra = next(stream, None)

@@ -1,0 +1,49 @@
+"""The worker's end of batches through shared memory (`loadax.wire.shared_memory`), below both
+servers: a handshake from a client on this host that can be written to is told so, and a batch
+request that names a memory file of its client gets its payload written there, not sent."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+
+from loadax.wire.payloads import EncodedBatch
+from loadax.wire.shared_memory import SharedMemoryError, can_open, host_id, write_payload
+from loadax.wire.v1 import worker_pb2 as wire
+
+log = logging.getLogger(__name__)
+
+
+class SameHost:
+    """Writes payloads into the memory files of clients on this host, if `enabled`."""
+
+    def __init__(self, enabled: bool) -> None:
+        self._enabled = enabled
+        self._host = host_id()
+
+    def announce(
+        self, request: wire.HandshakeRequest, response: wire.HandshakeResponse
+    ) -> wire.HandshakeResponse:
+        """`response` to `request`, saying whether this worker writes into its client's memory
+        files: enabled, on the client's host, and able to open the file it sent to try."""
+        response.shared_memory = (
+            self._enabled
+            and bool(self._host)
+            and request.host == self._host
+            and request.HasField("probe")
+            and can_open(request.probe)
+        )
+        return response
+
+    def place(self, request: wire.BatchRequest, batch: EncodedBatch) -> EncodedBatch:
+        """`batch`, written into the memory file `request` names if it names one (then its
+        reply carries no payload), else as it is. A file that cannot be written (its client
+        gone, or this worker not allowed to) leaves the batch to be sent as usual."""
+        if not (self._enabled and request.HasField("shared_memory")):
+            return batch
+        try:
+            size = write_payload(request.shared_memory, batch.frames)
+        except SharedMemoryError as error:
+            log.debug("sending the batch of step %d instead: %s", request.step, error)
+            return batch
+        return dataclasses.replace(batch, frames=(), shared_size=size)
