@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import loadax
+from loadax.dataset.stream import ALL_ITEMS
 from loadax.errors import RecordError, StorageError, WorkerError
 from loadax.execution.executor import Executor, Pending
 from loadax.execution.pickled import PickledPipeline
@@ -107,6 +108,12 @@ class Worker:
             if not isinstance(pipeline, Pipeline):
                 raise ValueError(
                     f"pipeline {name!r} must be a loadax.Pipeline, got {type(pipeline).__name__}"
+                )
+            if pipeline.stream is not None and pipeline.stream.items != ALL_ITEMS:
+                raise ValueError(
+                    f"pipeline {name!r}: a stream's take/skip ({pipeline.stream.items!r}) are "
+                    "applied by the loader that cuts its batches, a worker's client, which does "
+                    "not know them; take or skip the records of the dataset under the stream"
                 )
         self._pipelines = dict(pipelines)
         self.shared_memory = shared_memory

@@ -8,7 +8,8 @@ import pytest
 from helpers import assert_batches_equal, assert_equal_output_after_checkpoint
 from jax.sharding import Mesh
 
-from loadax import Batcher, DataLoader, RangeDataset, Stream
+from loadax import Batcher, DataLoader, Pipeline, RangeDataset, Stream
+from loadax.server.worker import Worker
 
 
 @pytest.mark.parametrize("count", [0, 3, 10, 25])
@@ -80,3 +81,9 @@ def test_data_shards_share_a_streams_take_and_skip() -> None:
     assert_batches_equal(limited, expected)
     with pytest.raises(ValueError, match="multiples of its 2 data shards"):
         next(iter(builder.build(stream.take(3))))
+
+
+def test_a_worker_refuses_a_stream_whose_client_could_not_cut_it() -> None:
+    stream = RangeDataset(0, 10).filter(odd).take(2)
+    with pytest.raises(ValueError, match=r"pipeline 'odd': a stream's take/skip \(\.take\(2\)\)"):
+        Worker({"odd": Pipeline(stream, Batcher())})
