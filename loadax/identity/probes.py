@@ -1,5 +1,6 @@
-"""The probe batches a worker makes of each pipeline as it starts: the schema of its batches,
-announced in handshakes, and the encoded bytes per row its memory budget starts from."""
+"""The probe batches a worker or a client's local member makes of a pipeline as it starts: the
+schema of its batches, announced in handshakes, and the encoded bytes per row a worker's memory
+budget starts from."""
 
 from __future__ import annotations
 
