@@ -125,7 +125,7 @@ class StreamWindow(_message.Message):
     def __init__(self, shards: _Optional[int] = ..., shard: _Optional[int] = ..., index: _Optional[int] = ...) -> None: ...
 
 class BatchRequest(_message.Message):
-    __slots__ = ("pipeline", "fingerprint", "plan", "step", "rows", "window", "client", "checksum", "shared_memory")
+    __slots__ = ("pipeline", "fingerprint", "plan", "step", "rows", "window", "client", "checksum", "shared_memory", "records")
     PIPELINE_FIELD_NUMBER: _ClassVar[int]
     FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
     PLAN_FIELD_NUMBER: _ClassVar[int]
@@ -135,6 +135,7 @@ class BatchRequest(_message.Message):
     CLIENT_FIELD_NUMBER: _ClassVar[int]
     CHECKSUM_FIELD_NUMBER: _ClassVar[int]
     SHARED_MEMORY_FIELD_NUMBER: _ClassVar[int]
+    RECORDS_FIELD_NUMBER: _ClassVar[int]
     pipeline: str
     fingerprint: str
     plan: Plan
@@ -144,7 +145,16 @@ class BatchRequest(_message.Message):
     client: str
     checksum: Checksum
     shared_memory: SharedMemory
-    def __init__(self, pipeline: _Optional[str] = ..., fingerprint: _Optional[str] = ..., plan: _Optional[_Union[Plan, _Mapping]] = ..., step: _Optional[int] = ..., rows: _Optional[_Iterable[int]] = ..., window: _Optional[_Union[StreamWindow, _Mapping]] = ..., client: _Optional[str] = ..., checksum: _Optional[_Union[Checksum, str]] = ..., shared_memory: _Optional[_Union[SharedMemory, _Mapping]] = ...) -> None: ...
+    records: ListedRecords
+    def __init__(self, pipeline: _Optional[str] = ..., fingerprint: _Optional[str] = ..., plan: _Optional[_Union[Plan, _Mapping]] = ..., step: _Optional[int] = ..., rows: _Optional[_Iterable[int]] = ..., window: _Optional[_Union[StreamWindow, _Mapping]] = ..., client: _Optional[str] = ..., checksum: _Optional[_Union[Checksum, str]] = ..., shared_memory: _Optional[_Union[SharedMemory, _Mapping]] = ..., records: _Optional[_Union[ListedRecords, _Mapping]] = ...) -> None: ...
+
+class ListedRecords(_message.Message):
+    __slots__ = ("indices", "epoch")
+    INDICES_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    indices: bytes
+    epoch: int
+    def __init__(self, indices: _Optional[bytes] = ..., epoch: _Optional[int] = ...) -> None: ...
 
 class BatchResponse(_message.Message):
     __slots__ = ("step", "payload", "fingerprint", "request_digest", "checksum", "payload_size", "segment_sizes", "checksum_kind", "shared_memory")
