@@ -94,7 +94,7 @@ def test_a_stream_state_is_a_small_cursor() -> None:
         next(iterator)
     state = iterator.get_state()
     # 20 rows taken; a window of 16 positions holds 8 survivors: 4 rows into window 2.
-    assert state["stream"] == {"window": 16, "shards": 1, "cursors": {"0": [2, 4]}}
+    assert state["stream"] == {"window": 16, "shards": 1, "cursors": {"0": [2, 4]}, "taken": 20}
     assert len(json.dumps(state)) < 400  # the pipeline's fingerprint is 64 of it
 
 

@@ -60,6 +60,29 @@ def test_stream_take_and_skip_restore_at_every_step() -> None:
     assert_equal_output_after_checkpoint(builder.build(stream))
 
 
+def test_a_streams_take_counts_the_rows_of_a_batch_size_schedule() -> None:
+    odds = [value for value in range(100) if odd(value)]
+    stream = Stream(RangeDataset(0, 100), window=8).filter(odd).take(9)
+    builder = DataLoader(Batcher()).batch_size_schedule([(0, 2), (2, 4)])
+    loader = builder.build(stream)
+    assert [batch.tolist() for batch in loader] == [[1, 3], [5, 7], [9, 11, 13, 15], [17]]
+    assert_equal_output_after_checkpoint(loader)
+    # A resume with a new batch size goes on counting the rows taken, not the new plan's.
+    iterator = iter(builder.build(stream))
+    next(iterator), next(iterator)
+    resumed = iter(DataLoader(Batcher()).batch_size(3).build(stream))
+    resumed.set_state(iterator.get_state(), allow_new_batch_size=True)
+    assert np.concatenate(list(resumed)).tolist() == odds[4:9]
+    # A state saved before the rows taken were recorded derives them from its plan.
+    iterator = iter(loader)
+    next(iterator), next(iterator), next(iterator)
+    state = iterator.get_state()
+    del state["stream"]["taken"]
+    restored = iter(loader)
+    restored.set_state(state)
+    assert [batch.tolist() for batch in restored] == [[17]]
+
+
 def test_a_filter_or_pack_after_take_is_refused() -> None:
     with pytest.raises(ValueError, match=r"filter\(odd\) after take/skip"):
         RangeDataset(0, 10).filter(bool).take(3).filter(odd)

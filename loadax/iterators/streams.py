@@ -2,9 +2,9 @@
 
 Each data shard this process reads has its own stream; the process's rows of a batch are the
 next `batch_size / shards` rows of each of its shards, in shard order. Windows load ahead,
-`prefetch` per shard. The state is a cursor per shard, (window, rows of it already used): small,
-and the same whether the windows were made locally or by workers; it records the pipeline's
-fingerprint too.
+`prefetch` per shard. The state is a cursor per shard, (window, rows of it already used), and the
+rows each shard has yielded (what `take` counts): small, and the same whether the windows were
+made locally or by workers; it records the pipeline's fingerprint too.
 """
 
 from __future__ import annotations
@@ -73,6 +73,7 @@ class StreamIterator(LoaderIterator[Any]):
         ]
         self._prefetch = prefetch
         self._step = 0
+        self._taken = 0  # rows each shard yielded since its skip: whatever the batch sizes were
         self._closed = False
         self._finalizer = weakref.finalize(self, executor.release, False)
 
@@ -100,6 +101,7 @@ class StreamIterator(LoaderIterator[Any]):
                 "window": self._window_size,
                 "shards": self._num_shards,
                 "cursors": {str(shard.shard): shard.cursor for shard in self._shards},
+                "taken": self._taken,
             },
         }
         if self._fingerprint is not None:
@@ -120,7 +122,7 @@ class StreamIterator(LoaderIterator[Any]):
             check_fingerprint(state, self._fingerprint, allow_new_pipeline)
         for shard in self._shards:
             shard.seek(*cursors[str(shard.shard)])
-        self._step = step
+        self._step, self._taken = step, self._checked_taken(state["stream"], step)
         self._passes = None  # a resumed run is no full pass
 
     def close(self) -> None:
@@ -132,8 +134,8 @@ class StreamIterator(LoaderIterator[Any]):
             raise StopIteration
         rows_per_shard = self._plan.batch_size_at(self._step) // self._num_shards
         wanted = rows_per_shard
-        if self._limit is not None:  # every batch before took `wanted` rows of each shard
-            wanted = max(0, min(wanted, self._limit - self._step * wanted))
+        if self._limit is not None:
+            wanted = max(0, min(wanted, self._limit - self._taken))
         try:
             unstarted = all(shard.cursor == [0, 0] for shard in self._shards)
             if self._skip and self._step == 0 and unstarted:
@@ -157,6 +159,7 @@ class StreamIterator(LoaderIterator[Any]):
         ahead = self._executor.lookahead(self._prefetch)
         parts = [shard.take(available, ahead) for shard in self._shards]
         self._step += 1
+        self._taken += available
         return _concatenate(parts)
 
     def _checked_cursors(self, stream: Any) -> dict[str, tuple[int, int]]:
@@ -184,6 +187,16 @@ class StreamIterator(LoaderIterator[Any]):
                 )
             checked[str(shard.shard)] = (cursor[0], cursor[1])
         return checked
+
+    def _checked_taken(self, stream: dict[str, Any], step: int) -> int:
+        """The rows each shard yielded before `step`; a state saved before loadax recorded them
+        yielded full batches of this plan's sizes."""
+        taken = stream.get("taken")
+        if taken is None:
+            return self._plan.rows_before(step) // self._num_shards
+        if type(taken) is not int or taken < 0:
+            raise ValueError(f"iterator state has taken {taken!r}; it must be an int >= 0")
+        return taken
 
     def _release(self, wait: bool) -> None:
         for shard in self._shards:

@@ -216,6 +216,22 @@ class Plan:
             size = changed
         return size
 
+    def rows_before(self, step: int) -> int:
+        """How many rows the steps from `first_step` up to `step` hold at their full batch size
+        (a stream's batches, all full but its last), in O(number of changes).
+
+        >>> from loadax import Plan
+        >>> Plan(100, 4, batch_size_changes=((2, 8),)).rows_before(5)
+        32
+        """
+        step = require_int("step", step, minimum=self.first_step)
+        rows, first, size = 0, self.first_step, self.batch_size
+        for changed_at, changed in self.batch_size_changes:
+            if changed_at >= step:
+                break
+            rows, first, size = rows + (changed_at - first) * size, changed_at, changed
+        return rows + (step - first) * size
+
     def batch_lengths(self) -> set[int]:
         """Every length a batch of the plan may have (a sharded loader checks each).
 
