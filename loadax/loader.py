@@ -88,7 +88,8 @@ class DataLoader(LoaderBuilder, Generic[T, B]):
         `workers("auto")` starts with one and adds threads (up to 2 per core) or processes (up to
         one per core) while the training loop waits for batches: as many as make a batch in the
         time the loop takes one, within `memory_budget_mb`. Each choice is logged and in
-        `stats().tuning`; the batches are the same.
+        `stats().tuning`; the batches are the same. Without `prefetch(n)`, it chooses the depth
+        too (see `prefetch("auto")`).
         """
         if count == "auto":
             return self._with(

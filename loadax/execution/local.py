@@ -53,7 +53,8 @@ class LocalExecutors(Generic[B]):
                 memory_bytes=options.memory_budget_mb << 20,
                 processes=self.processes is not None,
                 workers=options.autotune_workers,
-                prefetch=options.autotune_prefetch,
+                # A depth left at its default follows the workers it keeps busy.
+                prefetch=options.autotune_prefetch or options.prefetch is None,
             )
             self._tuner = Autotuner(limits, self._workers, self.prefetch, stats.tuned)
 
