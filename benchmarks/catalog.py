@@ -51,8 +51,12 @@ def _peer(name: str, script: str, package: str, service: str | None = None) -> S
 
 _TF_DATA = _peer("tf.data", "peer_tfdata.py", TENSORFLOW)
 _T1_SYSTEMS = (
+    # On loopback the workers write batches into the client's memory (the same-host fast path);
+    # "sockets" turns it off, as for workers on other hosts.
     _loadax("loadax gRPC", LOADAX_WORKERS),
     _loadax("loadax ZeroMQ", LOADAX_WORKERS),
+    _loadax("loadax gRPC sockets", LOADAX_WORKERS),
+    _loadax("loadax ZeroMQ sockets", LOADAX_WORKERS),
     System("raw TCP", "transport_runner.py", "reference"),
     System("ZeroMQ PUSH/PULL", "transport_runner.py", "reference"),
     System("gRPC raw bytes", "transport_runner.py", "reference"),

@@ -34,16 +34,19 @@ def local(workers: int) -> System:
     return system
 
 
-def remote(transport: str, workers: int) -> System:
+def remote(transport: str, workers: int, shared_memory: bool = True) -> System:
     """A client with default settings of the first `workers` of the workers the driver
-    started; it holds `prefetch` ready batches and 2 requests per worker in flight."""
+    started; it holds `prefetch` ready batches and 2 requests per worker in flight. Without
+    `shared_memory`, batches come over the sockets, as from workers on other hosts."""
 
     def system(setup: Setup) -> Trial:
         spec = setup.workload
         targets = setup.option(transport).split(",")[:workers]
         prefetch = DEFAULT_PREFETCH + FleetOptions().in_flight_per_worker * len(targets)
-        builder = RemoteDataLoader(targets, pipeline=REMOTE_PIPELINES[spec.name]).batch_size(
-            spec.batch_size
+        builder = (
+            RemoteDataLoader(targets, pipeline=REMOTE_PIPELINES[spec.name])
+            .batch_size(spec.batch_size)
+            .shared_memory(shared_memory)
         )
         loaders: list[RemoteLoader] = []
 
@@ -55,7 +58,8 @@ def remote(transport: str, workers: int) -> System:
             for loader in loaders:
                 loader.close()
 
-        return Trial(batches, close, prefetch, {"workers": len(targets), "prefetch": prefetch})
+        extra = {"workers": len(targets), "prefetch": prefetch, "shared_memory": shared_memory}
+        return Trial(batches, close, prefetch, extra)
 
     return system
 
@@ -69,6 +73,8 @@ SYSTEMS: dict[str, System] = {
     "loadax ZeroMQ 2w": remote("zmq", 2),
     "loadax gRPC": remote("grpc", 1),
     "loadax ZeroMQ": remote("zmq", 1),
+    "loadax gRPC sockets": remote("grpc", 1, shared_memory=False),
+    "loadax ZeroMQ sockets": remote("zmq", 1, shared_memory=False),
 }
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ be installed).
     .venv/bin/python benchmarks/profile_remote.py T1 zmq --perf client
     .venv/bin/python benchmarks/profile_remote.py R1 zmq --perf worker
     .venv/bin/python benchmarks/profile_remote.py R1 local
+    .venv/bin/python benchmarks/profile_remote.py T1 zmq --sockets   # without the same-host path
 """
 
 from __future__ import annotations
@@ -125,6 +126,11 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=4)
     parser.add_argument("--perf", choices=["client", "worker"])
     parser.add_argument("--perf-out", type=Path, default=Path("perf.data"))
+    parser.add_argument(
+        "--sockets",
+        action="store_true",
+        help="batches over the sockets, as from other hosts (no same-host shared memory)",
+    )
     args = parser.parse_args()
     if args.system == "local" and args.workload != "R1":
         parser.error("the local loader is measured on R1 only")
@@ -151,7 +157,11 @@ def main() -> None:
                     stack.enter_context(worker(settings, args.system)) for _ in range(args.workers)
                 ]
                 addresses = [one.address for one in served]
-                builder = RemoteDataLoader(addresses, pipeline="p").prefetch(PREFETCH)
+                builder = (
+                    RemoteDataLoader(addresses, pipeline="p")
+                    .prefetch(PREFETCH)
+                    .shared_memory(not args.sockets)
+                )
                 if args.workload == "R1":
                     builder = builder.batch_size(64).num_epochs(args.epochs)
                 else:
@@ -162,7 +172,13 @@ def main() -> None:
                     result = measure(loader, args.warmup, pids, profiled, args.perf_out)
     print(
         json.dumps(
-            {"workload": args.workload, "system": args.system, "workers": args.workers, **result}
+            {
+                "workload": args.workload,
+                "system": args.system,
+                "workers": args.workers,
+                "shared_memory": args.system != "local" and not args.sockets,
+                **result,
+            }
         )
     )
     if args.perf:

@@ -78,7 +78,8 @@ class GrpcTransport:
     A batch of `stream_from_bytes` or more, or one that took `STREAM_FROM_S` or more, is
     streamed and its large arrays received into buffers of `buffers` (by default a pool of its
     own); a smaller, faster one comes in one reply. The first batch of a pipeline is streamed,
-    and each next one as the last one's size and time say.
+    and each next one as the last one's size and time say. A worker on this host writes batches
+    into memory files of `files` instead (`send`), unless `shared_memory` is False.
     """
 
     LIVENESS: tuple[tuple[str, int], ...] = (

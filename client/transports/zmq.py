@@ -37,7 +37,6 @@ from loadax.client.transports.zmq_pending import (
 from loadax.client.transports.zmq_receive import ReplyReader
 from loadax.errors import WorkerError
 from loadax.wire import zmq_frames
-from loadax.wire.failures import BAD_REPLY
 from loadax.wire.limits import (
     DEFAULT_TIMEOUT_S,
     MAX_BATCH_BYTES,
@@ -73,7 +72,8 @@ class ZmqTransport:
     A batch's payload is received into a buffer of `buffers` (by default a pool of its own),
     and a reply whose payload is larger than `max_reply_bytes` (by default `MAX_BATCH_BYTES`) is
     refused (BAD_REPLY) before anything is allocated for it; so is one whose payload frames hold
-    more than its header declares.
+    more than its header declares. A worker on this host writes it into a memory file of `files`
+    instead (`send`), unless `shared_memory` is False.
     """
 
     def __init__(
@@ -336,42 +336,14 @@ class ZmqTransport:
                     self._on_lost()
             elif not events & zmq.POLLIN:
                 return False
-            elif not self._receive_replies():
+            elif not self._reader.replies(_BURST, self._answered):
                 return True
 
-    def _receive_replies(self) -> bool:
-        """Read the replies waiting, up to `_BURST`: whether all were read."""
-        for _ in range(_BURST):
-            try:
-                first = self._dealer.recv(zmq.NOBLOCK)
-            except zmq.Again:
-                return True
-            # The rest of a message is there as soon as its first frame is (ZeroMQ delivers
-            # whole messages), and must be read before the next message, whatever happens.
-            try:
-                request_id = zmq_frames.parse_request_id(first)
-            except WorkerError as error:
-                self._reader.discard_rest()
-                log.debug("dropped a reply from %s: %s", self.name, error)
-                continue
-            self._sent.discard(request_id)
-            with self._lock:
-                entry = self._pending.pop(request_id, None)
-            if entry is None:
-                self._reader.discard_rest()
-                log.debug("dropped a reply from %s to unknown request %d", self.name, request_id)
-                continue
-            try:
-                rest, checksum = self._reader.rest(entry.batch)
-                result = entry.complete([first, *rest], checksum)
-            except WorkerError as error:
-                fail(entry.future, error)
-            except Exception as error:
-                fail(entry.future, WorkerError(BAD_REPLY, f"bad reply from {self.name}: {error}"))
-            else:
-                if entry.future.set_running_or_notify_cancel():
-                    entry.future.set_result(result)
-        return False
+    def _answered(self, request_id: int) -> Pending[Any] | None:
+        """The request that `request_id` answers, no longer pending (None if none is)."""
+        self._sent.discard(request_id)
+        with self._lock:
+            return self._pending.pop(request_id, None)
 
     def _on_monitor_events(self, monitor: zmq.Socket[bytes]) -> None:
         refused = self._connection.refusal(monitor)

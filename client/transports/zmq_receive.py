@@ -1,18 +1,24 @@
-"""Reading a reply off a ZeroMQ client's DEALER socket after its first frame: a batch's
-payload frames received into one pooled buffer of the size its header declares, checked as they
-come, and checksummed as each lands (while it is in the CPU's cache)."""
+"""Reading replies off a ZeroMQ client's DEALER socket, each handed to the request it answers: a
+batch's payload frames received into one pooled buffer of the size its header declares, checked
+as they come, and checksummed as each lands (while it is in the CPU's cache)."""
 
 from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
 
 import zmq
 
 from loadax.buffers import BufferPool
+from loadax.client.transports.zmq_pending import Pending, fail
 from loadax.errors import WorkerError
 from loadax.wire import zmq_frames
 from loadax.wire.checksum import available, new_hasher
 from loadax.wire.failures import BAD_REPLY
 
 Frames = list[bytes | memoryview]
+log = logging.getLogger(__name__)
 
 
 class ReplyReader:
@@ -27,6 +33,40 @@ class ReplyReader:
         self._name = name
         self._buffers = buffers
         self._max_payload = max_payload
+
+    def replies(self, most: int, answered: Callable[[int], Pending[Any] | None]) -> bool:
+        """Read the replies waiting, up to `most`, each completing the request `answered(id)`
+        gives for its request id (None: none waits for it, the reply is dropped): whether all
+        were read."""
+        for _ in range(most):
+            try:
+                first = self._socket.recv(zmq.NOBLOCK)
+            except zmq.Again:
+                return True
+            # The rest of a message is there as soon as its first frame is (ZeroMQ delivers
+            # whole messages), and must be read before the next message, whatever happens.
+            try:
+                request_id = zmq_frames.parse_request_id(first)
+            except WorkerError as error:
+                self.discard_rest()
+                log.debug("dropped a reply from %s: %s", self._name, error)
+                continue
+            entry = answered(request_id)
+            if entry is None:
+                self.discard_rest()
+                log.debug("dropped a reply from %s to unknown request %d", self._name, request_id)
+                continue
+            try:
+                rest, checksum = self.rest(entry.batch)
+                result = entry.complete([first, *rest], checksum)
+            except WorkerError as error:
+                fail(entry.future, error)
+            except Exception as error:
+                fail(entry.future, WorkerError(BAD_REPLY, f"bad reply from {self._name}: {error}"))
+            else:
+                if entry.future.set_running_or_notify_cancel():
+                    entry.future.set_result(result)
+        return False
 
     def rest(self, batch: bool) -> tuple[Frames, int | None]:
         """The frames of a reply after its request id, and its payload's checksum (None if not
