@@ -35,8 +35,10 @@ from loadax.client.transports.memory_files import MemoryFiles
 from loadax.execution.executor import Executor, FuturePending, Pending
 from loadax.iterators.stats import LoaderStats, StatsRecorder
 from loadax.loader import DEFAULT_PREFETCH, Loader, LoaderBuilder, LoaderOptions
+from loadax.plan.buckets import LengthsOf
 from loadax.plan.planner import Plan
 from loadax.plan.work import Work
+from loadax.wire.limits import MAX_LISTED_ROWS
 from loadax.wire.plans import batch_request
 
 
@@ -184,13 +186,11 @@ class RemoteDataLoader(LoaderBuilder):
         When no target can serve, the error names each one and what it said (see `startup`).
         When the loader is sharded over a mesh of several JAX processes, every process checks
         that all bound to the same identity (a ValueError naming each process's if not).
-        A length-bucketed plan (`bucket_by_length`) is refused: workers have not its lengths.
+        A length-bucketed plan (`bucket_by_length`) stays with the client, which alone has the
+        lengths: each request names its rows' records. Its lengths must be an array (a function
+        would need every record here) and its batches at most `MAX_LISTED_ROWS` records.
         """
-        if self._options.buckets is not None:
-            raise ValueError(
-                "bucket_by_length is for local loaders: a worker cannot compute a bucketed "
-                "plan's steps without every record's length"
-            )
+        _check_buckets(self._options)
         return RemoteLoader(
             self._targets,
             self._pipeline,
@@ -243,10 +243,12 @@ class RemoteLoader(Loader[Any]):
         files = MemoryFiles()  # or written into these, by members on this host
         processes = mesh_processes(options.mesh)
         seat = job_seat(pipeline, processes)
+        # The handshake checks the plan's parameters: length buckets stay with the client.
+        unbucketed = dataclasses.replace(options, buckets=None)
         self._membership = membership = Membership(
             specs,
             pipeline,
-            lambda records: handshake_request(pipeline, options.plan(records)),
+            lambda records: handshake_request(pipeline, unbucketed.plan(records)),
             connect=lambda spec: connect(
                 spec, security, buffers, shared_memory=failover.shared_memory, files=files
             ),
@@ -267,6 +269,7 @@ class RemoteLoader(Loader[Any]):
                 processes,
                 failover.startup_timeout,
             )
+            plan = options.plan(identity.num_records)
         except BaseException:
             membership.close(every=True)
             driver.close()
@@ -279,7 +282,7 @@ class RemoteLoader(Loader[Any]):
             return RemoteExecutor(driver, pipeline, fingerprint, stats, budget, client)
 
         super().__init__(
-            options.plan(identity.num_records),
+            plan,
             options,
             executor,
             prefetch=options.prefetch or DEFAULT_PREFETCH,
@@ -364,6 +367,21 @@ class RemoteExecutor(Executor[Any]):
 
     def release(self, wait: bool) -> None:
         """The connections belong to the loader, not to one iterator."""
+
+
+def _check_buckets(options: LoaderOptions) -> None:
+    """A ValueError unless a remote loader can send the requests of `options`' buckets."""
+    if isinstance(options.buckets, LengthsOf):
+        raise ValueError(
+            "bucket_by_length(function) measures every record where the loader is built, and a "
+            "remote loader's records are on its workers: pass an array of lengths"
+        )
+    largest = max([options.batch_size or 0, *(size for _, size in options.batch_size_changes)])
+    if options.buckets is not None and largest > MAX_LISTED_ROWS:
+        raise ValueError(
+            f"a remote loader's length-bucketed requests name their records: batches of at most "
+            f"{MAX_LISTED_ROWS} records, got a batch size of {largest}"
+        )
 
 
 def _close(membership: Membership, driver: Driver, files: MemoryFiles) -> None:

@@ -20,7 +20,7 @@ from loadax.dataset.stream import Stream
 from loadax.errors import RecordError, StorageError
 from loadax.plan.permutation import IndexArray
 from loadax.plan.planner import Plan, Rows, row_positions
-from loadax.plan.work import StepWork, Work
+from loadax.plan.work import ListedWork, StepWork, Work
 
 T = TypeVar("T", default=Any)
 B = TypeVar("B", default=Any)
@@ -95,9 +95,9 @@ class Pipeline(Generic[T, B]):
 
     def run(self, plan: Plan, work: Work) -> Any:
         """What `work` yields: a batch, or a window's stacked rows (None when none survive)."""
-        if self._reads_rows and isinstance(work, StepWork):
+        if self._reads_rows and isinstance(work, StepWork | ListedWork):
             # The hot path of array sources: one read, a few microseconds a batch.
-            indices, epoch = plan.indices(work.step, work.rows), plan.epoch(work.step)
+            indices, epoch = work.batch(plan)
             try:
                 return cast(ReadsRows, self.records).read_rows(indices, epoch)
             except Exception as error:

@@ -1,7 +1,8 @@
 """Work items: what a loader asks an executor to load, locally or on a worker.
 
-There are two kinds of one type: the rows of one step's batch (`StepWork`) for a random-access
-pipeline, and one window of a data shard's stream (`StreamWindow`) for a stream. A work item names
+There are kinds of one type: the rows of one step's batch (`StepWork`) for a random-access
+pipeline, the same with their records named (`ListedWork`) for a plan a worker cannot compute,
+and one window of a data shard's stream (`StreamWindow`) for a stream. A work item names
 itself in errors, says which records it reads (and in which epoch), and is checked here, once,
 wherever it came from; `loadax.wire.plans` carries it to and from the wire.
 """
@@ -76,9 +77,83 @@ class StepWork(Work):
             raise ValueError(str(error)) from None
 
     def records(self, plan: Plan, window_size: int) -> tuple[IndexArray, IndexArray]:
-        indices = plan.indices(self.step, self.rows)
+        indices, epoch = self.batch(plan)
         # Not int64: the epochs of a plan that repeats forever may pass 2**63.
-        return indices, np.full(indices.size, plan.epoch(self.step))
+        return indices, np.full(indices.size, epoch)
+
+    def batch(self, plan: Plan) -> tuple[IndexArray, int]:
+        """The record indices of the rows, and the epoch of their batch."""
+        return plan.indices(self.step, self.rows), plan.epoch(self.step)
+
+    def listed(self, plan: Plan) -> ListedWork:
+        """The same rows with their records named, for a worker that cannot compute them.
+
+        >>> from loadax import Plan
+        >>> listed = StepWork(2).listed(Plan(num_records=10, batch_size=4, num_epochs=2))
+        >>> listed.rows.tolist(), listed.indices.tolist(), listed.epoch
+        ([0, 1], [8, 9], 0)
+        """
+        indices, epoch = self.batch(plan)
+        rows = row_positions(self.rows, plan.batch_length(self.step))
+        return ListedWork(self.step, rows, indices, epoch)
+
+    def __str__(self) -> str:
+        return f"the batch of step {self.step}"
+
+
+@dataclasses.dataclass(frozen=True, slots=True, eq=False)
+class ListedWork(Work):
+    """The `rows` of the batch of `step`, row i reading record `indices[i]` in `epoch`.
+
+    What a worker is asked for a plan it cannot compute: a length-bucketed one, whose lengths
+    only the client has. Its batch is the one of the `StepWork` it lists (`StepWork.listed`);
+    the plan serves only to check the records against the dataset's length.
+
+    >>> from loadax import Plan
+    >>> from loadax.plan.work import ListedWork
+    >>> work = ListedWork(5, np.array([0, 1]), np.array([7, 2]), epoch=1)
+    >>> work.check(Plan(num_records=8, batch_size=2), 0), work.records(Plan(8, 2), 0)[1].tolist()
+    (2, [1, 1])
+    >>> work.check(Plan(num_records=4, batch_size=2), 0)
+    Traceback (most recent call last):
+    ValueError: the batch of step 5 names record 7, beyond the dataset's 4 records
+    """
+
+    streams: ClassVar[bool] = False
+    step: int
+    rows: IndexArray
+    indices: IndexArray
+    epoch: int
+
+    def __post_init__(self) -> None:
+        require_int("step", self.step, minimum=0)
+        require_int("epoch", self.epoch, minimum=0)
+
+    @property
+    def ordinal(self) -> int:
+        return self.step
+
+    def check(self, plan: Plan, window_size: int) -> int:
+        indices = self.indices
+        if indices.size != self.rows.size:
+            raise ValueError(
+                f"{self} names {indices.size} records for {self.rows.size} rows: one per row"
+            )
+        if indices.size and indices.min() < 0:
+            raise ValueError(f"{self} names record {int(indices.min())}: indices are >= 0")
+        if indices.size and indices.max() >= plan.num_records:
+            raise ValueError(
+                f"{self} names record {int(indices.max())}, beyond the dataset's "
+                f"{plan.num_records} records"
+            )
+        return int(indices.size)
+
+    def records(self, plan: Plan, window_size: int) -> tuple[IndexArray, IndexArray]:
+        return self.indices, np.full(self.indices.size, self.epoch)
+
+    def batch(self, plan: Plan) -> tuple[IndexArray, int]:
+        """The record indices of the rows, and the epoch of their batch."""
+        return self.indices, self.epoch
 
     def __str__(self) -> str:
         return f"the batch of step {self.step}"

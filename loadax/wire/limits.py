@@ -16,6 +16,9 @@ row positions of `MAX_REQUEST_ROWS` rows, each a varint of at most 4 bytes (posi
 plan, step). ZeroMQ disconnects a peer whose frame is larger before reading it; gRPC refuses the
 call with RESOURCE_EXHAUSTED (tests/test_memory_bounds.py checks that the largest request fits).
 """
+MAX_LISTED_ROWS = MAX_REQUEST_ROWS // 4
+"""The rows that one batch request may name the records of (`BatchRequest.records`, for a
+length-bucketed plan): 8 bytes a record and at most 4 a row keep it within `MAX_REQUEST_BYTES`."""
 DEFAULT_TIMEOUT_S = 30.0
 """How long a client waits for a worker to answer a handshake or an info request by default."""
 

@@ -9,10 +9,12 @@ from typing import Any
 import numpy as np
 
 from loadax.errors import WorkerError
+from loadax.plan.permutation import IndexArray
 from loadax.plan.planner import Plan
 from loadax.plan.segments import Position
-from loadax.plan.work import MAX_POSITION, StepWork, StreamWindow, Work
+from loadax.plan.work import MAX_POSITION, ListedWork, StepWork, StreamWindow, Work
 from loadax.wire import checksum
+from loadax.wire.limits import MAX_LISTED_ROWS
 from loadax.wire.v1 import worker_pb2 as wire
 
 
@@ -22,10 +24,9 @@ def compatible_versions(client: str, worker: str) -> bool:
 
 
 def plan_to_wire(plan: Plan) -> wire.Plan:
-    """The plan's parameters, as a worker rebuilds it: a length-bucketed plan cannot travel
-    (a worker has not its lengths), and a remote loader refuses one when it is built."""
-    if plan.buckets is not None:
-        raise ValueError("a length-bucketed plan cannot be sent to workers")
+    """The plan's parameters, as a worker rebuilds it. A length-bucketed plan travels without
+    its buckets and its start (a worker has not the lengths): its requests name their records
+    (`batch_request`), and the worker checks them against the dataset's length."""
     message = wire.Plan(
         num_records=plan.num_records,
         batch_size=plan.batch_size,
@@ -37,7 +38,7 @@ def plan_to_wire(plan: Plan) -> wire.Plan:
         message.num_epochs = plan.num_epochs
     for step, size in plan.batch_size_changes:
         message.batch_size_changes.add(step=step, batch_size=size)
-    if plan.first_position is not None:
+    if plan.first_position is not None and plan.buckets is None:
         message.start.CopyFrom(
             wire.PlanStart(
                 step=plan.first_step,
@@ -73,7 +74,22 @@ def batch_request(
     pipeline: str, fingerprint: str, plan: Plan, work: Work, client: str = ""
 ) -> wire.BatchRequest:
     """The request that asks a worker for `work` of `plan` from the named pipeline, on behalf of
-    `client` (its id; empty: the worker tells clients apart by connection only)."""
+    `client` (its id; empty: the worker tells clients apart by connection only). The rows of a
+    length-bucketed plan's step travel with their records named (`StepWork.listed`).
+
+    >>> import numpy as np
+    >>> from loadax import Plan
+    >>> from loadax.plan.buckets import LengthBuckets
+    >>> from loadax.plan.work import StepWork
+    >>> from loadax.wire.plans import batch_request
+    >>> buckets = LengthBuckets([1, 9, 2, 8], boundaries=[5])
+    >>> plan = Plan(num_records=4, batch_size=2, buckets=buckets)
+    >>> request = batch_request("p", "f", plan, StepWork(0))
+    >>> list(request.rows), np.frombuffer(request.records.indices, "<i8").tolist()
+    ([0, 1], [0, 2])
+    """
+    if plan.buckets is not None and isinstance(work, StepWork):
+        work = work.listed(plan)
     request = wire.BatchRequest(
         pipeline=pipeline,
         fingerprint=fingerprint,
@@ -88,15 +104,20 @@ def batch_request(
         )
     elif isinstance(work, StepWork) and work.rows is not None:
         request.rows.extend(work.rows.tolist())
+    elif isinstance(work, ListedWork):
+        request.rows.extend(work.rows.tolist())
+        indices = work.indices.astype("<i8").tobytes()
+        request.records.CopyFrom(wire.ListedRecords(indices=indices, epoch=work.epoch))
     return request
 
 
 def request_digest(request: wire.BatchRequest) -> bytes:
-    """16 bytes that name what `request` asks for: pipeline, fingerprint, plan, step, rows and
-    window. Computed from the fields, not the protobuf encoding (which may differ between
-    implementations), so that the worker's digest of what it received is the client's of what
-    it sent. A reply's header carries it; the client refuses a reply to another request. Who
-    asks (`client`) is not part of it: the same request of two clients has one digest.
+    """16 bytes that name what `request` asks for: pipeline, fingerprint, plan, step, rows,
+    window and the records it names. Computed from the fields, not the protobuf encoding (which
+    may differ between implementations), so that the worker's digest of what it received is the
+    client's of what it sent. A reply's header carries it; the client refuses a reply to another
+    request. Who asks (`client`) is not part of it: the same request of two clients has one
+    digest.
 
     >>> from loadax import Plan
     >>> from loadax.plan.work import StepWork
@@ -125,8 +146,13 @@ def request_digest(request: wire.BatchRequest) -> bytes:
         fields.append(
             [start.step, start.epoch, start.delivered] if plan.HasField("start") else None
         )
+    listed = request.records if request.HasField("records") else None
+    if listed is not None:  # absent: the digests of before, which a worker without it computes
+        fields.append(["records", listed.epoch, len(listed.indices)])
     digest = hashlib.blake2b(json.dumps(fields).encode(), digest_size=16)
     digest.update(np.array(request.rows, dtype="<u8").tobytes())
+    if listed is not None:
+        digest.update(listed.indices)
     return digest.digest()
 
 
@@ -136,8 +162,8 @@ def work_from_wire(request: wire.BatchRequest) -> Work:
     Whether it lies within the plan is for `Work.check` to say.
     """
     if request.HasField("window"):
-        if request.rows:
-            raise WorkerError("INVALID_ARGUMENT", "a window request has no rows")
+        if request.rows or request.HasField("records"):
+            raise WorkerError("INVALID_ARGUMENT", "a window request has no rows nor records")
         shards, shard, index = request.window.shards, request.window.shard, request.window.index
         try:
             return StreamWindow(shards, shard, index)
@@ -145,8 +171,15 @@ def work_from_wire(request: wire.BatchRequest) -> Work:
             raise WorkerError(
                 "INVALID_ARGUMENT", f"window {shards}/{shard}/{index}: {error}"
             ) from None
+    if request.HasField("records"):
+        return _listed(request)
     if not request.rows:
         return StepWork(request.step)
+    return StepWork(request.step, _rows(request))
+
+
+def _rows(request: wire.BatchRequest) -> IndexArray:
+    """The request's rows, checked to ascend within a batch."""
     # Unsigned, as sent: positions of 2**63 and more must not wrap before they are checked.
     rows = np.array(request.rows, dtype=np.uint64)
     if np.any(rows[1:] <= rows[:-1]):
@@ -157,4 +190,28 @@ def work_from_wire(request: wire.BatchRequest) -> Work:
         )
     if rows[-1] >= MAX_POSITION:
         raise WorkerError("INVALID_ARGUMENT", f"rows must lie within the batch, got {rows[-1]}")
-    return StepWork(request.step, rows.astype(np.int64))
+    return rows.astype(np.int64)
+
+
+def _listed(request: wire.BatchRequest) -> ListedWork:
+    """The rows of a request that names their records; whether the records lie within the
+    dataset is for `ListedWork.check` to say."""
+    indices, rows = request.records.indices, len(request.rows)
+    if len(indices) % 8:
+        raise WorkerError(
+            "INVALID_ARGUMENT",
+            f"a request's records are little-endian int64s, 8 bytes each; got {len(indices)} bytes",
+        )
+    if len(indices) // 8 != rows or not rows:
+        raise WorkerError(
+            "INVALID_ARGUMENT",
+            f"a request names one record per row, and some rows: it names "
+            f"{len(indices) // 8} records for {rows} rows",
+        )
+    if rows > MAX_LISTED_ROWS:
+        raise WorkerError(
+            "INVALID_ARGUMENT",
+            f"a request names the records of at most {MAX_LISTED_ROWS} rows, got {rows}",
+        )
+    records = np.frombuffer(indices, dtype="<i8").astype(np.int64)
+    return ListedWork(request.step, _rows(request), records, request.records.epoch)
