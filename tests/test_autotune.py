@@ -65,13 +65,33 @@ def test_the_tuner_measures_windows_after_the_first_batch_and_reports_changes() 
     assert reports[0].batch_bytes == 16
 
 
+def test_the_tuner_stops_adding_workers_that_do_not_speed_loading_up() -> None:
+    now = [0.0]
+    reports: list[Tuning] = []
+    limits = Limits(64, 1024 * MB, processes=False, prefetch=False)
+    tuner = Autotuner(limits, 1, 2, reports.append, lambda: now[0])
+    batch = np.zeros(4, np.float32)
+
+    def batches(count: int) -> None:  # the loop works 10 ms, then waits 40 ms: one per 50 ms
+        for _ in range(count):
+            asked = now[0] = now[0] + 0.01
+            now[0] += 0.04
+            tuner.took(asked, now[0], batch)
+
+    batches(1 + WINDOW)
+    assert tuner.workers == 7  # a batch per 50 ms from 1 thread, 10 ms of loop: 5 x 1.25
+    batches(2 + 1 + WINDOW)  # 2 loaded before the change, 1 to open the window, then a window
+    # 7 threads deliver no faster than 1 did: the work is bound elsewhere (the GIL, say).
+    assert (tuner.workers, tuner.limits.max_workers, len(reports)) == (7, 7, 1)
+
+
 def slow(index: int) -> dict[str, Any]:
     time.sleep(0.002)  # a record's I/O: the GIL is free meanwhile
     return {"x": np.full(3, index, dtype=np.int64)}
 
 
 def test_auto_loaders_tune_log_and_yield_the_same_batches(caplog: pytest.LogCaptureFixture) -> None:
-    dataset = RangeDataset(0, 200).map(slow)
+    dataset = RangeDataset(0, 96).map(slow)
     builder = DataLoader(Batcher()).batch_size(4).shuffle(seed=1)
     expected = list(builder.workers(0).build(dataset))
     with caplog.at_level(logging.INFO, logger="loadax.execution.autotune"):

@@ -23,8 +23,8 @@ from loadax.errors import WorkerError
 from loadax.plan.buckets import LengthBuckets
 from loadax.plan.work import ListedWork, StepWork
 from loadax.server.worker import Worker
-from loadax.wire.limits import MAX_LISTED_ROWS
-from loadax.wire.plans import batch_request, request_digest
+from loadax.wire.limits import MAX_LISTED_ROWS, MAX_REQUEST_BYTES
+from loadax.wire.plans import batch_request, request_digest, work_from_wire
 from loadax.wire.v1 import worker_pb2 as wire
 from loadax.wire.v1 import worker_pb2_grpc
 
@@ -130,6 +130,17 @@ def test_a_request_names_its_records_and_its_digest_covers_them(in_process: Work
     with pytest.raises(WorkerError, match="it answers another request") as refused:
         ReplyDecoder("old worker").decode(request, batch.header, batch.frames)
     assert refused.value.code == "DATA_LOSS"
+
+
+def test_the_largest_listed_request_fits_a_request_and_a_larger_one_is_refused() -> None:
+    rows = MAX_LISTED_ROWS + 1
+    request = listed_request("f" * 64, list(range(rows)), np.arange(rows).tobytes(), 0)
+    with pytest.raises(WorkerError, match=f"the records of at most {MAX_LISTED_ROWS} rows"):
+        work_from_wire(request)
+    del request.rows[-1]
+    request.records.indices = request.records.indices[:-8]
+    assert work_from_wire(request).check(Plan(rows, rows), 0) == MAX_LISTED_ROWS
+    assert request.ByteSize() < MAX_REQUEST_BYTES
 
 
 def listed_request(fingerprint: str, rows: list[int], indices: bytes, epoch: int) -> Any:

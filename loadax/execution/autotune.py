@@ -4,7 +4,8 @@ a batch costs to load and how fast the training loop takes them, within a memory
 `decide` is the pure rule (numbers in, a `Tuning` out), so any executor that can be resized (a
 local loader's threads or processes, or a fleet's local members) can reuse it; an `Autotuner`
 measures a loader's iterators through `AutotunedExecutor` and applies the rule every `WINDOW`
-batches. Loading more or fewer batches at once changes when a batch is made, never what it is.
+batches, and stops adding workers once added ones did not speed loading up. Loading more or
+fewer batches at once changes when a batch is made, never what it is.
 """
 
 from __future__ import annotations
@@ -111,6 +112,15 @@ def decide(measured: Measured, limits: Limits) -> Tuning:
     )
 
 
+def _scaled(before: Measured, after: Measured) -> bool:
+    """Whether the workers added since `before` sped loading up by half of what they could have,
+    judged only while the loop still starved (else the loop set the pace)."""
+    if after.workers <= before.workers or after.waited <= STARVED * after.seconds:
+        return True
+    gain = (before.seconds / before.batches) / (after.seconds / after.batches)
+    return gain - 1 >= 0.5 * (after.workers / before.workers - 1)
+
+
 def _ceil(ratio: float) -> int:
     """`ratio` rounded up, a ratio of measured seconds a hair above an integer not counted."""
     return math.ceil(ratio - 1e-9)
@@ -140,6 +150,8 @@ class Autotuner:
         self._report, self.clock = report, clock
         self._lock = threading.Lock()
         self._start: float | None = None  # the window's, after its first batch (start-up aside)
+        self._settling = 0  # batches to pass over, loaded before the last change took effect
+        self._previous: Measured | None = None  # the window before
         self._batches = 0
         self._waited = 0.0
         self._bytes = 0
@@ -147,6 +159,9 @@ class Autotuner:
     def took(self, asked: float, got: float, batch: Any) -> None:
         """The loop asked for a batch at `asked` and got `batch` at `got`."""
         with self._lock:
+            if self._settling:
+                self._settling -= 1
+                return
             if self._start is None:
                 self._start = got
                 return
@@ -164,10 +179,15 @@ class Autotuner:
                 self._bytes,
             )
             self._start, self._batches, self._waited = got, 0, 0.0
+            previous, self._previous = self._previous, measured
+            if previous is not None and not _scaled(previous, measured):
+                # Bound by something workers do not add (the GIL, the cores, the store).
+                self.limits = dataclasses.replace(self.limits, max_workers=measured.workers)
             tuning = decide(measured, self.limits)
             if (tuning.workers, tuning.prefetch) == (self.workers, self.prefetch):
                 return
             self.workers, self.prefetch = tuning.workers, tuning.prefetch
+            self._start, self._settling = None, tuning.prefetch
         log.info(
             "autotune: %d loading %s, %d batches ahead (a batch takes one worker %.1f ms, the "
             "loop %.1f ms; batches of %d bytes)",

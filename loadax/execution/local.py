@@ -23,8 +23,9 @@ from loadax.options import DEFAULT_PREFETCH, LoaderOptions
 
 B = TypeVar("B", default=Any)
 
-THREADS_PER_CORE = 2
-"""Autotune's most threads per core: threads waiting on storage leave their core to others."""
+THREADS_PER_CORE = 8
+"""Autotune's most threads per core: threads waiting on storage leave their core to others (and
+the tuner stops adding threads that do not speed loading up)."""
 
 
 class LocalExecutors(Generic[B]):
