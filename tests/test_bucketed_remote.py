@@ -16,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from workers import WorkerProcess, worker_process
 
-from loadax import DataLoader, Plan
+from loadax import Batcher, DataLoader, Pipeline, Plan, RangeDataset
 from loadax.client import RemoteDataLoader
 from loadax.client.replies import ReplyDecoder
 from loadax.errors import WorkerError
@@ -30,6 +30,7 @@ from loadax.wire.v1 import worker_pb2_grpc
 
 RECORDS = 30  # the `numbers` pipeline as tests/pipelines.py's worker config serves it
 LENGTHS = np.random.default_rng(5).integers(1, 500, RECORDS)
+RANGE = Pipeline(RangeDataset(0, RECORDS), Batcher())
 
 
 def bucketed(builder: Any, sizes: list[tuple[int, int]]) -> Any:
@@ -43,7 +44,7 @@ def bucketed(builder: Any, sizes: list[tuple[int, int]]) -> Any:
 
 @pytest.fixture(scope="module")
 def in_process() -> Iterator[Worker]:
-    worker = Worker({"numbers": pipelines.numbers(RECORDS)}, threads=2)
+    worker = Worker({"numbers": pipelines.numbers(RECORDS), "range": RANGE}, threads=2)
     yield worker
     worker.close()
 
@@ -88,6 +89,15 @@ def test_a_bucketed_remote_loader_gives_the_local_batches_and_resumes_mid_epoch(
     # Every record of an epoch came once: the remainder rule keeps each bucket's short batch.
     seen = np.concatenate([batch["x"][:, 0] for batch in first + rest])
     assert sorted(seen.tolist()) == sorted(list(range(RECORDS)) * 2)
+
+
+def test_an_array_sources_one_read_gives_the_same_bucketed_batches(in_process: Worker) -> None:
+    assert RANGE.reads_rows  # the hot path: one read of the rows, whatever the work
+    remote = RemoteDataLoader([in_process], pipeline="range").request_timeout(10)
+    with bucketed(remote, [(0, 4), (3, 6)]).build() as loader:
+        got = list(loader)
+    expected = list(bucketed(DataLoader(RANGE.batcher), [(0, 4), (3, 6)]).build(RANGE.dataset))
+    assert_batches_equal(got, expected)
 
 
 def test_a_bucketed_remote_loader_refuses_what_it_cannot_send() -> None:
