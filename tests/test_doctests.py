@@ -22,7 +22,7 @@ PUBLIC_NAMES = {
     "loadax.delivery.meshes": ("ddp_sharding", "fsdp_sharding", "devices_by_process"),
     "loadax.dataset.stream": ("Stream",),
     "loadax.plan.work": ("StepWork", "StreamWindow"),
-    "loadax.dataset.packing": ("FirstFitPacker",),
+    "loadax.dataset.packing": ("Packer",),
     "loadax.wire.codec": ("encode", "decode", "CodecError"),
     "loadax.sources.parquet": ("ParquetDataset",),
     "loadax.sources.polars": ("PolarsDataset",),
