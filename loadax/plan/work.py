@@ -1,8 +1,8 @@
 """Work items: what a loader asks an executor to load, locally or on a worker.
 
-There are kinds of one type: the rows of one step's batch (`StepWork`) for a random-access
-pipeline, the same with their records named (`ListedWork`) for a plan a worker cannot compute,
-and one window of a data shard's stream (`StreamWindow`) for a stream. A work item names
+There are three kinds of one type: the rows of one step's batch (`StepWork`) for a random-access
+pipeline, the same rows with their records named (`ListedWork`) for a plan a worker cannot
+compute, and one window of a data shard's stream (`StreamWindow`) for a stream. A work item names
 itself in errors, says which records it reads (and in which epoch), and is checked here, once,
 wherever it came from; `loadax.wire.plans` carries it to and from the wire.
 """
