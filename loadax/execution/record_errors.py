@@ -103,7 +103,8 @@ class TolerantExecutor(Executor[Any]):
     def release(self, wait: bool) -> None:
         self._executor.release(wait)
 
-    def load(self, plan: Plan, step: int, rows: IndexArray) -> Pending[Any]:
+    def load(self, plan: Plan, step: int, rows: IndexArray | None) -> Pending[Any]:
+        """Start loading the `rows` of the batch of `step` (None: all of them)."""
         return self._executor.submit(plan, StepWork(step, rows))
 
     def counted(self, plan: Plan, step: int, bad: int, error: RecordError) -> None:
@@ -148,7 +149,7 @@ class _Tolerant:
     def __init__(self, owner: TolerantExecutor, plan: Plan, work: StepWork) -> None:
         self._owner, self._plan, self._step = owner, plan, work.step
         self._rows = row_positions(work.rows, plan.batch_length(work.step))
-        self._pending: Pending[Any] = owner._executor.submit(plan, work)
+        self._pending = owner.load(plan, work.step, work.rows)
 
     def cancel(self) -> None:
         self._pending.cancel()
