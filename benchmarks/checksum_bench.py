@@ -1,6 +1,9 @@
 """What verifying a reply costs: payload checksums over a W2 batch (64 float32 224x224x3 images
 and their labels, 38.5 MB), and the client's whole check of a reply (`ReplyDecoder.decode`:
-identity, request digest, checksum, decode, schema).
+identity, request digest, checksum, decode, schema). A client checksums a reply's frames as each
+lands in its buffer (`client/transports/zmq_receive.py`): "as received" copies the batch into a
+reused buffer in 1 MiB pieces, as the receive does, with and without XXH3 of each piece as it
+lands; the difference is what the checksum adds there.
 
 Usage: `python benchmarks/checksum_bench.py [--repeats N] [--batch-ms MS] [--json PATH]`.
 Each candidate runs over several distinct batches in turn, so that no batch is still in the
@@ -25,7 +28,7 @@ from workloads import CROP_SIDE, SEED
 from loadax.client.replies import ReplyDecoder
 from loadax.plan.planner import Plan
 from loadax.plan.work import StepWork
-from loadax.wire.checksum import payload_checksum
+from loadax.wire.checksum import new_hasher, payload_checksum
 from loadax.wire.codec import encode_frames
 from loadax.wire.payloads import EncodedBatch
 from loadax.wire.plans import batch_request
@@ -33,6 +36,7 @@ from loadax.wire.schema import batch_schema
 from loadax.wire.v1 import worker_pb2 as wire
 
 BATCH = 64
+PIECE = 1 << 20  # a ZeroMQ payload frame (PAYLOAD_FRAME_BYTES)
 DISTINCT_BATCHES = 4  # 154 MB in turn: more than any CPU cache
 Frames = Sequence[bytes | memoryview]
 
@@ -71,6 +75,32 @@ def _block_sums(frames: Frames) -> int:
     return total
 
 
+def _as_received(hashed: bool) -> Callable[[Frames], Any]:
+    """Copy `frames` into a reused buffer in pieces (what receiving does), checksumming each
+    piece (XXH3) right after it is copied if `hashed`."""
+    buffer = np.empty(0, np.uint8)
+
+    def receive(frames: Frames) -> int | None:
+        nonlocal buffer
+        size = sum(len(frame) for frame in frames)
+        if len(buffer) < size:
+            buffer = np.empty(size, np.uint8)
+        hasher = new_hasher(wire.CHECKSUM_XXH3_64) if hashed else None
+        offset = 0
+        for frame in frames:
+            view = memoryview(frame).cast("B")
+            for start in range(0, len(view), PIECE):
+                piece = view[start : start + PIECE]
+                landed = buffer[offset : offset + len(piece)]
+                landed[:] = np.frombuffer(piece, np.uint8)
+                if hasher is not None:
+                    hasher.update(landed.data)
+                offset += len(piece)
+        return None if hasher is None else hasher.value()
+
+    return receive
+
+
 def _verifier() -> Callable[[Frames], Any]:
     """The client's whole check of a reply to step 0, as a target runs it."""
     plan = Plan(BATCH * 10, BATCH)
@@ -95,7 +125,12 @@ def _verifier() -> Callable[[Frames], Any]:
 
 
 CANDIDATES: dict[str, Callable[[], Callable[[Frames], Any]]] = {
+    "loadax payload_checksum XXH3 (xxhash)": lambda: (
+        lambda frames: payload_checksum(frames, wire.CHECKSUM_XXH3_64)
+    ),
     "loadax payload_checksum (weighted uint64 sums)": lambda: payload_checksum,
+    "as received: copy in 1 MiB pieces": lambda: _as_received(hashed=False),
+    "as received: copy + XXH3 of each piece": lambda: _as_received(hashed=True),
     "zlib.crc32": lambda: _crc32,
     "zlib.adler32": lambda: _adler32,
     "numpy sum of uint64 words (no weights)": lambda: _block_sums,
