@@ -349,13 +349,16 @@ class SharedProcesses(Generic[B]):
         self.closed = True
         self.executor.release(wait=True)
 
-    def _opened(self, lease: _Lease[B]) -> None:
+    def opened(self, lease: _Lease[B]) -> None:
+        """`lease` submits work: the processes stay up until it is released."""
         if self.closed:
             raise ValueError("the loader is closed: its processes are gone; build it again")
         with self._lock:
             self._open.add(lease)
 
-    def _released(self, lease: _Lease[B]) -> None:
+    def released(self, lease: _Lease[B]) -> None:
+        """`lease`'s iterator has ended: drop its queued work, and the processes if it was the
+        last open lease of a loader that is gone."""
         with self._lock:
             self._open.discard(lease)
             idle = not self._owned and not self._open
@@ -372,10 +375,10 @@ class _Lease(Executor[B]):
         self._shared = shared
 
     def submit(self, plan: Plan, work: Work) -> Pending[Any]:
-        self._shared._opened(self)
+        self._shared.opened(self)
         return self._shared.executor.submit_for(self, plan, work)
 
     def release(self, wait: bool) -> None:
         """Cancel this iterator's queued work; the processes stay for the loader's next one."""
         del wait  # what a process loads for it is dropped when done: nothing to wait for
-        self._shared._released(self)
+        self._shared.released(self)
