@@ -42,8 +42,9 @@ from loadax.client.fleet_events import (
     Withdraw,
 )
 from loadax.client.fleet_options import FleetOptions
+from loadax.client.fleet_watch import FleetWatch
 from loadax.client.member import Member
-from loadax.client.policy import Policy
+from loadax.client.policy import DEFAULT_LIMIT, Policy
 from loadax.client.subset import Seat
 from loadax.client.transports import Reply
 from loadax.errors import WorkerError
@@ -104,6 +105,9 @@ class Driver:
         self._members: dict[str, Member] = {}
         self._requests: dict[int, tuple[wire.BatchRequest, Future[Any]]] = {}
         self._attempts: dict[int, Future[Reply]] = {}
+        self._sent_to: dict[int, str] = {}  # attempt -> member, until it is answered or failed
+        self._watch = FleetWatch()
+        self._depths: dict[str, int] = {}  # member -> the most it is sent at once (under _lock)
         # Written by the threads that receive answers, read by the driver's after their event.
         self._answers: dict[int, Any] = {}
         self._thread = threading.Thread(target=self._run, name="loadax-driver", daemon=True)
@@ -164,6 +168,17 @@ class Driver:
     def member_stats(self) -> dict[str, WorkerStats]:
         with self._lock:
             return self._policy.member_stats()
+
+    def capacities(self) -> dict[str, float]:
+        """Each member's batches per second when kept busy by this loader: the requests it is
+        sent at once over its median latency (Little's law), for the members that answered."""
+        with self._lock:
+            stats, depths = self._policy.member_stats(), dict(self._depths)
+        return {
+            name: depths[name] / worker.latency_p50
+            for name, worker in stats.items()
+            if name in depths and worker.latency_p50
+        }
 
     def close(self) -> None:
         self._events.put(_STOP)
@@ -231,21 +246,34 @@ class Driver:
             return Submit(item.request, item.step)
         if isinstance(item, _Change):
             if isinstance(item.item, Left):
+                self._departed(item.item.member)
                 return item.item
             if item.item.name in self._members:  # joined twice at once: the first one stays
                 item.item.transport.close()
                 return None
             self._members[item.item.name] = item.item
+            limit = item.item.limit or DEFAULT_LIMIT
+            with self._lock:
+                self._depths[item.item.name] = min(limit, self.options.in_flight_per_worker)
             return Joined(item.item.name, item.item.limit)
         if isinstance(item, Answered | Failed):
             self._attempts.pop(item.attempt, None)
+            member = self._sent_to.pop(item.attempt, None)
+            if member is not None:
+                self._watch.outcome(member, isinstance(item, Answered), list(self._members))
         return item  # type: ignore[no-any-return]
+
+    def _departed(self, member: str) -> None:
+        with self._lock:
+            self._depths.pop(member, None)
+        self._watch.left(member, [name for name in self._members if name != member])
 
     def _carry_out(self, action: Action) -> None:
         if isinstance(action, Send):
             self._send(action)
         elif isinstance(action, Cancel):
             attempt = self._attempts.pop(action.attempt, None)
+            self._sent_to.pop(action.attempt, None)
             if attempt is not None:
                 attempt.cancel()
         elif isinstance(action, Resolve):
@@ -266,6 +294,7 @@ class Driver:
             self._connectors.submit(self._connect_member, action.member)
         elif isinstance(action, Disconnect):
             self._members.pop(action.member).transport.close()
+            self._departed(action.member)
 
     def _connect_member(self, name: str) -> None:
         """On a connecting thread: `name` connected and joined, or Unreachable."""
@@ -294,6 +323,7 @@ class Driver:
             )
             return
         self._attempts[action.attempt] = sent
+        self._sent_to[action.attempt] = member.name
         sent.add_done_callback(functools.partial(self._received, action.attempt, member, request))
 
     def _received(

@@ -16,7 +16,6 @@ loader closes, and joins when it answers right.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import threading
 import time
@@ -26,6 +25,7 @@ from loadax.client.driver import Driver
 from loadax.client.identity import agreeing, choose, require
 from loadax.client.member import LEAVES_OUT, Identity, Member, ask
 from loadax.client.names import Resolver, host_is_name, listed_addresses
+from loadax.client.startup import Listed, fallback_choice, hopeless_at, startup_failure
 from loadax.client.subset import Seat, aperture
 from loadax.client.transports import TargetSpec, Transport
 from loadax.client.transports.diagnosis import Diagnosis
@@ -47,18 +47,6 @@ DIAGNOSIS_S = 0.5
 
 Diagnose = Callable[[str], Diagnosis | None]
 """An address -> why it does not answer (None: its port speaks what the client does)."""
-
-
-@dataclasses.dataclass
-class _Listed:
-    """A listed address's place (its order breaks ties) and what it said so far."""
-
-    order: tuple[int, int]
-    name: str
-    said: str = "no answer yet"
-    member: Member | None = None
-    settled: bool = False  # answered, or failed for good
-    final_since: float | None = None  # failing in a way that waiting does not mend, since
 
 
 class Membership:
@@ -91,7 +79,7 @@ class Membership:
         self._names = [spec for spec in specs if host_is_name(spec)]
         # Guards everything below, which the start-up threads and the refreshes change.
         self._condition = threading.Condition()
-        self._listed: list[_Listed] = []
+        self._listed: list[Listed] = []
         self._transports: list[Transport] = []  # every one connected, answered or not
         self._closed = False
         self._driver: Driver | None = None  # set once bound: later answers join it
@@ -124,11 +112,19 @@ class Membership:
         with self._condition:
             return dict(self._left_out)
 
-    def bind(self, min_workers: int, driver: Driver, pinned: str | None = None) -> Identity:
+    def bind(
+        self,
+        min_workers: int,
+        driver: Driver,
+        pinned: str | None = None,
+        fallback: Identity | None = None,
+    ) -> Identity:
         """The identity the most members answered (or the `pinned` fingerprint) once enough
         agree (see the module); its members join `driver`, and so do later ones that serve it.
         Raises naming each target when too few agree in time, or when identities tie; then
-        every transport is closed."""
+        every transport is closed. With a `fallback` (the local members' identity), too few
+        agreeing binds to it instead, unless a member serves another identity or another is
+        pinned: the targets keep being asked and join when they answer it."""
         agreed_at: float | None = None
         with self._condition:
             while True:
@@ -138,7 +134,7 @@ class Membership:
                 if agreed >= min_workers and agreed_at is None:
                     agreed_at = now
                 settled = all(listed.settled for listed in self._listed)
-                hopeless = self._hopeless_at()
+                hopeless = hopeless_at(self._listed, self._give_up_after)
                 if settled or now >= min(self._deadline, hopeless):
                     break
                 if agreed_at is not None and now >= agreed_at + GRACE:
@@ -151,6 +147,20 @@ class Membership:
                     choice = choose(members, self._pipeline, pinned)
                 except ValueError as error:  # identities tie, or none is the pinned one
                     split = error
+            elif fallback is not None:
+                try:
+                    choice = fallback_choice(members, fallback, pinned, self._pipeline)
+                except ValueError as error:
+                    split = error
+                else:
+                    _log.warning(
+                        "%d of %d targets of pipeline %r agreed in time: running from local "
+                        "members, and workers join as they answer",
+                        agreed,
+                        len(self._listed),
+                        self._pipeline,
+                        extra=fields(event="fleet_down", pipeline=self._pipeline),
+                    )
             if choice is not None:
                 self._driver, self._identity = driver, choice.identity
                 self._request = self._handshake(choice.identity.num_records)
@@ -165,7 +175,16 @@ class Membership:
                 raise split
             if settled and not agreed and members:
                 choose(members, self._pipeline, pinned)  # raises why no member serves
-            raise self._failure(min_workers, agreed, hopeless <= time.monotonic())
+            with self._condition:
+                said = [(listed.name, listed.said) for listed in self._listed]
+            raise startup_failure(
+                said,
+                self._pipeline,
+                min_workers,
+                agreed,
+                self._give_up_after if hopeless <= time.monotonic() else None,
+                self._timeout,
+            )
         for member in choice.left_out:
             member.transport.close()
         joined: set[str] = set()
@@ -321,14 +340,14 @@ class Membership:
 
     # The start-up threads.
 
-    def _list(self, order: tuple[int, int], name: str) -> _Listed:
+    def _list(self, order: tuple[int, int], name: str) -> Listed:
         with self._condition:
-            listed = _Listed(order, name)
+            listed = Listed(order, name)
             self._listed.append(listed)
             self._listed.sort(key=lambda each: each.order)
             return listed
 
-    def _look_up(self, listed: _Listed, spec: str) -> None:
+    def _look_up(self, listed: Listed, spec: str) -> None:
         """Ask each address `spec`'s host name lists, once it resolves (until the deadline)."""
         while True:
             try:
@@ -346,7 +365,7 @@ class Membership:
         if driver is not None:
             for address in beyond:
                 driver.enlist(address)
-        asked: list[tuple[_Listed, Transport]] = []
+        asked: list[tuple[Listed, Transport]] = []
         for position, address in enumerate(addresses):
             if address in beyond:
                 continue
@@ -369,7 +388,7 @@ class Membership:
                 target=self._ask, args=(each, transport), name="loadax-startup", daemon=True
             ).start()
 
-    def _ask(self, listed: _Listed, transport: Transport) -> None:
+    def _ask(self, listed: Listed, transport: Transport) -> None:
         """Ask `transport`'s worker until it answers or refuses, or the membership closes."""
         while True:
             started = time.monotonic()
@@ -401,7 +420,7 @@ class Membership:
         arc = aperture(ring, self._seat, self._subset, lambda address: True, self._subset)
         return [address for address in ring if address not in arc]
 
-    def _note(self, listed: _Listed, said: str, settled: bool = False, final: bool = False) -> None:
+    def _note(self, listed: Listed, said: str, settled: bool = False, final: bool = False) -> None:
         with self._condition:
             listed.said, listed.settled = said, settled
             if not final:
@@ -409,14 +428,6 @@ class Membership:
             elif listed.final_since is None:
                 listed.final_since = time.monotonic()
             self._condition.notify_all()
-
-    def _hopeless_at(self) -> float:
-        """When every target will have been failing for good for `give_up_after` (inf: not)."""
-        since = [listed.final_since for listed in self._listed]
-        final = [moment for moment in since if moment is not None]
-        if self._give_up_after is None or not since or len(final) < len(since):
-            return float("inf")
-        return max(final) + self._give_up_after
 
     def _sleep(self, seconds: float) -> bool:
         """Sleep `seconds` unless closed first; whether closed."""
@@ -429,19 +440,3 @@ class Membership:
         with self._condition:
             self._named.update(addresses)
         return addresses
-
-    def _failure(self, min_workers: int, agreeing: int, hopeless: bool) -> WorkerError:
-        with self._condition:
-            said = "; ".join(f"{listed.name}: {listed.said}" for listed in self._listed)
-            count = len(self._listed)
-        if hopeless:
-            return WorkerError(
-                "UNAVAILABLE",
-                f"no target of pipeline {self._pipeline!r} can be reached, each for "
-                f"{self._give_up_after:g} s (startup give_up_after): {said}",
-            )
-        return WorkerError(
-            "UNAVAILABLE",
-            f"{agreeing} of {count} targets agreed to serve pipeline {self._pipeline!r} within "
-            f"{self._timeout:g} s; {min_workers} needed (min_workers). {said}",
-        )

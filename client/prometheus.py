@@ -16,7 +16,9 @@ class LoaderCollector:
     """Reads `stats()` (e.g. `RemoteLoader.stats`) at every scrape:
     `prometheus_client.REGISTRY.register(LoaderCollector(loader.stats))`.
 
-    Rates are left to Prometheus (`rate(loadax_client_batches_total[1m])`).
+    Rates are left to Prometheus (`rate(loadax_client_batches_total[1m])`). A remote loader's
+    `loadax_client_workers_wanted` is what an autoscaler sizes the worker fleet from (the sum
+    over trainers: deploy/kubernetes/autoscale).
     """
 
     def __init__(self, stats: Callable[[], LoaderStats]) -> None:
@@ -40,6 +42,20 @@ class LoaderCollector:
             "Share of the time since the first request the training loop waited for batches.",
             value=stats.wait_fraction,
         )
+        if stats.input_stall_fraction is not None:
+            yield GaugeMetricFamily(
+                "loadax_client_input_stall_fraction",
+                "Share of the recent time (RemoteDataLoader.sizing's window) the training loop "
+                "waited for batches.",
+                value=stats.input_stall_fraction,
+            )
+        if stats.workers_wanted is not None:
+            yield GaugeMetricFamily(
+                "loadax_client_workers_wanted",
+                "Remote workers that would keep this loader's input stall under its target, "
+                "with one to spare: size the worker fleet from the sum over trainers.",
+                value=stats.workers_wanted,
+            )
         requests = CounterMetricFamily(
             "loadax_client_worker_requests", "Requests sent to each worker.", labels=["worker"]
         )

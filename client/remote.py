@@ -15,31 +15,31 @@ depth wait in the policy and go out as answers come in.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import uuid
 import weakref
 from collections.abc import Sequence
-from typing import Any, Self
+from typing import Any, Literal, Self
 
 from loadax.buffers import BufferPool
+from loadax.client.demand import DEFAULT_STALL_TARGET, DEFAULT_WINDOW_S, DemandMeter
 from loadax.client.driver import Driver
 from loadax.client.fleet_options import FleetOptions
 from loadax.client.job import agree, job_seat, mesh_processes
+from loadax.client.local_members import Kind, LocalMembers, LocalSpec, LocalWorker, local_tuned
 from loadax.client.member import Identity, handshake_request
 from loadax.client.membership import DIAGNOSIS_S, Membership
 from loadax.client.names import Resolver, resolve_host
+from loadax.client.remote_executor import RemoteExecutor
 from loadax.client.security import ClientSecurity
 from loadax.client.transports import TargetSpec, check_spec, connect
 from loadax.client.transports.diagnosis import diagnose
 from loadax.client.transports.memory_files import MemoryFiles
-from loadax.execution.executor import Executor, FuturePending, Pending
+from loadax.execution.executor import Executor
+from loadax.execution.pipeline import Pipeline
 from loadax.iterators.stats import LoaderStats, StatsRecorder
 from loadax.loader import DEFAULT_PREFETCH, Loader, LoaderBuilder, LoaderOptions
 from loadax.plan.buckets import LengthsOf
-from loadax.plan.planner import Plan
-from loadax.plan.work import Work
 from loadax.wire.limits import MAX_LISTED_ROWS
-from loadax.wire.plans import batch_request
 
 
 class RemoteDataLoader(LoaderBuilder):
@@ -85,6 +85,8 @@ class RemoteDataLoader(LoaderBuilder):
         self._security = security
         self._failover = FleetOptions()
         self._pinned: str | None = None
+        self._local: LocalSpec | None = None
+        self._demand = (DEFAULT_STALL_TARGET, DEFAULT_WINDOW_S)
 
     def prefetch(self, batches: int) -> Self:
         """Batches kept ready ahead of the training loop, on top of the requests in flight at
@@ -176,6 +178,35 @@ class RemoteDataLoader(LoaderBuilder):
         copy._pinned = fingerprint
         return copy
 
+    def local_members(
+        self, count: int | Literal["auto"], *, pipeline: Pipeline[Any, Any], kind: Kind = "threads"
+    ) -> Self:
+        """Also make batches on this host: `count` members (a thread or a child process each,
+        `kind`) running `pipeline`, placed by the same policy as the workers. They join only if
+        `pipeline` has the identity the workers agreed on (or the pinned one); they never choose
+        it. While no worker answers, the loader runs from them (logged), and back on the fleet
+        when one does. "auto" adds members one at a time while the training loop's own time
+        between `next()` calls is not slowed by more than 5 %, and removes one when it is.
+        The batches are the same whatever the mix."""
+        copy = self._with()
+        copy._local = LocalSpec(count, pipeline, kind)
+        return copy
+
+    def sizing(
+        self, stall_target: float = DEFAULT_STALL_TARGET, window: float = DEFAULT_WINDOW_S
+    ) -> Self:
+        """How `stats().workers_wanted` is computed: the remote workers that would keep the
+        loop waiting under `stall_target` of its time (plus one, for a failure), from its demand
+        and each member's capacity over the last `window` seconds between calls of `stats()`.
+        Default 2 % over 10 s."""
+        if not 0 <= stall_target < 1:
+            raise ValueError(f"stall_target must be in [0, 1), got {stall_target!r}")
+        if not window > 0:
+            raise ValueError(f"window must be a number of seconds > 0, got {window!r}")
+        copy = self._with()
+        copy._demand = (stall_target, window)
+        return copy
+
     def build(self) -> RemoteLoader:
         """Connect and handshake with every target at once; the dataset's length comes from them.
 
@@ -200,6 +231,8 @@ class RemoteDataLoader(LoaderBuilder):
             resolve_every=self._resolve_every,
             security=self._security,
             pinned=self._pinned,
+            local=self._local,
+            demand=DemandMeter(*self._demand),
         )
 
     def _with_failover(self, **changes: Any) -> Self:
@@ -237,8 +270,11 @@ class RemoteLoader(Loader[Any]):
         resolve_every: float = 30.0,
         security: ClientSecurity | None = None,
         pinned: str | None = None,
+        local: LocalSpec | None = None,
+        demand: DemandMeter | None = None,
     ) -> None:
         self._stats = stats = StatsRecorder()
+        self._demand = demand or DemandMeter()
         buffers = BufferPool()  # the members' batches are received into these
         files = MemoryFiles()  # or written into these, by members on this host
         processes = mesh_processes(options.mesh)
@@ -261,7 +297,11 @@ class RemoteLoader(Loader[Any]):
         )
         self._driver = driver = Driver(failover, seat=seat, connect=membership.connect_member)
         try:
-            self._identity = identity = membership.bind(failover.min_workers, driver, pinned)
+            worker = None if local is None else LocalWorker(pipeline, local.pipeline, local.kind)
+            fallback = None if worker is None else worker.identity
+            self._identity = identity = membership.bind(
+                failover.min_workers, driver, pinned, fallback
+            )
             agree(
                 pipeline,
                 identity,
@@ -269,6 +309,10 @@ class RemoteLoader(Loader[Any]):
                 processes,
                 failover.startup_timeout,
             )
+            locals_ = None
+            if local is not None and worker is not None:
+                handshake = handshake_request(pipeline, options.plan(identity.num_records))
+                locals_ = LocalMembers(local, worker, pipeline, identity, handshake, driver)
             plan = options.plan(identity.num_records)
         except BaseException:
             membership.close(every=True)
@@ -278,8 +322,10 @@ class RemoteLoader(Loader[Any]):
         fingerprint, budget = identity.fingerprint, failover.memory_budget_mb << 20
         client = uuid.uuid4().hex  # this loader's, whatever connections it shares
 
+        tuned = local_tuned(locals_)
+
         def executor() -> Executor[Any]:
-            return RemoteExecutor(driver, pipeline, fingerprint, stats, budget, client)
+            return tuned(RemoteExecutor(driver, pipeline, fingerprint, stats, budget, client))
 
         super().__init__(
             plan,
@@ -289,7 +335,7 @@ class RemoteLoader(Loader[Any]):
             stream_window=identity.stream_window or None,
             stats=stats,
         )
-        self._finalizer = weakref.finalize(self, _close, membership, driver, files)
+        self._finalizer = weakref.finalize(self, _close, membership, driver, files, locals_)
         membership.refresh_every(resolve_every, lambda: driver.known)
 
     @property
@@ -309,8 +355,13 @@ class RemoteLoader(Loader[Any]):
     def stats(self) -> LoaderStats:
         """Batches, bytes and rates since the first request, the share of that time the
         training loop waited for data, each worker in use's requests, failures, latency and
-        quarantine, and the targets left out for what they answered."""
-        return self._stats.snapshot(self._driver.member_stats(), self._membership.left_out)
+        quarantine, and the targets left out for what they answered; the recent share of the
+        time the loop waited and the workers wanted (see `RemoteDataLoader.sizing`)."""
+        stats = self._stats.snapshot(self._driver.member_stats(), self._membership.left_out)
+        demand = self._demand.measure(stats, self._driver.capacities(), self._stats.clock())
+        return dataclasses.replace(
+            stats, input_stall_fraction=demand.stall, workers_wanted=demand.workers_wanted
+        )
 
     def add_target(self, spec: TargetSpec) -> None:
         """Start using another worker, after checking it serves the loader's pipeline identity:
@@ -335,40 +386,6 @@ class RemoteLoader(Loader[Any]):
         self.close()
 
 
-class RemoteExecutor(Executor[Any]):
-    """Hands work items' requests to the driver, which sends them as the policy's depth allows
-    (in step order); each request is made on the driver's thread, not the training loop's, and
-    names the loader (`client`: the id the workers share their threads fairly by)."""
-
-    def __init__(
-        self,
-        driver: Driver,
-        pipeline: str,
-        fingerprint: str,
-        stats: StatsRecorder,
-        budget: int,
-        client: str,
-    ) -> None:
-        self._driver, self._pipeline, self._fingerprint = driver, pipeline, fingerprint
-        self._client = client
-        self._stats, self._memory_budget = stats, budget
-
-    def lookahead(self, prefetch: int) -> int:
-        """`prefetch` plus the fleet's depth, within the memory budget once batches are known."""
-        ahead = prefetch + self._driver.depth()
-        largest = self._stats.largest
-        return min(ahead, max(self._memory_budget // largest, 1)) if largest else ahead
-
-    def submit(self, plan: Plan, work: Work) -> Pending[Any]:
-        make = functools.partial(
-            batch_request, self._pipeline, self._fingerprint, plan, work, self._client
-        )
-        return FuturePending(self._driver.submit(work.ordinal, make))
-
-    def release(self, wait: bool) -> None:
-        """The connections belong to the loader, not to one iterator."""
-
-
 def _check_buckets(options: LoaderOptions) -> None:
     """A ValueError unless a remote loader can send the requests of `options`' buckets."""
     if isinstance(options.buckets, LengthsOf):
@@ -384,7 +401,11 @@ def _check_buckets(options: LoaderOptions) -> None:
         )
 
 
-def _close(membership: Membership, driver: Driver, files: MemoryFiles) -> None:
+def _close(
+    membership: Membership, driver: Driver, files: MemoryFiles, local: LocalMembers | None
+) -> None:
     membership.close()
     driver.close()
+    if local is not None:
+        local.close()
     files.close()

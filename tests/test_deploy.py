@@ -30,6 +30,8 @@ from yamllint import linter
 from yamllint.config import YamlLintConfig
 
 from loadax.client import cli
+from loadax.client.prometheus import LoaderCollector
+from loadax.iterators.stats import StatsRecorder
 from loadax.server.config import WorkerConfig, build_pipelines, load_config
 from loadax.server.main import _parser
 
@@ -37,6 +39,7 @@ ROOT = Path(__file__).resolve().parents[1]
 DEPLOY = ROOT / "deploy"
 KUBERNETES = DEPLOY / "kubernetes"
 AUTOSCALING = KUBERNETES / "autoscaling"
+KEDA = KUBERNETES / "keda"
 WORKER_TOML = DEPLOY / "worker.toml"
 FACTORIES_EXAMPLE = DEPLOY / "factories-example"
 # gRPC probes are GA since 1.27; 1.37 is the newest kubernetes-validate bundles.
@@ -297,11 +300,12 @@ def test_every_manifest_is_valid_for_kubernetes(version: str) -> None:
 def test_kustomizations_list_every_manifest() -> None:
     default = kustomization()["resources"]
     assert sorted(default) == sorted(f"kubernetes/{p.name}" for p in KUBERNETES.glob("*.yaml"))
-    component = kustomization(AUTOSCALING)
-    assert component["kind"] == "Component"
-    assert component["resources"] == [
-        p.name for p in AUTOSCALING.glob("*.yaml") if p.stem != "kustomization"
-    ]
+    for folder in (AUTOSCALING, KEDA):
+        component = kustomization(folder)
+        assert component["kind"] == "Component"
+        assert component["resources"] == [
+            p.name for p in folder.glob("*.yaml") if p.stem != "kustomization"
+        ]
 
 
 def test_the_default_kustomization_leaves_autoscaling_out() -> None:
@@ -667,3 +671,82 @@ def test_the_factories_example_is_served_from_python_path_without_pythonpath(
     assert result.stdout.startswith(
         'squares: mypipe.pipelines:squares(**{"records": 1024}) -> 1024 records'
     ), result.stdout
+
+
+# --- sizing from the trainers' demand (KEDA) ---------------------------------------------
+
+
+def overlay_of(tmp_path: Path, component: Path) -> Path:
+    """An overlay outside deploy/ that adds `component` to deploy/'s kustomization."""
+    overlay = tmp_path / "overlay"
+    overlay.mkdir()
+    (overlay / "kustomization.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "kustomize.config.k8s.io/v1beta1",
+                "kind": "Kustomization",
+                "resources": [os.path.relpath(DEPLOY, overlay)],
+                "components": [os.path.relpath(component, overlay)],
+            }
+        )
+    )
+    return overlay
+
+
+def test_the_keda_component_sizes_the_workers_from_the_sum_of_workers_wanted(
+    tmp_path: Path,
+) -> None:
+    scaled = built(overlay_of(tmp_path, KEDA))
+    scaler = scaled.pop("ScaledObject")
+    # A CRD, which kubernetes-validate does not know: its fields as KEDA's v1alpha1 has them.
+    assert scaler["apiVersion"] == "keda.sh/v1alpha1"
+    spec = scaler["spec"]
+    assert set(spec) <= {
+        "scaleTargetRef",
+        "minReplicaCount",
+        "maxReplicaCount",
+        "pollingInterval",
+        "cooldownPeriod",
+        "advanced",
+        "triggers",
+    }
+    deployment = scaled["Deployment"]
+    target = spec["scaleTargetRef"]
+    assert (target["apiVersion"], target["kind"]) == ("apps/v1", "Deployment")
+    assert target["name"] == deployment["metadata"]["name"]
+    assert 1 <= spec["minReplicaCount"] <= spec["maxReplicaCount"]
+    (trigger,) = spec["triggers"]
+    assert trigger["type"] == "prometheus"
+    assert set(trigger["metadata"]) == {"serverAddress", "query", "threshold", "metricType"}
+    # desired = ceil(sum over trainers of workers_wanted / 1)
+    assert trigger["metadata"]["query"] == "sum(loadax_client_workers_wanted)"
+    assert (trigger["metadata"]["threshold"], trigger["metadata"]["metricType"]) == (
+        "1",
+        "AverageValue",
+    )
+    behavior = spec["advanced"]["horizontalPodAutoscalerConfig"]["behavior"]
+    validate([_hpa_with(behavior)], KUBERNETES_VERSIONS[-1])
+    # The rest is deploy/'s, less the replicas that KEDA now owns.
+    for version in KUBERNETES_VERSIONS:
+        validate(scaled.values(), version)
+    default = built(DEPLOY)
+    del default["Deployment"]["spec"]["replicas"]
+    assert scaled == default
+    assert "loadax_client_workers_wanted" in (KEDA / "README.md").read_text()
+    assert "external.metrics.k8s.io" in (KEDA / "README.md").read_text()
+
+
+def _hpa_with(behavior: dict[str, Any]) -> dict[str, Any]:
+    """An HPA with the `behavior` KEDA passes on to the one it makes, to validate it."""
+    hpa = dict(autoscaler())
+    hpa["spec"] = {**hpa["spec"], "behavior": behavior}
+    return hpa
+
+
+def test_the_clients_export_the_metric_the_keda_query_sums() -> None:
+    query = yaml.safe_load((KEDA / "scaledobject.yaml").read_text())["spec"]["triggers"][0]
+    metric = re.fullmatch(r"sum\((\w+)\)", query["metadata"]["query"])
+    assert metric is not None
+    stats = dataclasses.replace(StatsRecorder().snapshot(), workers_wanted=3)
+    exported = {family.name: family for family in LoaderCollector(lambda: stats).collect()}
+    assert exported[metric[1]].samples[0].value == 3

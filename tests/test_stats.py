@@ -121,6 +121,8 @@ def test_the_collector_exposes_the_stats_to_prometheus() -> None:
             ),
         },
         left_out={"grpc://10.0.0.3:50051": "NOT_FOUND: unknown pipeline 'images'"},
+        input_stall_fraction=0.125,
+        workers_wanted=3,
     )
     registry = CollectorRegistry()
     registry.register(LoaderCollector(lambda: stats))
@@ -132,6 +134,8 @@ def test_the_collector_exposes_the_stats_to_prometheus() -> None:
     assert value("loadax_client_bytes_total") == 700
     assert value("loadax_client_wait_seconds_total") == 2.5
     assert value("loadax_client_wait_fraction") == 0.25
+    assert value("loadax_client_input_stall_fraction") == 0.125
+    assert value("loadax_client_workers_wanted") == 3
     first, second = "grpc://10.0.0.1:50051", "grpc://10.0.0.2:50051"
     assert value("loadax_client_worker_requests_total", worker=first) == 5
     assert value("loadax_client_worker_failures_total", worker=first) == 1

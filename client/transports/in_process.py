@@ -22,11 +22,11 @@ class WorkerLike(Protocol):
 
 
 class InProcessTransport:
-    """A worker object called on `threads` threads of its own; a request's future fails with
-    the worker's `WorkerError` as it raised it."""
+    """A worker object called on `threads` threads of its own, named `name` (by default after
+    its class); a request's future fails with the worker's `WorkerError` as it raised it."""
 
-    def __init__(self, worker: WorkerLike, threads: int = 4) -> None:
-        self.name = f"in-process {type(worker).__name__}"
+    def __init__(self, worker: WorkerLike, threads: int = 4, name: str | None = None) -> None:
+        self.name = name or f"in-process {type(worker).__name__}"
         self._worker = worker
         self._pool = ThreadPoolExecutor(threads, thread_name_prefix="loadax-in-process")
 

@@ -93,6 +93,11 @@ class LoaderStats:
     `MAX_BAD_RECORDS`), `bad_record_count` all of them. `tuning` is autotune's last choice (None
     before its first, or without autotune).
 
+    A remote loader also measures its recent past (`RemoteDataLoader.sizing`):
+    `input_stall_fraction` is the share of it the loop waited, and `workers_wanted` the remote
+    workers that would keep that under the target with one to spare (None for a local loader,
+    or before the loop and a remote worker have been measured).
+
     >>> from loadax import Batcher, DataLoader, RangeDataset
     >>> loader = DataLoader(Batcher()).batch_size(2).build(RangeDataset(0, 6))
     >>> batches = list(loader)
@@ -113,6 +118,8 @@ class LoaderStats:
     bad_records: tuple[BadRecord, ...] = ()
     bad_record_count: int = 0
     tuning: Tuning | None = None
+    input_stall_fraction: float | None = None
+    workers_wanted: int | None = None
 
 
 class LoopCounts:

@@ -1,0 +1,228 @@
+"""Local members: the trainer host's own cores running the loader's pipeline as members of its
+fleet, placed by the same policy as remote workers (`RemoteDataLoader.local_members`).
+
+A local member is a worker object without sockets (`LocalWorker`, reached through the in-process
+transport), joined to the driver through the same door as a remote worker. Its pipeline identity
+is computed by the code a worker's is (`loadax.identity`), and it joins only when that is the
+identity the remote fleet agreed on (or the pinned one): local members never vote. Each member
+makes one batch at a time (a thread, or one child process); its batches travel as a worker's do,
+encoded and checked, so that placement never changes a byte.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from collections.abc import Callable
+from typing import Any, Literal
+
+import loadax
+from loadax.client.driver import Driver
+from loadax.client.fleet_watch import LOCAL_PREFIX
+from loadax.client.identity import require
+from loadax.client.member import Identity, ask
+from loadax.client.spare_cores import SpareCoresExecutor, SpareCoresTuner, spare_cores
+from loadax.client.transports.in_process import InProcessTransport
+from loadax.errors import RecordError, WorkerError
+from loadax.execution.executor import Executor
+from loadax.execution.pickled import PickledPipeline
+from loadax.execution.pipeline import Pipeline
+from loadax.execution.processes import ProcessExecutor
+from loadax.execution.threads import ThreadExecutor
+from loadax.identity.fingerprint import pipeline_fingerprint
+from loadax.identity.probes import probe_batches
+from loadax.wire.codec import encode_frames
+from loadax.wire.failures import PipelineFailed, RecordFailed
+from loadax.wire.payloads import EncodedBatch
+from loadax.wire.plans import plan_from_wire, work_from_wire
+from loadax.wire.v1 import worker_pb2 as wire
+
+KINDS = ("threads", "processes")
+LOCAL_DEPTH = 2
+"""Requests a local member is sent at once: one being made while the next waits."""
+
+Kind = Literal["threads", "processes"]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class LocalSpec:
+    """What `local_members` asked for: `count` members (or "auto") running `pipeline` on
+    `kind` (a thread, or a child process, each)."""
+
+    count: int | Literal["auto"]
+    pipeline: Pipeline[Any, Any]
+    kind: Kind = "threads"
+
+    def __post_init__(self) -> None:
+        if self.count != "auto" and (
+            not isinstance(self.count, int) or isinstance(self.count, bool) or self.count < 0
+        ):
+            raise ValueError(
+                f"local_members count must be an int >= 0 or 'auto', got {self.count!r}"
+            )
+        if not isinstance(self.pipeline, Pipeline):
+            raise ValueError(
+                f"local_members pipeline must be a loadax.Pipeline, got "
+                f"{type(self.pipeline).__name__}"
+            )
+        if self.kind not in KINDS:
+            raise ValueError(
+                f"local_members kind must be 'threads' or 'processes', got {self.kind!r}"
+            )
+
+
+class LocalWorker:
+    """Pipeline `name` served in this process as a worker object: its identity (fingerprint and
+    schema, computed once, as a worker computes them) in `handshake`, and its batches in
+    `load_batch` from one executor per member (`executor()`)."""
+
+    def __init__(self, name: str, pipeline: Pipeline[Any, Any], kind: Kind) -> None:
+        self._name, self._pipeline, self._kind = name, pipeline, kind
+        self._pickled = PickledPipeline(pipeline) if kind == "processes" else None
+        self.fingerprint = pipeline_fingerprint(pipeline)
+        self._schema, _ = probe_batches(name, pipeline)
+
+    @property
+    def identity(self) -> Identity:
+        """What its handshake answers, as a loader binds to it."""
+        return Identity(self.fingerprint, self._pipeline.num_records, self._pipeline.window)
+
+    def executor(self) -> Executor[Any]:
+        """One member's: a thread, or one child process that hands out encoded batches."""
+        if self._pickled is None:
+            return ThreadExecutor(self._pipeline, 1)
+        return ProcessExecutor(self._pickled, 1, encoded=True)
+
+    def handshake(self, request: wire.HandshakeRequest) -> wire.HandshakeResponse:
+        if request.pipeline != self._name:
+            raise WorkerError(
+                "NOT_FOUND", f"this local member serves {self._name!r}, not {request.pipeline!r}"
+            )
+        num_records = self._pipeline.num_records
+        plan_from_wire(request.plan, num_records)
+        return wire.HandshakeResponse(
+            library_version=loadax.__version__,
+            pipeline=self._name,
+            fingerprint=self.fingerprint,
+            num_records=num_records,
+            stream_window=self._pipeline.window,
+            schema=self._schema,
+            max_in_flight_per_client=LOCAL_DEPTH,
+        )
+
+    def answer(self, executor: Executor[Any], request: wire.BatchRequest) -> EncodedBatch:
+        """The answer to `request`, made on `executor`: the failure a worker would answer when
+        a record or the pipeline's code fails."""
+        if request.fingerprint != self.fingerprint:
+            raise WorkerError(
+                "FAILED_PRECONDITION",
+                f"a local member of pipeline {self._name!r} has fingerprint "
+                f"{self.fingerprint[:12]}, the request {request.fingerprint[:12] or 'none'}",
+            )
+        plan, work = plan_from_wire(request.plan), work_from_wire(request)
+        try:
+            made = executor.submit(plan, work).result()
+        except RecordError as error:
+            raise RecordFailed.of(error) from error
+        except Exception as error:
+            raise PipelineFailed.of(error, request.step) from error
+        frames = [made] if self._pickled is not None else encode_frames(made)
+        return EncodedBatch.answering(request, self.fingerprint, frames)
+
+
+class _Member:
+    """One local member as a worker object: `worker`'s pipeline on an executor of its own."""
+
+    def __init__(self, worker: LocalWorker) -> None:
+        self._worker, self._executor = worker, worker.executor()
+
+    def handshake(self, request: wire.HandshakeRequest) -> wire.HandshakeResponse:
+        return self._worker.handshake(request)
+
+    def load_batch(self, request: wire.BatchRequest) -> EncodedBatch:
+        return self._worker.answer(self._executor, request)
+
+    def close(self) -> None:
+        self._executor.release(wait=True)
+
+
+class LocalMembers:
+    """The local members of one loader, running `worker`, joined to `driver` once their
+    identity is checked against the loader's (`identity`, of pipeline `name`); `handshake` is
+    the loader's handshake request. `resize(count)` adds or removes members; `close()` stops
+    them."""
+
+    def __init__(
+        self,
+        spec: LocalSpec,
+        worker: LocalWorker,
+        name: str,
+        identity: Identity,
+        handshake: wire.HandshakeRequest,
+        driver: Driver,
+    ) -> None:
+        self.spec, self._driver, self._handshake = spec, driver, handshake
+        self._worker = worker
+        self._identity, self._name = identity, name
+        self._lock = threading.Lock()
+        self._members: list[tuple[str, _Member]] = []
+        self._next = 0
+        try:
+            self.resize(0 if spec.count == "auto" else spec.count)
+        except BaseException:
+            self.close()
+            raise
+
+    @property
+    def count(self) -> int:
+        with self._lock:
+            return len(self._members)
+
+    def resize(self, count: int) -> None:
+        """Add or remove members until there are `count`. The first one checks the identity:
+        a ValueError naming both identities when it is not the loader's."""
+        with self._lock:
+            while len(self._members) < count:
+                self._add()
+            while len(self._members) > count:
+                name, member = self._members.pop()
+                self._driver.leave(name)
+                member.close()
+
+    def _add(self) -> None:
+        local = _Member(self._worker)
+        name = f"{LOCAL_PREFIX}{self._next}"
+        transport = InProcessTransport(local, threads=1, name=name)
+        try:
+            member = ask(transport, self._handshake, timeout=0)
+            require(member, self._identity, self._name)
+        except ValueError as error:
+            transport.close()
+            local.close()
+            raise ValueError(
+                f"local members cannot join: {error}. They run the pipeline given to "
+                "local_members, which must be the one the workers serve (local members never "
+                "choose the loader's identity)"
+            ) from None
+        except BaseException:
+            transport.close()
+            local.close()
+            raise
+        self._next += 1
+        self._members.append((name, local))
+        self._driver.join(member)
+
+    def close(self) -> None:
+        with self._lock:
+            members, self._members = self._members, []
+        for _, member in members:
+            member.close()
+
+
+def local_tuned(members: LocalMembers | None) -> Callable[[Executor[Any]], Executor[Any]]:
+    """What wraps each iterator's executor: with "auto" local members, the measurement that
+    sizes them (`loadax.client.spare_cores`); else nothing."""
+    if members is None or members.spec.count != "auto":
+        return lambda executor: executor
+    tuner = SpareCoresTuner(spare_cores())
+    return lambda executor: SpareCoresExecutor(executor, tuner, members.resize)

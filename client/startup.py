@@ -1,0 +1,87 @@
+"""What a loader's start-up heard from each target it asked, and the error that names them all
+when too few agreed in time (`loadax.client.membership`)."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+from loadax.client.identity import Choice
+from loadax.client.member import Identity, Member
+from loadax.errors import WorkerError
+
+
+@dataclasses.dataclass
+class Listed:
+    """A listed address's place (its order breaks ties) and what it said so far."""
+
+    order: tuple[int, int]
+    name: str
+    said: str = "no answer yet"
+    member: Member | None = None
+    settled: bool = False  # answered, or failed for good
+    final_since: float | None = None  # failing in a way that waiting does not mend, since
+
+
+def hopeless_at(listed: Sequence[Listed], give_up_after: float | None) -> float:
+    """When every target will have been failing for good for `give_up_after` (inf: not)."""
+    since = [each.final_since for each in listed]
+    final = [moment for moment in since if moment is not None]
+    if give_up_after is None or not since or len(final) < len(since):
+        return float("inf")
+    return max(final) + give_up_after
+
+
+def startup_failure(
+    said: Sequence[tuple[str, str]],
+    pipeline: str,
+    min_workers: int,
+    agreeing: int,
+    gave_up_after: float | None,
+    timeout: float,
+) -> WorkerError:
+    """The error of a start-up at which `agreeing` targets of those that `said` what they said
+    agreed, `min_workers` being needed: after `timeout`, or (`gave_up_after` not None) once
+    every target had been failing for good that long.
+
+    >>> print(startup_failure([("grpc://a:1", "refused")], "images", 1, 0, 2.0, 30.0))
+    UNAVAILABLE: no target of pipeline 'images' can be reached, each for 2 s (startup \
+give_up_after): grpc://a:1: refused
+    """
+    told = "; ".join(f"{name}: {what}" for name, what in said)
+    if gave_up_after is not None:
+        return WorkerError(
+            "UNAVAILABLE",
+            f"no target of pipeline {pipeline!r} can be reached, each for "
+            f"{gave_up_after:g} s (startup give_up_after): {told}",
+        )
+    return WorkerError(
+        "UNAVAILABLE",
+        f"{agreeing} of {len(said)} targets agreed to serve pipeline {pipeline!r} within "
+        f"{timeout:g} s; {min_workers} needed (min_workers). {told}",
+    )
+
+
+def fallback_choice(
+    members: Sequence[Member], identity: Identity, pinned: str | None, pipeline: str
+) -> Choice:
+    """The local members' `identity`, bound to when too few targets agreed in time, with the
+    members that serve it; a ValueError saying why not when a member serves another or another
+    is pinned: local members never outvote a worker."""
+    if pinned is not None and not identity.fingerprint.startswith(pinned):
+        raise ValueError(
+            f"too few targets of pipeline {pipeline!r} agreed in time, and the local members' "
+            f"{identity} is not the pinned fingerprint {pinned}"
+        )
+    for member in members:
+        if member.identity not in (None, identity):
+            raise ValueError(
+                f"too few targets of pipeline {pipeline!r} agreed in time, and local members "
+                f"never outvote a worker: {member.name} serves {member.identity}, the local "
+                f"members {identity}"
+            )
+    return Choice(
+        identity,
+        [member for member in members if member.identity == identity],
+        [member for member in members if member.identity != identity],
+    )

@@ -1,0 +1,143 @@
+"""Local members (`RemoteDataLoader.local_members`): the trainer's own cores as members of the
+fleet. The batches are the local loader's in every mix, a member of another identity is refused,
+and the loader runs from its local members while no worker answers, then returns to the fleet."""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import local_member_pipelines
+import pytest
+from equivalence import digests
+from workers import pinned
+
+from loadax import DataLoader
+from loadax.client import RemoteDataLoader
+from loadax.client.local_members import LocalSpec
+from loadax.server.worker import Worker
+
+RECORDS, BATCH, SEED = 48, 4, 3
+SERVED = """
+[pipelines.noisy]
+factory = "local_member_pipelines:noisy_records"
+args = { records = 20000 }
+"""
+
+
+def local_batches(records: int = RECORDS) -> Iterator[Any]:
+    pipeline = local_member_pipelines.noisy_records(records)
+    loader = (
+        DataLoader(pipeline.batcher).batch_size(BATCH).shuffle(seed=SEED).build(pipeline.dataset)
+    )
+    return iter(loader)
+
+
+def builder(targets: list[Any]) -> RemoteDataLoader:
+    return (
+        RemoteDataLoader(targets, pipeline="noisy")
+        .batch_size(BATCH)
+        .shuffle(seed=SEED)
+        .request_timeout(10)
+    )
+
+
+@pytest.fixture(scope="module")
+def reference() -> list[str]:
+    return digests(local_batches())
+
+
+@pytest.mark.parametrize("kind", ["threads", "processes"])
+def test_workers_and_local_members_give_the_local_batches(kind: Any, reference: list[str]) -> None:
+    worker = Worker({"noisy": local_member_pipelines.noisy_records(RECORDS)}, threads=1)
+    pipeline = local_member_pipelines.noisy_records(RECORDS)
+    with builder([worker]).local_members(2, pipeline=pipeline, kind=kind).build() as loader:
+        assert loader.targets == ["in-process Worker", "local 0", "local 1"]
+        assert digests(loader) == reference
+        served = loader.stats().workers
+        assert served["local 0"].requests + served["local 1"].requests > 0
+        assert sum(member.requests for member in served.values()) >= len(reference)
+    worker.close()
+
+
+@pytest.mark.parametrize("kind", ["threads", "processes"])
+def test_local_members_alone_give_the_local_batches_while_no_worker_answers(
+    kind: Any, reference: list[str], caplog: pytest.LogCaptureFixture
+) -> None:
+    nobody = "grpc://127.0.0.1:9"  # the discard port: refused
+    pipeline = local_member_pipelines.noisy_records(RECORDS)
+    local = builder([nobody]).local_members(2, pipeline=pipeline, kind=kind)
+    with caplog.at_level(logging.WARNING, logger="loadax.client"):
+        loader = local.startup(timeout=5, give_up_after=0.2).build()
+    with loader:
+        assert loader.targets == ["local 0", "local 1"]
+        assert digests(loader) == reference
+    assert any("running from local members" in r.getMessage() for r in caplog.records)
+
+
+def test_a_worker_alone_gives_the_local_batches(reference: list[str]) -> None:
+    worker = Worker({"noisy": local_member_pipelines.noisy_records(RECORDS)}, threads=1)
+    with builder([worker]).build() as loader:
+        assert digests(loader) == reference
+    worker.close()
+
+
+def test_local_members_of_another_identity_are_refused_and_never_outvote_a_worker() -> None:
+    worker = Worker({"noisy": local_member_pipelines.noisy_records(RECORDS)}, threads=1)
+    other = local_member_pipelines.noisy_records(RECORDS + 4)
+    with pytest.raises(ValueError, match="local members cannot join: local 0 serves") as caught:
+        builder([worker]).local_members(2, pipeline=other).build()
+    assert f"{RECORDS + 4} records" in str(caught.value)
+    assert f"{RECORDS} records" in str(caught.value)
+    # Nor when the fleet is down: a pinned identity is not theirs.
+    pinned_other = builder(["grpc://127.0.0.1:9"]).fingerprint("0" * 64)
+    with pytest.raises(ValueError, match=r"local members' fingerprint .* is not the pinned"):
+        pinned_other.local_members(1, pipeline=other).startup(1, give_up_after=0.2).build()
+    worker.close()
+
+
+def test_bad_local_member_settings_are_named() -> None:
+    pipeline = local_member_pipelines.noisy_records(RECORDS)
+    with pytest.raises(ValueError, match="count must be an int >= 0 or 'auto', got -1"):
+        LocalSpec(-1, pipeline)
+    with pytest.raises(ValueError, match="kind must be 'threads' or 'processes', got 'gpus'"):
+        LocalSpec(1, pipeline, "gpus")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"must be a loadax\.Pipeline, got str"):
+        LocalSpec(1, "noisy")  # type: ignore[arg-type]
+
+
+def test_the_loader_runs_from_local_members_while_the_fleet_is_down_and_returns(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    records = 20000
+    with pinned(tmp_path, "grpc") as fleet, caplog.at_level(logging.INFO, logger="loadax.client"):
+        target = fleet.start(SERVED)
+        pipeline = local_member_pipelines.noisy_records(records)
+        local = builder([target]).local_members(1, pipeline=pipeline)
+        with local.build() as loader:
+            expected = local_batches(records)
+            batches = iter(loader)
+
+            def train_until(event: str) -> int:
+                """Steps (1 ms of 'training' each) until `event` is logged."""
+                for step in itertools.count(1):
+                    assert digests([next(batches)]) == digests([next(expected)])
+                    if any(getattr(r, "event", None) == event for r in caplog.records):
+                        return step
+                    time.sleep(0.001)
+                raise AssertionError("unreachable")
+
+            for _ in range(20):
+                assert digests([next(batches)]) == digests([next(expected)])
+            fleet.running[0].process.kill()
+            train_until("fleet_down")
+            served = loader.stats().workers[target].requests
+            fleet.restart(0, SERVED)
+            train_until("fleet_back")
+            for _ in range(20):
+                assert digests([next(batches)]) == digests([next(expected)])
+            assert loader.stats().workers[target].requests > served
