@@ -42,6 +42,7 @@ _SERVER_KEYS = (
     "log_format",
     "python_path",
     "shared_memory",
+    "share_cache_mb",
 )
 _PIPELINE_KEYS = ("factory", "args")
 _FACTORY = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
@@ -86,6 +87,8 @@ class WorkerConfig:
     python_path: tuple[str, ...] = ()  # absolute folders put first on sys.path for the factories
     # Whether clients on this host may have payloads written into their memory (server/same_host)
     shared_memory: bool = True
+    # Replies built lately, kept for requests with the same digest; None: 1/4 of the budget
+    share_cache_bytes: int | None = None
 
     def error(self, message: str) -> ConfigError:
         return ConfigError(f"{self.source}: {message}")
@@ -300,6 +303,11 @@ def _parse(
         log_format=_log_format(source, server),
         python_path=_python_path(source, base, server.get("python_path", [])),
         shared_memory=_flag(source, server, "shared_memory", True),
+        share_cache_bytes=(
+            _int(source, server, "share_cache_mb", 0, minimum=0) << 20
+            if "share_cache_mb" in server
+            else None
+        ),
     )
 
 

@@ -190,7 +190,7 @@ def _serve(config: WorkerConfig, worker: Worker, grace: float) -> None:
     signals = _Signals()
     servers: list[_Server] = []
     bound: dict[str, str | None] = {"grpc": None, "zmq": None, "metrics": None}
-    metrics = WorkerMetrics(worker.memory_budget)
+    metrics = WorkerMetrics(worker.memory_budget, worker.share_cache)
     limits = {
         # Requests loaded at once: enough to keep every child busy.
         "threads": max(config.threads, config.processes),

@@ -75,13 +75,22 @@ class MemoryBudget:
     smallest and largest kinds seen, e.g. the worker's start-up probes); a request that nothing
     tells of runs alone. One whose size is over the limit is refused (INVALID_ARGUMENT) before
     anything is built.
+
+    A cache of built batches (`loadax.server.share_cache`) counts the bytes it alone holds as
+    `cached`, in the limit too; a request that waits for room has it evict them first
+    (`reclaim_with`).
     """
 
     def __init__(self, limit: int, wait_s: float) -> None:
         self.limit = limit
         self._wait_s = wait_s
-        self._condition = threading.Condition()
+        self.lock = threading.RLock()
+        """The budget's lock, which a cache that counts its bytes here shares (it evicts under
+        it)."""
+        self._condition = threading.Condition(self.lock)
         self._used = 0
+        self._cached = 0
+        self._reclaim: Callable[[int], None] = lambda excess: None
         self._queue: deque[object] = deque()
         self._estimates: OrderedDict[tuple[str, int], int] = OrderedDict()
         # Per pipeline, (rows, bytes) of the smallest and of the largest kind seen.
@@ -100,7 +109,11 @@ class MemoryBudget:
                 # kind need not run alone too.
                 if self._queue[0] is not ticket:
                     return False
-                return self._too_large(kind) or self._used + self._need(kind) <= self.limit
+                if self._too_large(kind):
+                    return True
+                if (excess := self._used + self._cached + self._need(kind) - self.limit) > 0:
+                    self._reclaim(excess)
+                return self._used + self._cached + self._need(kind) <= self.limit
 
             try:
                 if not admissible():
@@ -141,6 +154,24 @@ class MemoryBudget:
         """The bytes reserved now by the requests being served."""
         with self._condition:
             return self._used
+
+    @property
+    def cached(self) -> int:
+        """The bytes counted now for a cache of built batches (beyond `reserved`)."""
+        with self._condition:
+            return self._cached
+
+    def count_cached(self, change: int) -> None:
+        """A cache holds `change` bytes more (fewer, if negative) that nothing else counts."""
+        with self._condition:
+            self._cached += change
+            if change < 0:
+                self._condition.notify_all()
+
+    def reclaim_with(self, evict: Callable[[int], None]) -> None:
+        """`evict(excess)` is called, under `lock`, when a request waits for `excess` bytes more
+        than the limit leaves: the cache gives up what it can."""
+        self._reclaim = evict
 
     def _need(self, kind: tuple[str, int]) -> int:
         """The bytes a request of `kind` reserves: its estimate; one that nothing tells (no

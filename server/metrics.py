@@ -21,7 +21,9 @@ from prometheus_client import (
 )
 
 from loadax.errors import WorkerError
+from loadax.reuse_metrics import ReuseCollector
 from loadax.server.memory import MemoryBudget
+from loadax.server.share_cache import ShareCache
 from loadax.wire.messages import RequestMessage, method_of
 from loadax.wire.payloads import EncodedBatch
 from loadax.wire.v1 import worker_pb2 as wire
@@ -36,11 +38,17 @@ class WorkerMetrics:
     """Counts the requests of every transport; `start_exporter` serves them over HTTP.
 
     With `budget`, the gauges `loadax_worker_memory_budget_bytes` and
-    `loadax_worker_memory_reserved_bytes` report it; without one they are absent.
+    `loadax_worker_memory_reserved_bytes` report it; without one they are absent. With
+    `share_cache`, `loadax_worker_share_*` report its hits, misses, coalesced requests, bytes
+    saved and size.
     """
 
-    def __init__(self, budget: MemoryBudget | None = None) -> None:
+    def __init__(
+        self, budget: MemoryBudget | None = None, share_cache: ShareCache | None = None
+    ) -> None:
         self.registry = CollectorRegistry()
+        if share_cache is not None:
+            self.registry.register(ReuseCollector("loadax_worker_share", share_cache.stats))
         self._requests = Counter(
             "loadax_worker_requests",
             "Requests answered, by method, transport and status code (OK or the error's code).",

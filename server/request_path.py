@@ -23,6 +23,7 @@ from typing import Generic, TypeVar, overload
 from loadax.errors import WorkerError
 from loadax.server.admission import Admission, Transport
 from loadax.server.ledger import Held, Ledger
+from loadax.server.memory import too_large
 from loadax.server.metrics import WorkerMetrics
 from loadax.server.same_host import SameHost
 from loadax.server.worker import Worker
@@ -148,9 +149,10 @@ class RequestPath:
         return self._worker.info(request)
 
     def recheck(self) -> None:
-        """A client stopped waiting for a request: the batch requests waiting for a loading slot
-        ask their `wanted()` again."""
+        """A client stopped waiting for a request: the batch requests waiting for a loading slot,
+        or for another request's computation of their batch, ask their `wanted()` again."""
         self._slots.wake()
+        self._worker.share_cache.wake()
 
     def stop(self) -> None:
         """The server stops: batch requests not loading yet are answered UNAVAILABLE at once
@@ -161,10 +163,18 @@ class RequestPath:
         self, request: wire.BatchRequest, held: Held, wanted: Callable[[], bool] | None
     ) -> EncodedBatch:
         limit = self._transport.max_reply_bytes
-        with self._slots.taken(held.client, self._rows(request), request.step, wanted):
-            batch = self._worker.load_batch(
-                request, None if limit is None else limit - _HEADER_BYTES
-            )
+        limit = None if limit is None else limit - _HEADER_BYTES
+
+        def build() -> EncodedBatch:
+            with self._slots.taken(held.client, self._rows(request), request.step, wanted):
+                return self._worker.load_batch(request, limit)
+
+        # Requests with one digest share one computation, which takes one client's turn.
+        batch = self._worker.share_cache.serve(request, build, wanted)
+        if limit is not None and batch.size > limit:  # built for a transport that sends more
+            batch.release()
+            room = f"the {limit} a reply may hold"
+            raise too_large(f"the batch of step {request.step}", batch.size, room)
         return self._same_host.place(request, batch)
 
     def _rows(self, request: wire.BatchRequest) -> int:

@@ -38,6 +38,7 @@ from loadax.plan.planner import Plan
 from loadax.plan.work import Work
 from loadax.server.config import Rebuild, WorkerConfig, build_pipelines, load_config
 from loadax.server.memory import MemoryBudget, default_budget, too_large
+from loadax.server.share_cache import DEFAULT_SHARE, ShareCache
 from loadax.validation import is_int, require_int, require_positive
 from loadax.wire.codec import encode_frames
 from loadax.wire.failures import (
@@ -80,6 +81,10 @@ class Worker:
     been sent: a reply that a slow client has not read still counts. What the budget does not
     count: building a batch briefly holds the records, the collated batch and its encoding
     together, about three times its encoded size; leave room for that when choosing the budget.
+
+    Requests with one digest are computed once (`share_cache`, used by the request path), and
+    up to `share_cache_bytes` of the replies built recently (by default 1/4 of the budget; 0:
+    none) are kept for requests that come a little later, within the budget.
     """
 
     def __init__(
@@ -93,6 +98,7 @@ class Worker:
         memory_budget_bytes: int | None = None,
         memory_wait_s: float = DEFAULT_MEMORY_WAIT_S,
         shared_memory: bool = True,
+        share_cache_bytes: int | None = None,
     ) -> None:
         if not pipelines:
             raise ValueError("a worker needs at least one pipeline")
@@ -104,6 +110,8 @@ class Worker:
                 f"memory_budget_bytes must be None or an int >= 1, got {memory_budget_bytes!r}"
             )
         require_positive("memory_wait_s", memory_wait_s)
+        if share_cache_bytes is not None:
+            require_int("share_cache_bytes", share_cache_bytes, minimum=0)
         for name, pipeline in pipelines.items():
             if not isinstance(pipeline, Pipeline):
                 raise ValueError(
@@ -141,6 +149,11 @@ class Worker:
             default_budget() if memory_budget_bytes is None else memory_budget_bytes,
             float(memory_wait_s),
         )
+        self.share_cache = ShareCache(
+            self._budget,
+            self._budget.limit // DEFAULT_SHARE if share_cache_bytes is None else share_cache_bytes,
+        )
+        """Where requests with one digest meet: one computation, and the replies built lately."""
         # What every batch looks like, announced in handshakes: derived once, from probe batches,
         # whose sizes tell the budget the bytes per row.
         self._schemas: dict[str, wire.BatchSchema | None] = {}
@@ -166,6 +179,7 @@ class Worker:
             rebuilt=rebuilt,
             memory_budget_bytes=config.memory_budget_bytes,
             shared_memory=config.shared_memory,
+            share_cache_bytes=config.share_cache_bytes,
         )
 
     @property

@@ -105,8 +105,12 @@ def read_at_once(loaders: list[Any], seconds: float = MEASURE_S) -> list[int]:
             reading.stop()
 
 
-def remote(worker: WorkerProcess, transport: str) -> RemoteDataLoader:
-    return RemoteDataLoader([worker.address(transport)], pipeline="paced").batch_size(2)
+def remote(worker: WorkerProcess, transport: str, seed: int = 0) -> RemoteDataLoader:
+    """A loader of batches of 2. Loaders that ask for the same batches share them (the worker
+    computes each once and caches it, `loadax.server.share_cache`), so each loader compared
+    for fairness has a seed of its own, on each transport."""
+    loader = RemoteDataLoader([worker.address(transport)], pipeline="paced").batch_size(2)
+    return loader.shuffle(seed=seed + (1000 if transport == "zmq" else 0))
 
 
 @pytest.mark.parametrize("transport", ["grpc", "zmq"])
@@ -116,8 +120,8 @@ def test_a_client_asking_for_more_in_flight_gets_no_larger_share(
     """Two loaders of one process, one keeping 16 requests at the worker and one 2: both
     backlogged, the worker's one loading thread serves them in turn (by arrival, the first
     would get 8 batches of every 9)."""
-    greedy = remote(worker, transport).in_flight_per_worker(LIMIT).build()
-    modest = remote(worker, transport).build()
+    greedy = remote(worker, transport, seed=1).in_flight_per_worker(LIMIT).build()
+    modest = remote(worker, transport, seed=2).build()
     with greedy, modest:
         counts = read_at_once([greedy, modest])
     assert min(counts) > 0
@@ -131,7 +135,9 @@ def test_loaders_sharing_a_connection_are_not_refused_as_one_client(
     """Six loaders of one process (over gRPC, one connection) with 4 requests each in flight:
     24 together, more than one client may have (16); each is served, and none is refused."""
     printed = len(worker.output())
-    loaders = [remote(worker, transport).in_flight_per_worker(4).build() for _ in range(6)]
+    loaders = [
+        remote(worker, transport, seed).in_flight_per_worker(4).build() for seed in range(10, 16)
+    ]
     try:
         read_at_once(loaders, seconds=0.5)
     finally:
