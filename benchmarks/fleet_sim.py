@@ -92,6 +92,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         parser.add_argument(f"--{kind}-at", type=float, default=None, help="default: half-way")
     parser.add_argument("--slow-factor", type=float, default=10.0)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--digests", action="store_true", help="requests carry digests (placement's tie-break)"
+    )
     parser.add_argument("--json", type=Path, required=True, help="where the report goes")
     return parser.parse_args(argv)
 
@@ -126,6 +129,7 @@ def world_from(args: argparse.Namespace) -> World:
         prefetch=args.prefetch,
         seed=args.seed,
         faults=faults,
+        digests=args.digests,
     )
 
 

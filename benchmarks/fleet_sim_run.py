@@ -16,6 +16,7 @@ one batch taken per training step.
 
 from __future__ import annotations
 
+import hashlib
 import heapq
 import itertools
 import random
@@ -345,7 +346,8 @@ class Simulation:
         while len(trainer.window) < ahead and trainer.next_submit != self.world.batches:
             request = next(trainer.requests)
             trainer.window.append((trainer.next_submit, request))
-            self._decide(trainer, Submit(request, trainer.next_submit), now)
+            digest = _digest(trainer.index, trainer.next_submit) if self.world.digests else b""
+            self._decide(trainer, Submit(request, trainer.next_submit, digest), now)
             trainer.next_submit += 1
 
     def _settled(self, trainer: SimTrainer, now: float) -> None:
@@ -452,3 +454,8 @@ class Simulation:
 
 def _quantile(ordered: list[float], share: float) -> float | None:
     return ordered[min(int(share * len(ordered)), len(ordered) - 1)] if ordered else None
+
+
+def _digest(trainer: int, step: int) -> bytes:
+    """The request digest of `step` of `trainer`'s job (each trainer a job of its own)."""
+    return hashlib.blake2b(f"{trainer}:{step}".encode(), digest_size=16).digest()

@@ -55,7 +55,9 @@ class World:
     connect to a worker that is not up, noticed after `loss_s`; each worker takes `limit`
     requests at once from one client; a worker's first batch takes `cold_s` more (its pool and
     pipeline warming up). With `batches`, each trainer's loop ends after that many (an epoch),
-    else it runs for `seconds`."""
+    else it runs for `seconds`. With `digests`, each request names what it asks for, as a real
+    client's does (each trainer a job of its own: no two ask alike), and placement breaks ties
+    by it (`loadax.client.affinity`)."""
 
     workers: int
     trainers: int
@@ -75,6 +77,7 @@ class World:
     faults: tuple[Fault, ...] = ()
     batches: int | None = None
     cold_s: float = 0.0
+    digests: bool = False
 
     def __post_init__(self) -> None:
         for name in ("workers", "trainers", "threads", "limit", "prefetch", "batches"):

@@ -50,6 +50,7 @@ from loadax.client.transports import Reply
 from loadax.errors import WorkerError
 from loadax.iterators.stats import WorkerStats
 from loadax.logfields import fields
+from loadax.wire.plans import request_digest
 from loadax.wire.v1 import worker_pb2 as wire
 
 _log = logging.getLogger("loadax.client")
@@ -242,8 +243,10 @@ class Driver:
     def _accept(self, item: Any) -> Event | None:
         """The policy's event for a queued item; the driver keeps what the policy does not see."""
         if isinstance(item, _Submitted):
-            self._requests[item.request] = (item.make(), item.batch)
-            return Submit(item.request, item.step)
+            made = item.make()
+            self._requests[item.request] = (made, item.batch)
+            digest = request_digest(made) if self.options.affinity else b""
+            return Submit(item.request, item.step, digest)
         if isinstance(item, _Change):
             if isinstance(item.item, Left):
                 self._departed(item.item.member)

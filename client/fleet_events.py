@@ -17,10 +17,12 @@ from loadax.logfields import Value
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Submit:
-    """A batch request to see through to one answer; `step` names it in messages."""
+    """A batch request to see through to one answer; `step` names it in messages, `digest`
+    what it asks for (`loadax.wire.plans.request_digest`; empty: nothing to meet others on)."""
 
     request: int
     step: int
+    digest: bytes = b""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -53,6 +53,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from loadax.client import fleet_failures
+from loadax.client.affinity import affinity
 from loadax.client.aperture import Aperture
 from loadax.client.fleet_events import (
     Action,
@@ -120,6 +121,7 @@ class _Request:
     failing_since: float | None = None
     poisoned: list[str] = dataclasses.field(default_factory=list)  # members that said poison
     code_failed: list[str] = dataclasses.field(default_factory=list)  # ... whose pipeline raised
+    digest: bytes = b""  # what it asks for: requests that ask alike meet at one member
 
 
 class Policy:
@@ -193,7 +195,7 @@ class Policy:
         """Apply `event`, which happened at `now`; what the driver must do about it."""
         self._actions, self._now = [], now
         if isinstance(event, Submit):
-            self._waiting.append(_Request(event.request, event.step))
+            self._waiting.append(_Request(event.request, event.step, digest=event.digest))
         elif isinstance(event, Withdraw):
             self._withdraw(event.request)
         elif isinstance(event, Answered | Failed):
@@ -273,9 +275,9 @@ class Policy:
             return  # as many members as may have it are trying it, or have failed it
         busy = set(request.attempts)
         # Another member, if there is one, when one has failed it as poison or in its code.
-        member = self._choose(busy | set(request.poisoned) | set(request.code_failed), now)
+        member = self._choose(busy | set(request.poisoned) | set(request.code_failed), now, request)
         if member is None and request.poisoned:
-            member = self._choose(busy, now)
+            member = self._choose(busy, now, request)
         if member is None:
             return  # the next tick tries again
         if extra:
@@ -286,9 +288,10 @@ class Policy:
         member.send(attempt_id, now)
         self._actions.append(Send(attempt_id, request.id, member.name))
 
-    def _choose(self, busy: set[str], now: float) -> MemberHealth | None:
+    def _choose(self, busy: set[str], now: float, request: _Request) -> MemberHealth | None:
         """The member of the aperture expected to answer first, not in `busy`, with room; of
-        any connected member when none of the aperture is."""
+        any connected member when none of the aperture is. Of those alike, the least loaded,
+        then the one `request`'s digest prefers (`affinity`), else the least used."""
         shares = self._aperture.active
         members = [
             member
@@ -309,7 +312,9 @@ class Policy:
             alike,
             key=lambda member: (
                 len(member.sent),
-                member.counts.requests / shares.get(member.name, 1.0),
+                affinity(request.digest, member.name, shares.get(member.name, 1.0))
+                if request.digest
+                else member.counts.requests / shares.get(member.name, 1.0),
             ),
         )
 

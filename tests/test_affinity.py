@@ -1,0 +1,70 @@
+"""Requests for the same batch meet: of members alike in load, each client's policy sends a
+request to the member its digest prefers, the same for every client; load still wins."""
+
+from __future__ import annotations
+
+import doctest
+import hashlib
+from collections import Counter
+
+import loadax.client.affinity
+from loadax.client.fleet_events import Answered, Joined, Send, Submit
+from loadax.client.fleet_options import FleetOptions
+from loadax.client.policy import Policy
+
+MEMBERS = ("a", "b", "c", "d")
+
+
+def digest(step: int) -> bytes:
+    return hashlib.blake2b(str(step).encode(), digest_size=16).digest()
+
+
+def client() -> Policy:
+    policy = Policy(FleetOptions())
+    for name in MEMBERS:
+        policy.decide(Joined(name, limit=4), now=0.0)
+    return policy
+
+
+def placed(policy: Policy, request: int, step: int, now: float = 0.0) -> Send:
+    (send,) = policy.decide(Submit(request, step, digest(step)), now)
+    assert isinstance(send, Send)
+    return send
+
+
+def test_the_affinity_examples() -> None:
+    assert doctest.testmod(loadax.client.affinity).failed == 0
+
+
+def test_clients_asking_for_the_same_batches_send_them_to_the_same_members() -> None:
+    first, second = client(), client()
+    members = Counter()
+    for step in range(40):
+        one, other = placed(first, step + 1, step), placed(second, step + 1, step)
+        assert one.member == other.member
+        members[one.member] += 1
+        for policy, send in ((first, one), (second, other)):
+            policy.decide(Answered(send.attempt), now=0.0)
+    assert set(members) == set(MEMBERS)  # one client's requests still spread over the fleet
+    assert max(members.values()) <= 20
+
+
+def test_load_wins_over_affinity() -> None:
+    policy = client()
+    preferred = placed(policy, 1, 0).member
+    # The same batch asked again (another request) while the first is outstanding: its member
+    # has one more in flight than the others, so another gets it.
+    assert placed(policy, 2, 0).member != preferred
+
+
+def test_without_affinity_requests_carry_no_digest_and_spread_by_use() -> None:
+    policy = Policy(FleetOptions())
+    for name in MEMBERS:
+        policy.decide(Joined(name, limit=4), now=0.0)
+    order = []
+    for step in range(8):
+        (send,) = policy.decide(Submit(step + 1, step), now=0.0)
+        assert isinstance(send, Send)
+        order.append(send.member)
+        policy.decide(Answered(send.attempt), now=0.0)
+    assert Counter(order) == Counter(dict.fromkeys(MEMBERS, 2))
