@@ -4,6 +4,7 @@ from loadax.collate.batcher import Batcher, stack
 from loadax.collate.padding import PaddedStack, pad_batcher
 from loadax.dataset.mix import MixedDataset
 from loadax.dataset.ops import (
+    CachedDataset,
     ConcatenatedDataset,
     DatasetBase,
     MappedDataset,
@@ -37,6 +38,7 @@ __version__ = "0.3.0"
 __all__ = [
     "BatchIterator",
     "Batcher",
+    "CachedDataset",
     "ConcatenatedDataset",
     "DataLoader",
     "Dataset",

@@ -6,6 +6,7 @@ transforms and `DatasetBase`, whose methods make them, refer to each other, so t
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterable
 from typing import Any, cast
 
@@ -13,6 +14,7 @@ import numpy as np
 import numpy.typing as npt
 from typing_extensions import TypeVar
 
+from loadax.dataset.cache import RecordCache
 from loadax.dataset.names import callable_name, dataset_repr
 from loadax.dataset.packing import PackedRow, PackingStrategy
 from loadax.dataset.protocol import (
@@ -24,9 +26,10 @@ from loadax.dataset.protocol import (
     dataset_lengths,
     reads_rows,
 )
-from loadax.dataset.records import Records, read_grouped, read_records
+from loadax.dataset.records import Records, read_grouped, read_records, varies_by_epoch
 from loadax.dataset.stream import Stream
 from loadax.plan.permutation import IndexArray, KeyPurpose, derive_key, permute, record_rng
+from loadax.reuse import ReuseStats
 from loadax.validation import require_int
 
 T = TypeVar("T", default=Any)
@@ -117,6 +120,21 @@ class DatasetBase(Records[T]):
         ([7, 8, 9], 0)
         """
         return SlicedDataset(self, require_int("skip", count, minimum=0))
+
+    def cache(
+        self, path: str | os.PathLike[str] | None = None, max_bytes: int | None = None
+    ) -> CachedDataset[T]:
+        """Keep each record once read, so that later epochs skip the work before it (decoding,
+        maps): in memory, or with `path` in files (a folder, `file:///...`, `s3://...`), at most
+        `max_bytes` (see `loadax.dataset.cache`). Only before any shuffle or random map.
+
+        >>> from loadax import RangeDataset
+        >>> calls = []
+        >>> cached = RangeDataset(0, 3).map(lambda x: calls.append(x) or x * 10).cache()
+        >>> list(cached), list(cached), calls
+        ([0, 10, 20], [0, 10, 20], [0, 0, 1, 2])
+        """
+        return CachedDataset(self, path, max_bytes)
 
     def concatenate(self, *others: Dataset[T]) -> ConcatenatedDataset[T]:
         """The records of `self`, then those of each of `others` in turn.
@@ -341,6 +359,52 @@ class SlicedDataset(DatasetBase[T]):
         stop = None if bounds.stop < 0 else bounds.stop
         arguments = f"{bounds.start}, {stop}" + ("" if bounds.step == 1 else f", {bounds.step}")
         return _op(self._dataset, "slice", "SlicedDataset", arguments)
+
+    def _parents(self) -> tuple[Dataset[Any], ...]:
+        return (self._dataset,)
+
+
+class CachedDataset(DatasetBase[T]):
+    """The records of `dataset`, kept once read (`DatasetBase.cache`); `stats()` says what that
+    saved in this process.
+
+    >>> from loadax import CachedDataset, RangeDataset
+    >>> CachedDataset(RangeDataset(0, 4).random_map(lambda x, rng: x))  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    ValueError: cache() keeps a record across epochs, but ...random_map(<lambda>, seed=0) reads...
+    """
+
+    def __init__(
+        self,
+        dataset: Dataset[T],
+        path: str | os.PathLike[str] | None = None,
+        max_bytes: int | None = None,
+    ) -> None:
+        self._dataset = as_dataset(dataset)
+        if varies_by_epoch(self._dataset):
+            raise ValueError(
+                f"cache() keeps a record across epochs, but {dataset_repr(self._dataset)} reads "
+                "other records in each epoch (a shuffle or random_map in it): cache() before it"
+            )
+        self._length = dataset_length(self._dataset)
+        self._cache = RecordCache(path, max_bytes)
+
+    def __len__(self) -> int:
+        return self._length
+
+    def read(self, indices: IndexArray, epoch: int) -> list[T]:
+        return self._cache.read(self._dataset, indices, epoch)
+
+    def stats(self) -> ReuseStats:
+        """Hits, misses, bytes saved and the bytes kept, in this process."""
+        return self._cache.stats()
+
+    def __repr__(self) -> str:
+        options = [] if self._cache.location is None else [repr(self._cache.location)]
+        if self._cache.max_bytes is not None:
+            options.append(f"max_bytes={self._cache.max_bytes}")
+        return _op(self._dataset, "cache", "CachedDataset", ", ".join(options))
 
     def _parents(self) -> tuple[Dataset[Any], ...]:
         return (self._dataset,)
