@@ -73,9 +73,6 @@ class Shards:
         )
         self._files = HandlePool(partial(_ThreadFiles, self), _ThreadFiles.close)
 
-    def __len__(self) -> int:
-        return len(self.names)
-
     def fingerprints(self) -> list[tuple[int, int]]:
         """Each shard's size and modification time (ns): what its cached index was made for."""
         if self.store is None:
@@ -312,11 +309,6 @@ class ShardedDataset(DatasetBase[T], abc.ABC):
     def paths(self) -> tuple[str, ...]:
         """The shards, in order: absolute local paths, or the objects' URLs."""
         return self.shards.names
-
-    def locate(self, index: int) -> tuple[str, int]:
-        """The shard holding record `index` (in range) and the record's number within it."""
-        shard = int(np.searchsorted(self._ends, index, side="right"))
-        return self.shards.names[shard], index - int(self._starts[shard])
 
     def read(self, indices: IndexArray, epoch: int) -> list[T]:
         records: list[Any] = [None] * len(indices)

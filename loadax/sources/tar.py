@@ -115,7 +115,7 @@ class TarShardDataset(ShardedDataset[dict[str, Any]]):
         self._spans = [self._sample_spans(index) for index in self.indexes]
 
     def build_index(self, shard: int, file: BinaryIO, size: int) -> Index:
-        name = self.shards.names[shard]  # (tarfile finds a truncated shard: size is not needed)
+        name = self.shards.names[shard]  # (`size` goes unused: tarfile finds a truncated shard)
         members: list[tuple[str, int, int]] = []  # (name, data offset, size) of each file
         try:
             # A local file is read by seeking past the data; a store's object as a stream.
