@@ -11,8 +11,17 @@ class Checksum(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     CHECKSUM_WEIGHTED_SUM: _ClassVar[Checksum]
     CHECKSUM_XXH3_64: _ClassVar[Checksum]
+
+class Reuse(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    REUSE_COMPUTED: _ClassVar[Reuse]
+    REUSE_CACHED: _ClassVar[Reuse]
+    REUSE_COALESCED: _ClassVar[Reuse]
 CHECKSUM_WEIGHTED_SUM: Checksum
 CHECKSUM_XXH3_64: Checksum
+REUSE_COMPUTED: Reuse
+REUSE_CACHED: Reuse
+REUSE_COALESCED: Reuse
 
 class Plan(_message.Message):
     __slots__ = ("num_records", "batch_size", "seed", "shuffle", "num_epochs", "drop_remainder", "batch_size_changes", "start")
@@ -157,7 +166,7 @@ class ListedRecords(_message.Message):
     def __init__(self, indices: _Optional[bytes] = ..., epoch: _Optional[int] = ...) -> None: ...
 
 class BatchResponse(_message.Message):
-    __slots__ = ("step", "payload", "fingerprint", "request_digest", "checksum", "payload_size", "segment_sizes", "checksum_kind", "shared_memory")
+    __slots__ = ("step", "payload", "fingerprint", "request_digest", "checksum", "payload_size", "segment_sizes", "checksum_kind", "shared_memory", "reuse")
     STEP_FIELD_NUMBER: _ClassVar[int]
     PAYLOAD_FIELD_NUMBER: _ClassVar[int]
     FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
@@ -167,6 +176,7 @@ class BatchResponse(_message.Message):
     SEGMENT_SIZES_FIELD_NUMBER: _ClassVar[int]
     CHECKSUM_KIND_FIELD_NUMBER: _ClassVar[int]
     SHARED_MEMORY_FIELD_NUMBER: _ClassVar[int]
+    REUSE_FIELD_NUMBER: _ClassVar[int]
     step: int
     payload: bytes
     fingerprint: str
@@ -176,7 +186,8 @@ class BatchResponse(_message.Message):
     segment_sizes: _containers.RepeatedScalarFieldContainer[int]
     checksum_kind: Checksum
     shared_memory: bool
-    def __init__(self, step: _Optional[int] = ..., payload: _Optional[bytes] = ..., fingerprint: _Optional[str] = ..., request_digest: _Optional[bytes] = ..., checksum: _Optional[int] = ..., payload_size: _Optional[int] = ..., segment_sizes: _Optional[_Iterable[int]] = ..., checksum_kind: _Optional[_Union[Checksum, str]] = ..., shared_memory: _Optional[bool] = ...) -> None: ...
+    reuse: Reuse
+    def __init__(self, step: _Optional[int] = ..., payload: _Optional[bytes] = ..., fingerprint: _Optional[str] = ..., request_digest: _Optional[bytes] = ..., checksum: _Optional[int] = ..., payload_size: _Optional[int] = ..., segment_sizes: _Optional[_Iterable[int]] = ..., checksum_kind: _Optional[_Union[Checksum, str]] = ..., shared_memory: _Optional[bool] = ..., reuse: _Optional[_Union[Reuse, str]] = ...) -> None: ...
 
 class InfoRequest(_message.Message):
     __slots__ = ()
