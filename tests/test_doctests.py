@@ -28,6 +28,8 @@ PUBLIC_NAMES = {
     "loadax.sources.polars": ("PolarsDataset",),
     "loadax.sources.huggingface": ("HuggingFaceDataset",),
     "loadax.sources.arrayrecord": ("ArrayRecordDataset",),
+    "loadax.sources.tar": ("TarShardDataset",),
+    "loadax.sources.tfrecord": ("TFRecordDataset",),
     "loadax.sources.handles": ("HandlePool",),
 }
 """Public names of modules without an `__all__`."""
