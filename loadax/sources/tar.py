@@ -1,5 +1,9 @@
 """WebDataset-style tar shards as a dataset: record i is the i-th sample (the files sharing a
-key) of the shards in order, read by ranged reads through an index of each shard's members."""
+key) of the shards in order, read by ranged reads through an index of each shard's members.
+
+Samples are grouped by webdataset's own functions. Its indexed reader, `wids`, does not fit:
+it imports torch, copies whole shards to local disk before reading one sample, and keeps its
+index as a pickle (code a shard's neighbour could make us run)."""
 
 from __future__ import annotations
 
