@@ -3,6 +3,7 @@ same files read locally, by ranged reads once indexed, in threads, processes and
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -71,6 +72,24 @@ def test_an_indexed_record_is_one_ranged_read(moto: Moto, local: Path, tmp_path:
     records.read(np.array([4]), 0)
     index = records.indexes[0]
     assert CountingHandler.reads == [int(index["lengths"][4]) + 16]
+
+
+def test_a_batch_fetches_its_requests_together_until_closed(
+    moto: Moto, local: Path, tmp_path: Path
+) -> None:
+    def fetchers() -> list[threading.Thread]:
+        return [t for t in threading.enumerate() if t.name.startswith("TFRecordDataset-fetch")]
+
+    url = f"{BUCKET}/shards/*.tfrecord"
+    records = TFRecordDataset(url, parse=False, filesystem=moto.filesystem(), index_dir=tmp_path)
+    expected = list(TFRecordDataset(local / "*.tfrecord", parse=False, index_dir=tmp_path))
+    order = np.random.default_rng(0).permutation(len(expected))
+    assert records.read(order, 0) == [expected[index] for index in order.tolist()]
+    assert fetchers()
+    records.close()
+    assert not fetchers()
+    assert records.read(order[:2], 0) == [expected[index] for index in order[:2].tolist()]
+    records.close()
 
 
 def test_loaders_read_the_bucket_in_threads_processes_and_a_worker(

@@ -1,34 +1,30 @@
-"""Record files in shards (tar, TFRecord) as a random-access dataset: the shards named by paths,
-URLs or globs, an index of each built once and cached on local disk, and ranged reads of the
-bytes a batch needs, through each reading thread's own open files."""
+"""The shard files of a sharded dataset (tar, TFRecord): named by paths, URLs or globs, read by
+byte ranges through each thread's own open files (a store's requests of one batch at once), and
+their indexes cached on local disk."""
 
 from __future__ import annotations
 
-import abc
 import glob
 import hashlib
 import json
 import logging
 import os
 import tempfile
+import threading
 import zipfile
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from functools import partial
 from pathlib import Path
 from typing import Any, BinaryIO, cast
 
 import numpy as np
-from typing_extensions import TypeVar
 
-from loadax.dataset.ops import DatasetBase
-from loadax.plan.permutation import IndexArray
 from loadax.sources.filesystems import Location, Store, store_of
 from loadax.sources.handles import HandlePool
 from loadax.sources.retries import DEFAULT_RETRIES, RetryPolicy
-
-T = TypeVar("T", default=Any)
 
 Index = dict[str, np.ndarray[Any, Any]]
 """A shard's index: named arrays, saved as a `.npz` (never a pickle)."""
@@ -37,8 +33,7 @@ log = logging.getLogger(__name__)
 
 _FORMAT = 1  # the layout of a cached index: a new one ignores (and rebuilds) older files
 _OPEN_FILES = 8  # open shards kept per reading thread
-_GAP = 64 << 10  # records this close together in a shard are fetched in one request
-_LONGEST_READ = 64 << 20  # but no request longer than this
+_CONCURRENT_READS = 16  # a batch's ranged requests to a store in flight at once
 _SCAN_BUFFER = 1 << 20  # bytes read ahead when a shard is scanned for its index
 
 
@@ -72,6 +67,8 @@ class Shards:
             else tuple(location.shown for location in self.locations)
         )
         self._files = HandlePool(partial(_ThreadFiles, self), _ThreadFiles.close)
+        self._lock = threading.Lock()
+        self._fetchers: tuple[int, ThreadPoolExecutor] | None = None  # (pid, pool): a store's
 
     def fingerprints(self) -> list[tuple[int, int]]:
         """Each shard's size and modification time (ns): what its cached index was made for."""
@@ -136,8 +133,32 @@ class Shards:
             )
         return data
 
+    def read_all(self, requests: Sequence[tuple[int, int, int]]) -> list[bytes]:
+        """The bytes of each `(shard, offset, size)` of `requests`, as `read_at` reads them:
+        from a store up to 16 requests at a time (a shuffled batch is a request per record, and
+        a store's latency is in each), from local files one after the other."""
+        if self.store is None or len(requests) < 2:
+            return [self.read_at(*request) for request in requests]
+        return list(self._fetcher().map(lambda request: self.read_at(*request), requests))
+
+    def _fetcher(self) -> ThreadPoolExecutor:
+        """The threads that fetch a batch's requests from a store: made on first use in each
+        process (a forked child cannot use its parent's threads)."""
+        with self._lock:
+            if self._fetchers is None or self._fetchers[0] != os.getpid():
+                pool = ThreadPoolExecutor(
+                    _CONCURRENT_READS, thread_name_prefix=f"{self.source}-fetch"
+                )
+                self._fetchers = (os.getpid(), pool)
+            return self._fetchers[1]
+
     def close(self) -> None:
-        """Close every thread's open shards; later reads open them again."""
+        """Close every thread's open shards and end the fetching threads; later reads open
+        and start them again."""
+        with self._lock:
+            fetchers, self._fetchers = self._fetchers, None
+        if fetchers is not None and fetchers[0] == os.getpid():
+            fetchers[1].shutdown()
         self._files.close()
 
     def arguments(self) -> tuple[Any, ...]:
@@ -253,105 +274,6 @@ class IndexCache:
             log.warning("%s: cannot cache the index in %s: %s", self.source, self.directory, error)
             if temporary is not None:
                 Path(temporary).unlink(missing_ok=True)
-
-
-class ShardedDataset(DatasetBase[T], abc.ABC):
-    """The records of shards, shard after shard, each shard's located by its index.
-
-    A subclass says how a shard is indexed (`build_index`), how many records an index holds
-    (`count`), where each record's bytes lie (`spans`) and what a record is made of its bytes
-    (`record`); this class lists and fingerprints the shards, caches the indexes, and reads each
-    batch's records with ranged reads (records near each other in a shard in one request).
-    """
-
-    kind = "shard"
-    """The name of the index format, in the cached files' names."""
-
-    def __init__(
-        self,
-        paths: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
-        filesystem: Any,
-        retries: RetryPolicy,
-        index_dir: str | os.PathLike[str] | None,
-    ) -> None:
-        source = type(self).__name__
-        self.shards = Shards(paths, filesystem, retries, source)
-        self.index_dir = index_dir
-        cache = IndexCache(index_dir, self.kind, source)
-        self.indexes: list[Index] = []
-        for shard, fingerprint in enumerate(self.shards.fingerprints()):
-            build = partial(self._scanned, shard, fingerprint[0])
-            self.indexes.append(cache.get(self.shards.names[shard], fingerprint, build))
-        counts = np.array([self.count(index) for index in self.indexes], dtype=np.int64)
-        self._ends = np.cumsum(counts)  # one past the last global index of each shard
-        self._starts = self._ends - counts
-
-    @abc.abstractmethod
-    def build_index(self, shard: int, file: BinaryIO, size: int) -> Index:
-        """The index of shard `shard`, read from `file` (at its start; `size` bytes long)."""
-
-    @abc.abstractmethod
-    def count(self, index: Index) -> int:
-        """The number of records `index` holds."""
-
-    @abc.abstractmethod
-    def spans(self, shard: int, records: IndexArray) -> tuple[IndexArray, IndexArray]:
-        """The byte ranges `[starts, ends)` of `records` (numbers within the shard)."""
-
-    @abc.abstractmethod
-    def record(self, shard: int, number: int, data: memoryview, offset: int) -> T:
-        """Record `number` of shard `shard`, made of its bytes `data` (which start at `offset`)."""
-
-    def __len__(self) -> int:
-        return int(self._ends[-1])
-
-    @property
-    def paths(self) -> tuple[str, ...]:
-        """The shards, in order: absolute local paths, or the objects' URLs."""
-        return self.shards.names
-
-    def read(self, indices: IndexArray, epoch: int) -> list[T]:
-        records: list[Any] = [None] * len(indices)
-        owners = np.searchsorted(self._ends, indices, side="right")
-        for shard in np.unique(owners).tolist():
-            (positions,) = np.nonzero(owners == shard)
-            numbers = indices[positions] - self._starts[shard]
-            starts, ends = self.spans(shard, numbers)
-            order = np.argsort(starts, kind="stable")
-            for group in _requests(starts[order], ends[order]):
-                members = order[group]
-                first, last = int(starts[members[0]]), int(ends[members].max())
-                data = memoryview(self.shards.read_at(shard, first, last - first))
-                for member in members.tolist():
-                    start, end = int(starts[member]), int(ends[member])
-                    view = data[start - first : end - first]
-                    records[positions[member]] = self.record(
-                        shard, int(numbers[member]), view, start
-                    )
-        return cast(list[T], records)
-
-    def close(self) -> None:
-        """Close every thread's open shards; later reads open them again."""
-        self.shards.close()
-
-    def _scanned(self, shard: int, size: int) -> Index:
-        with self.shards.scan(shard) as file:
-            return self.build_index(shard, file, size)
-
-
-def _requests(starts: IndexArray, ends: IndexArray) -> list[IndexArray]:
-    """Spans sorted by start, grouped into requests: a span joins the previous request when it
-    starts within `_GAP` bytes of its end and the request stays under `_LONGEST_READ`."""
-    groups: list[list[int]] = []
-    request_start = request_end = 0
-    for position, (start, end) in enumerate(zip(starts.tolist(), ends.tolist(), strict=True)):
-        if groups and start <= request_end + _GAP and end - request_start <= _LONGEST_READ:
-            groups[-1].append(position)
-            request_end = max(request_end, end)
-        else:
-            groups.append([position])
-            request_start, request_end = start, end
-    return [np.array(group, dtype=np.int64) for group in groups]
 
 
 def _listed(

@@ -26,7 +26,8 @@ from webdataset.tariterators import (  # type: ignore[import-untyped]
 from loadax.plan.permutation import IndexArray
 from loadax.sources.images import MODES, _decoded, _pillow
 from loadax.sources.retries import DEFAULT_RETRIES, RetryPolicy
-from loadax.sources.shards import Index, ShardedDataset
+from loadax.sources.sharded import ShardedDataset
+from loadax.sources.shards import Index
 from loadax.validation import require_bool
 
 _SKIPPED = re.compile(r"__[^/]*__($|/)")  # webdataset's default skip_meta: its own metadata

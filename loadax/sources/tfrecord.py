@@ -17,7 +17,8 @@ from tfrecord.writer import TFRecordWriter  # type: ignore[import-untyped]
 
 from loadax.plan.permutation import IndexArray
 from loadax.sources.retries import DEFAULT_RETRIES, RetryPolicy
-from loadax.sources.shards import Index, ShardedDataset
+from loadax.sources.sharded import ShardedDataset
+from loadax.sources.shards import Index
 from loadax.validation import require_bool
 
 _HEADER = 12  # a record: its length (uint64), the length's masked CRC-32C (uint32),
