@@ -58,15 +58,16 @@ class TarShardDataset(ShardedDataset[dict[str, Any]]):
     record naming its shard, key and offset.
 
     `paths` are shard files, globs of them (matches sorted), or URLs of objects in a store
-    (`s3://bucket/train-{*}.tar`, `gs://...`) or paths in `filesystem`, reached as
-    `ParquetDataset` says. Each shard is indexed once, by one sequential pass over its headers
-    (a local file seeks past the members' data; an object is streamed once): the index, each
-    member's offset and size grouped into samples, is cached in `index_dir` (by default
-    `~/.cache/loadax/indexes`) as a `.npz` file, keyed by the shard's path or URL and checked
-    against its size and modification time; a stale or damaged index is built again. Reading
-    a sample is then one ranged read of its members' bytes; samples close together in a shard
-    (within 64 KiB) are read in one request, so a batch read in order costs a few requests per
-    shard. Compressed shards (`.tar.gz`) cannot be read by range and are refused.
+    (`s3://bucket/train-*.tar`, `gs://...`) or paths in `filesystem`, reached as `ParquetDataset`
+    says. Each shard is indexed once, by one sequential pass over its headers (a local file seeks
+    past the members' data; an object is streamed once): the index, each member's offset and size
+    grouped into samples, is cached in `index_dir` (by default `~/.cache/loadax/indexes`) as a
+    `.npz` file, keyed by the shard's path or URL and checked against its size and modification
+    time; a stale or damaged index is built again. Reading a sample is then one ranged read of its
+    members' bytes; samples close together in a shard (within 64 KiB) are read in one request, so a
+    batch read in order costs a few requests per shard, and a batch's requests to a store go out
+    together, up to 16 at a time. Compressed shards (`.tar.gz`) cannot be read by range and are
+    refused.
 
     >>> import io, tarfile, tempfile
     >>> from loadax.sources.tar import TarShardDataset

@@ -40,14 +40,15 @@ class TFRecordDataset(ShardedDataset[Any]):
 
     `paths` are files, globs of them (matches sorted), or URLs of objects in a store
     (`s3://bucket/train-*.tfrecord`, `gs://...`) or paths in `filesystem`, reached as
-    `ParquetDataset` says. Each file is indexed once, by one pass over its record headers
-    (each length checked against its CRC; a local file seeks past the data, an object is
-    streamed once), and the index (each record's offset and length) is cached in `index_dir`
-    (by default `~/.cache/loadax/indexes`) as a `.npz` file checked against the file's size and
-    modification time, and built again when stale or damaged. Reading a record is one ranged
-    read (records within 64 KiB of each other in one request), and every read checks the
-    record's length and data against their CRCs: a corrupt record fails as a bad record naming
-    its file and offset. Compressed (GZIP, ZLIB) files cannot be read by range and are refused.
+    `ParquetDataset` says. Each file is indexed once, by one pass over its record headers (each
+    length checked against its CRC; a local file seeks past the data, an object is streamed once),
+    and the index (each record's offset and length) is cached in `index_dir` (by default
+    `~/.cache/loadax/indexes`) as a `.npz` file checked against the file's size and modification
+    time, and built again when stale or damaged. Reading a record is one ranged read (records within
+    64 KiB of each other in one request; a batch's requests to a store go out together, up to 16 at
+    a time), and every read checks the record's length and data against their CRCs: a corrupt record
+    fails as a bad record naming its file and offset. Compressed (GZIP, ZLIB) files cannot be read
+    by range and are refused.
 
     >>> import tempfile
     >>> from tfrecord import TFRecordWriter
