@@ -50,6 +50,7 @@ from loadax.client.transports import Reply
 from loadax.errors import WorkerError
 from loadax.iterators.stats import WorkerStats
 from loadax.logfields import fields
+from loadax.reuse import ReuseCounts
 from loadax.wire.plans import request_digest
 from loadax.wire.v1 import worker_pb2 as wire
 
@@ -111,6 +112,8 @@ class Driver:
         self._depths: dict[str, int] = {}  # member -> the most it is sent at once (under _lock)
         # Written by the threads that receive answers, read by the driver's after their event.
         self._answers: dict[int, Any] = {}
+        self.reuse = ReuseCounts()
+        """The verified replies by how their workers came by them (computed, shared)."""
         self._thread = threading.Thread(target=self._run, name="loadax-driver", daemon=True)
         self._thread.start()
 
@@ -341,6 +344,7 @@ class Driver:
             self._events.put(Failed(attempt, error))
             return
         self._answers[attempt] = batch
+        self.reuse.replied(reply.result().header)
         self._events.put(Answered(attempt))
 
     def _withdrawn(self, request: int, batch: Future[Any]) -> None:

@@ -10,6 +10,7 @@ from collections.abc import Callable, Iterator
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from loadax.iterators.stats import LoaderStats
+from loadax.reuse_metrics import reuse_metrics
 
 
 class LoaderCollector:
@@ -93,3 +94,5 @@ class LoaderCollector:
             "no such pipeline, an incompatible version).",
             value=len(stats.left_out),
         )
+        # A local loader's cache() ops, or what its workers built for others' requests.
+        yield from reuse_metrics("loadax_client_reuse", stats.reuse)

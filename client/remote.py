@@ -366,7 +366,9 @@ class RemoteLoader(Loader[Any]):
         training loop waited for data, each worker in use's requests, failures, latency and
         quarantine, and the targets left out for what they answered; the recent share of the
         time the loop waited and the workers wanted (see `RemoteDataLoader.sizing`)."""
-        stats = self._stats.snapshot(self._driver.member_stats(), self._membership.left_out)
+        stats = self._stats.snapshot(
+            self._driver.member_stats(), self._membership.left_out, self._driver.reuse.snapshot(0)
+        )
         demand = self._demand.measure(stats, self._driver.capacities(), self._stats.clock())
         return dataclasses.replace(
             stats, input_stall_fraction=demand.stall, workers_wanted=demand.workers_wanted

@@ -11,6 +11,7 @@ from typing_extensions import TypeVar
 
 from loadax.builder import LoaderBuilder
 from loadax.collate.batcher import Batcher
+from loadax.dataset.cache import reuse_of
 from loadax.dataset.names import dataset_repr
 from loadax.dataset.protocol import Dataset
 from loadax.dataset.records import varies_by_epoch
@@ -303,7 +304,8 @@ class Loader(Generic[B]):
         >>> stats.bytes, stats.batches_per_second > 0, 0 <= stats.wait_fraction <= 1
         (80, True, True)
         """
-        return self._recorder.snapshot()
+        reuse = None if self.pipeline is None else reuse_of(self.pipeline.dataset)
+        return self._recorder.snapshot(reuse=reuse)
 
     def close(self) -> None:
         """Stop the loader's processes (`workers(n, kind="processes")`), which otherwise serve

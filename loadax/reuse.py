@@ -6,6 +6,8 @@ from __future__ import annotations
 import dataclasses
 import threading
 
+from loadax.wire.v1 import worker_pb2 as wire
+
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class ReuseStats:
@@ -47,6 +49,13 @@ class ReuseCounts:
     def miss(self) -> None:
         with self._lock:
             self._misses += 1
+
+    def replied(self, header: wire.BatchResponse) -> None:
+        """A worker's reply, counted by how the worker came by its batch (`header.reuse`)."""
+        if header.reuse == wire.REUSE_COMPUTED:
+            self.miss()
+        else:
+            self.hit(header.payload_size, coalesced=header.reuse == wire.REUSE_COALESCED)
 
     def snapshot(self, size_bytes: int) -> ReuseStats:
         with self._lock:

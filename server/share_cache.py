@@ -94,7 +94,7 @@ class ShareCache:
                 if built is not None:
                     self._cache.move_to_end(key)
                     self._counts.hit(built.size)
-                    return self._reply(built)
+                    return self._reply(built, wire.REUSE_CACHED)
                 building = self._building.get(key)
                 if building is None:
                     building = self._building[key] = _Building()
@@ -108,7 +108,7 @@ class ShareCache:
                     raise building.error
                 if building.built is not None:
                     self._counts.hit(building.built.size, coalesced=True)
-                    return self._reply(building.built)
+                    return self._reply(building.built, wire.REUSE_COALESCED)
                 # Its computation failed for its own request alone: ask again.
         try:
             batch = build()
@@ -132,7 +132,7 @@ class ShareCache:
                 self._size += built.size
                 while self._size > self.capacity:
                     self._drop_oldest()
-            return self._reply(built)
+            return self._reply(built, wire.REUSE_COMPUTED)
 
     def wake(self) -> None:
         """Requests waiting for another's computation ask their `wanted()` again."""
@@ -144,12 +144,11 @@ class ShareCache:
         with self._lock:
             return self._counts.snapshot(self._size)
 
-    def _reply(self, built: _Built) -> EncodedBatch:
-        """A reply of `built`, held until its `release`."""
+    def _reply(self, built: _Built, reuse: wire.Reuse) -> EncodedBatch:
+        """A reply of `built` that says how it came (`reuse`), held until its `release`."""
         built.replies += 1
-        return dataclasses.replace(
-            built.batch, release=at_most_once(functools.partial(self._sent, built))
-        )
+        release = at_most_once(functools.partial(self._sent, built))
+        return dataclasses.replace(built.batch, reuse=reuse, release=release)
 
     def _sent(self, built: _Built) -> None:
         with self._lock:

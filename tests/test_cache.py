@@ -48,6 +48,8 @@ def test_epochs_after_the_first_skip_the_prefix_and_batches_are_unchanged() -> N
     assert (stats.misses, stats.hits) == (RECORDS, 2 * RECORDS)
     assert stats.size_bytes > 0
     assert stats.bytes_saved == 2 * stats.size_bytes
+    loader = loadax.DataLoader(loadax.Batcher()).batch_size(4).build(cached.map(dict))
+    assert loader.stats().reuse == stats  # a loader's stats() add up its cache() ops
 
 
 def test_a_cache_after_a_random_map_is_refused() -> None:

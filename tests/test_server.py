@@ -26,7 +26,8 @@ from loadax.plan.planner import Plan
 from loadax.server.config import PipelineConfig, load_config
 from loadax.server.config_checks import ConfigError
 from loadax.server.grpc_server import SERVICE, GrpcServer
-from loadax.server.memory import default_budget
+from loadax.server.memory import MemoryBudget, default_budget
+from loadax.server.share_cache import ShareCache
 from loadax.server.worker import Worker
 from loadax.wire.checksum import payload_checksum
 from loadax.wire.codec import decode
@@ -578,6 +579,8 @@ class _BrokenWorker:
     """Answers handshakes, fails every batch with an unexpected error."""
 
     serving = True
+    shared_memory = False
+    share_cache = ShareCache(MemoryBudget(1 << 20, wait_s=1.0), capacity=0)
 
     def handshake(self, request: wire.HandshakeRequest) -> wire.HandshakeResponse:
         return wire.HandshakeResponse(pipeline=request.pipeline, num_records=1)

@@ -15,9 +15,13 @@ from equivalence import digests
 
 import loadax
 from loadax.client import RemoteDataLoader
+from loadax.client.prometheus import LoaderCollector
+from loadax.iterators.stats import StatsRecorder
 from loadax.plan.work import StepWork
+from loadax.reuse import ReuseStats
 from loadax.server.admission import Transport
 from loadax.server.grpc_server import GrpcServer
+from loadax.server.metrics import WorkerMetrics
 from loadax.server.request_path import RequestPath
 from loadax.server.worker import Worker
 from loadax.wire.payloads import EncodedBatch
@@ -179,16 +183,16 @@ def test_every_job_of_a_sweep_gets_the_local_batches(
     worker, address = served
     seeds = [1, 1, 1, 2]  # three jobs share; one with another seed shares nothing
 
-    def run(seed: int) -> list[str]:
+    def run(seed: int) -> tuple[list[str], ReuseStats]:
         loader = RemoteDataLoader([f"grpc://{address}"], pipeline="gated")
         built = loader.batch_size(4).shuffle(seed=seed).num_epochs(2).prefetch(2).build()
         try:
-            return digests(built)
+            return digests(built), built.stats().reuse
         finally:
             built.close()
 
     with ThreadPoolExecutor(len(seeds)) as pool:
-        remote = list(pool.map(run, seeds))
+        remote, reuse = zip(*pool.map(run, seeds), strict=True)
     for seed, got in zip(seeds, remote, strict=True):
         local = loadax.DataLoader(loadax.Batcher()).batch_size(4).shuffle(seed=seed)
         pipeline = gated.pipeline()
@@ -196,3 +200,13 @@ def test_every_job_of_a_sweep_gets_the_local_batches(
     stats = worker.share_cache.stats()
     assert stats.misses == 2 * 12  # each batch of the two seeds' plans built once
     assert stats.hits + stats.coalesced == 2 * 12
+    # Each client counts how its replies came; together, as the worker counted them.
+    told = sum(reuse, ReuseStats())
+    assert (told.misses, told.hits, told.coalesced) == (stats.misses, stats.hits, stats.coalesced)
+    assert told.bytes_saved == stats.bytes_saved
+    snapshot = StatsRecorder().snapshot(reuse=reuse[0])
+    collected = {metric.name: metric for metric in LoaderCollector(lambda: snapshot).collect()}
+    assert collected["loadax_client_reuse_hits"].samples[0].value == reuse[0].hits
+    registry = WorkerMetrics(worker.memory_budget, worker.share_cache).registry
+    assert registry.get_sample_value("loadax_worker_share_misses_total") == 2 * 12
+    assert registry.get_sample_value("loadax_worker_share_cache_bytes") == stats.size_bytes

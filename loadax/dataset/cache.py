@@ -24,7 +24,8 @@ from typing import Any
 
 import numpy as np
 
-from loadax.dataset.records import read_records
+from loadax.dataset.records import Records, read_records
+from loadax.dataset.stream import Stream
 from loadax.identity.code_walk import Walker
 from loadax.identity.digests import hashed
 from loadax.plan.permutation import IndexArray
@@ -115,6 +116,24 @@ class RecordCache:
                 self._memory[index] = payload
                 return
         self._folder.write(_name(identity, index), packed(identity, index, payload))
+
+
+def reuse_of(dataset: object) -> ReuseStats:
+    """What the `cache()` ops in `dataset` (a dataset or stream) saved in this process.
+
+    >>> from loadax import RangeDataset
+    >>> cached = RangeDataset(0, 3).cache()
+    >>> _ = list(cached), list(cached)
+    >>> reuse_of(cached.map(str).filter(bool)).hits
+    3
+    """
+    if isinstance(dataset, Stream):
+        return reuse_of(dataset.dataset)
+    if not isinstance(dataset, Records):
+        return ReuseStats()
+    total = sum((reuse_of(parent) for parent in dataset._parents()), ReuseStats())
+    cache = getattr(dataset, "record_cache", None)
+    return total + cache.stats() if isinstance(cache, RecordCache) else total
 
 
 def packed(identity: bytes, index: int, payload: bytes) -> bytes:

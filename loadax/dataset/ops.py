@@ -388,22 +388,24 @@ class CachedDataset(DatasetBase[T]):
                 "other records in each epoch (a shuffle or random_map in it): cache() before it"
             )
         self._length = dataset_length(self._dataset)
-        self._cache = RecordCache(path, max_bytes)
+        self.record_cache = RecordCache(path, max_bytes)
+        """Where its records are kept."""
 
     def __len__(self) -> int:
         return self._length
 
     def read(self, indices: IndexArray, epoch: int) -> list[T]:
-        return self._cache.read(self._dataset, indices, epoch)
+        return self.record_cache.read(self._dataset, indices, epoch)
 
     def stats(self) -> ReuseStats:
         """Hits, misses, bytes saved and the bytes kept, in this process."""
-        return self._cache.stats()
+        return self.record_cache.stats()
 
     def __repr__(self) -> str:
-        options = [] if self._cache.location is None else [repr(self._cache.location)]
-        if self._cache.max_bytes is not None:
-            options.append(f"max_bytes={self._cache.max_bytes}")
+        cache = self.record_cache
+        options = [] if cache.location is None else [repr(cache.location)]
+        if cache.max_bytes is not None:
+            options.append(f"max_bytes={cache.max_bytes}")
         return _op(self._dataset, "cache", "CachedDataset", ", ".join(options))
 
     def _parents(self) -> tuple[Dataset[Any], ...]:

@@ -20,6 +20,8 @@ from typing import Any
 import jax
 import numpy as np
 
+from loadax.reuse import ReuseStats
+
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class WorkerStats:
@@ -91,7 +93,9 @@ class LoaderStats:
     requests, and the targets it does not use because of what they answered its handshake.
     `bad_records` are the most recent records a bad-record policy skipped or replaced (at most
     `MAX_BAD_RECORDS`), `bad_record_count` all of them. `tuning` is autotune's last choice (None
-    before its first, or without autotune).
+    before its first, or without autotune). `reuse` is what reuse saved: a local loader's
+    `cache()` ops in this process, or the replies a remote loader's workers built for other
+    requests with the same digest (`hits` from their caches, `coalesced`).
 
     A remote loader also measures its recent past (`RemoteDataLoader.sizing`):
     `input_stall_fraction` is the share of it the loop waited, and `workers_wanted` the remote
@@ -118,6 +122,7 @@ class LoaderStats:
     bad_records: tuple[BadRecord, ...] = ()
     bad_record_count: int = 0
     tuning: Tuning | None = None
+    reuse: ReuseStats = dataclasses.field(default_factory=ReuseStats)
     input_stall_fraction: float | None = None
     workers_wanted: int | None = None
 
@@ -231,8 +236,10 @@ class StatsRecorder:
         self,
         workers: Mapping[str, WorkerStats] | None = None,
         left_out: Mapping[str, str] | None = None,
+        reuse: ReuseStats | None = None,
     ) -> LoaderStats:
-        """The numbers now, with a remote loader's `workers` in use and targets `left_out`."""
+        """The numbers now, with a remote loader's `workers` in use and targets `left_out`, and
+        what `reuse` saved."""
         now = self.clock()
         total = self._total()
         seconds = 0.0 if total.first is None else now - total.first
@@ -252,6 +259,7 @@ class StatsRecorder:
             bad_records=bad_records,
             bad_record_count=bad_record_count,
             tuning=self._tuning,
+            reuse=reuse or ReuseStats(),
         )
 
     def _total(self) -> LoopCounts:

@@ -76,7 +76,8 @@ class EncodedBatch:
     it (the arrays' frames are views of the batch's arrays, not copies), with what its header says:
     the pipeline identity that made it, the digest of the request it answers and its checksum
     (of the kind `checksum_kind`). `shared_size` is set instead of `frames` when the payload was
-    written into the client's memory file (`loadax.wire.shared_memory`): its size.
+    written into the client's memory file (`loadax.wire.shared_memory`): its size. `reuse` says
+    whether it was computed for this request or for another with its digest.
 
     `release` frees what the worker holds for it (its share of the memory budget): the transport
     calls it once the reply has left, or was dropped; calls after the first do nothing."""
@@ -88,6 +89,7 @@ class EncodedBatch:
     checksum: int = 0
     checksum_kind: wire.Checksum = wire.CHECKSUM_WEIGHTED_SUM
     shared_size: int | None = None
+    reuse: wire.Reuse = wire.REUSE_COMPUTED
     release: Callable[[], None] = dataclasses.field(default=lambda: None, compare=False)
 
     @classmethod
@@ -123,6 +125,7 @@ class EncodedBatch:
             payload_size=self.size,
             checksum_kind=self.checksum_kind,
             shared_memory=self.shared_size is not None,
+            reuse=self.reuse,
         )
 
 
