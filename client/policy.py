@@ -98,6 +98,9 @@ EXTRA_BURST = 4.0
 ALIKE = 0.25
 """Members expected to answer within this share of the soonest are alike: the load is spread
 over them."""
+AFFINITY_SLOWER = 2.0
+"""A request with a digest passes over a member expected to answer this many times slower than
+the fastest with room (a straggler, or one its queue slows), whatever the digest prefers."""
 DEFAULT_LIMIT = 16
 """The most requests a member is sent at once when it did not announce its own limit."""
 TICK = 0.02
@@ -291,7 +294,8 @@ class Policy:
     def _choose(self, busy: set[str], now: float, request: _Request) -> MemberHealth | None:
         """The member of the aperture expected to answer first, not in `busy`, with room; of
         any connected member when none of the aperture is. Of those alike, the least loaded,
-        then the one `request`'s digest prefers (`affinity`), else the least used."""
+        then the least used. A request with a digest goes to the member it prefers
+        (`affinity`) of those with room not `AFFINITY_SLOWER` x slower than the fastest."""
         shares = self._aperture.active
         members = [
             member
@@ -305,6 +309,16 @@ class Policy:
             return None
         known = [m.fresh_latency(now) for m in members]
         typical = min((latency for latency in known if latency is not None), default=0.0)
+        if request.digest:  # requests that ask alike meet: the preferred of those with room
+            latencies = [m.expected_latency(now, typical) for m in members]
+            fast = [
+                m
+                for m, s in zip(members, latencies, strict=True)
+                if s <= AFFINITY_SLOWER * min(latencies)
+            ]
+            return min(
+                fast, key=lambda m: affinity(request.digest, m.name, shares.get(m.name, 1.0))
+            )
         expected = [(len(m.sent) + 1) * m.expected_latency(now, typical) for m in members]
         soonest = min(expected) * (1 + ALIKE)
         alike = [m for m, answer in zip(members, expected, strict=True) if answer <= soonest]
@@ -312,9 +326,7 @@ class Policy:
             alike,
             key=lambda member: (
                 len(member.sent),
-                affinity(request.digest, member.name, shares.get(member.name, 1.0))
-                if request.digest
-                else member.counts.requests / shares.get(member.name, 1.0),
+                member.counts.requests / shares.get(member.name, 1.0),
             ),
         )
 

@@ -19,10 +19,10 @@ def digest(step: int) -> bytes:
     return hashlib.blake2b(str(step).encode(), digest_size=16).digest()
 
 
-def client() -> Policy:
+def client(limit: int = 4) -> Policy:
     policy = Policy(FleetOptions())
     for name in MEMBERS:
-        policy.decide(Joined(name, limit=4), now=0.0)
+        policy.decide(Joined(name, limit=limit), now=0.0)
     return policy
 
 
@@ -49,11 +49,11 @@ def test_clients_asking_for_the_same_batches_send_them_to_the_same_members() -> 
     assert max(members.values()) <= 20
 
 
-def test_load_wins_over_affinity() -> None:
-    policy = client()
+def test_a_member_without_room_is_passed_over() -> None:
+    policy = client(limit=1)
     preferred = placed(policy, 1, 0).member
     # The same batch asked again (another request) while the first is outstanding: its member
-    # has one more in flight than the others, so another gets it.
+    # has no room for more of this client's requests, so another gets it.
     assert placed(policy, 2, 0).member != preferred
 
 
