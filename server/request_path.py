@@ -175,7 +175,7 @@ class RequestPath:
             batch.release()
             room = f"the {limit} a reply may hold"
             raise too_large(f"the batch of step {request.step}", batch.size, room)
-        return self._same_host.place(request, batch)
+        return self._same_host.place(request, batch.checksummed_for(request))
 
     def _rows(self, request: wire.BatchRequest) -> int:
         """The rows `request` asks for, as its client's turns count them: its rows, else the

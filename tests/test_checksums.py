@@ -77,3 +77,13 @@ def test_a_kind_the_client_cannot_compute_is_refused() -> None:
         ReplyDecoder("w").decode(asked, header, frames())
     with pytest.raises(ValueError, match="cannot compute the checksum 99"):
         checksum.new_hasher(99)
+
+
+def test_a_batch_built_for_one_kind_answers_a_request_for_another_with_its_own() -> None:
+    # A worker's shared replies: built for a client with xxhash, served to one without.
+    built = EncodedBatch.answering(request(wire.CHECKSUM_XXH3_64), "f" * 64, frames())
+    older = request(wire.CHECKSUM_WEIGHTED_SUM)
+    answered = built.checksummed_for(older)
+    assert answered.header.checksum_kind == wire.CHECKSUM_WEIGHTED_SUM
+    assert ReplyDecoder("w").decode(older, answered.header, answered.frames)["label"].shape == (4,)
+    assert built.checksummed_for(request(wire.CHECKSUM_XXH3_64)) is built

@@ -26,6 +26,7 @@ from loadax.client import RemoteDataLoader
 from loadax.client.member import handshake_request
 from loadax.client.transports import connect
 from loadax.client.transports.memory_files import Lease, MemoryFile, MemoryFiles
+from loadax.server.config import ConfigError, load_config
 from loadax.server.same_host import SameHost
 from loadax.wire import shared_memory
 from loadax.wire.codec import encode_frames
@@ -99,6 +100,15 @@ def test_a_worker_on_the_host_says_so_unless_either_side_turns_it_off(
     ):
         assert digests(loader) == reference()  # sent over the socket
         assert mapped() == 0
+
+
+def test_either_setting_must_be_a_boolean(tmp_path: Path) -> None:
+    config = write_config(tmp_path, SERVED)
+    config.write_text(config.read_text().replace("[server]", '[server]\nshared_memory = "no"'))
+    with pytest.raises(ConfigError, match=r"\[server\]\.shared_memory must be true or false"):
+        load_config(config)
+    with pytest.raises(ValueError, match="shared_memory must be True or False, got 'no'"):
+        RemoteDataLoader(["zmq://127.0.0.1:1"], pipeline="images").shared_memory("no")  # type: ignore[arg-type]
 
 
 def test_a_file_is_reused_only_once_answered_and_nothing_made_from_it_is_alive() -> None:

@@ -19,7 +19,7 @@ from google.protobuf.message import DecodeError
 
 from loadax.buffers import BufferPool
 from loadax.client.security import ClientSecurity
-from loadax.client.transports.memory_files import Lease, MemoryFiles, SameHost
+from loadax.client.transports.memory_files import Lease, MemoryFiles, SameHostFiles
 from loadax.client.transports.reply import Reply, bad_reply
 from loadax.client.transports.shared import Shared
 from loadax.client.transports.silence import Silence
@@ -151,7 +151,7 @@ class GrpcTransport:
         self._streamed: dict[str, bool] = {}
         self._buffers = buffers or BufferPool()
         # The files a worker on this host writes batches into, once its handshake says it can.
-        self._same_host = SameHost(shared_memory, files)
+        self._same_host = SameHostFiles(shared_memory, files)
         self._readers = _SHARED_READERS.acquire()
         self._closed = False
 

@@ -188,7 +188,7 @@ class Lease:
         self._files.settle(self._file, self._answered)
 
 
-class SameHost:
+class SameHostFiles:
     """What one worker's transport knows of shared memory: whether to offer it (`enabled`),
     whether the worker's handshake took it, and the files to lend (`files`, by default a pool
     of its own, closed with it)."""

@@ -22,7 +22,7 @@ import zmq
 from loadax.buffers import BufferPool
 from loadax.client.security import ClientSecurity
 from loadax.client.transports import zmq_io
-from loadax.client.transports.memory_files import MemoryFiles, SameHost
+from loadax.client.transports.memory_files import MemoryFiles, SameHostFiles
 from loadax.client.transports.reply import Reply
 from loadax.client.transports.zmq_connection import Connection, connect_dealer
 from loadax.client.transports.zmq_pending import (
@@ -104,7 +104,7 @@ class ZmqTransport:
             self._dealer, address, buffers or BufferPool(), self._max_reply_bytes
         )
         # The files a worker on this host writes batches into, once its handshake says it can.
-        self._same_host = SameHost(shared_memory, files)
+        self._same_host = SameHostFiles(shared_memory, files)
         # `_lock` guards `_pending`, `_closed` and `_refused`, which any thread uses, and orders
         # every wake-up of the I/O thread before the transport lets go of it.
         self._lock = threading.Lock()

@@ -102,6 +102,16 @@ class EncodedBatch:
         checksum = payload_checksum(frames, kind)
         return cls(request.step, frames, fingerprint, request_digest(request), checksum, kind)
 
+    def checksummed_for(self, request: wire.BatchRequest) -> EncodedBatch:
+        """This batch with the checksum that answers `request` (`answer_checksum`): computed
+        again if it has another, as a batch built for one client's request may be served to
+        another's (a worker's shared replies) that asks for another kind."""
+        kind = answer_checksum(request)
+        if kind == self.checksum_kind:
+            return self
+        checksum = payload_checksum(self.frames, kind)
+        return dataclasses.replace(self, checksum=checksum, checksum_kind=kind)
+
     @property
     def size(self) -> int:
         """The bytes of the encoding."""
