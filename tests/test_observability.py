@@ -298,7 +298,11 @@ def dataset_classes() -> list[type]:
 def test_every_dataset_class_writes_its_own_repr() -> None:
     classes = dataset_classes()
     assert {RangeDataset, MixedDataset, Stream, SQLiteDataset} <= set(classes)
-    without = [cls.__qualname__ for cls in classes if "__repr__" not in vars(cls)]
+    without = [
+        cls.__qualname__
+        for cls in classes
+        if "__repr__" not in vars(cls) and not inspect.isabstract(cls)  # bases are not built
+    ]
     assert not without, f"dataset classes without a __repr__ of their own: {without}"
 
 
