@@ -137,6 +137,19 @@ def test_a_leaf_where_the_first_record_has_a_leaf_must_be_a_leaf(records: list[A
         Batcher()(records)
 
 
+def test_bytes_and_text_stack_whole_and_trailing_nuls_are_refused_not_cut() -> None:
+    batch = stack([{"raw": b"ab", "text": "x"}, {"raw": b"\x00c", "text": "yz"}])
+    assert batch["raw"].tolist() == [b"ab", b"\x00c"]
+    assert batch["text"].tolist() == ["x", "yz"]
+    for values in ([b"ab", b"c\x00"], ["x\x00", "yz"]):
+        with pytest.raises(ValueError, match=r"row \d of the batch .* ending in NUL"):
+            stack([{"raw": value} for value in values])
+    # Through the loader's shared stack too (parts of equal width).
+    loader = DataLoader(Batcher()).batch_size(2).workers(2).build([b"a\x00", b"b\x00"])
+    with pytest.raises(ValueError, match="ending in NUL"):
+        next(iter(loader))
+
+
 def test_empty_list_raises_value_error() -> None:
     with pytest.raises(ValueError, match="empty"):
         Batcher()([])

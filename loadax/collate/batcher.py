@@ -46,12 +46,27 @@ def _empty_leaf(shape: tuple[int, ...], dtype: np.dtype[Any]) -> np.ndarray[Any,
 def _stacked(column: list[Any]) -> np.ndarray[Any, Any]:
     """`np.stack(column)`, into `_empty_leaf` when the leaves are arrays that fill one."""
     first = column[0]
+    if isinstance(first, bytes | str):
+        _refuse_trailing_nuls(column)
     if len(column) * getattr(first, "nbytes", 0) < POOLED_FROM_BYTES or not all(
         isinstance(leaf, np.ndarray) for leaf in column
     ):
         return np.stack(column)
     dtype = np.result_type(*{leaf.dtype for leaf in column})
     return np.stack(column, out=_empty_leaf((len(column), *first.shape), dtype))
+
+
+def _refuse_trailing_nuls(column: list[Any]) -> None:
+    """Bytes or text stack into numpy's fixed-width arrays, which cannot hold a trailing NUL
+    (it reads back as padding): a value ending in one is refused, never cut."""
+    for row, value in enumerate(column):
+        if isinstance(value, bytes | str) and value[-1:] in (b"\x00", "\x00"):
+            raise ValueError(
+                f"row {row} of the batch is {type(value).__name__} ending in NUL "
+                f"(...{value[-8:]!r}): a fixed-width numpy array would drop its trailing NULs; "
+                "keep such values in a list (Batcher(list)) or make them arrays in a .map "
+                "(e.g. np.frombuffer)"
+            )
 
 
 def stack(records: list[Any]) -> Any:
@@ -180,7 +195,10 @@ class SharedStack:
         for column in columns:
             first = np.asarray(column[0])
             kind = (first.shape, first.dtype)
-            if any((np.shape(value), np.asarray(value).dtype) != kind for value in column):
+            # Bytes and text go to `stack`, which checks them for trailing NULs.
+            if first.dtype.kind in "SU" or any(
+                (np.shape(value), np.asarray(value).dtype) != kind for value in column
+            ):
                 self._mixed = True
                 return
             kinds.append(kind)
