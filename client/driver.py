@@ -21,6 +21,7 @@ from collections.abc import Callable
 from concurrent.futures import CancelledError, Future, ThreadPoolExecutor
 from typing import Any
 
+from loadax.client.demand import MemberRates
 from loadax.client.fleet_events import (
     Action,
     Answered,
@@ -44,7 +45,7 @@ from loadax.client.fleet_events import (
 from loadax.client.fleet_options import FleetOptions
 from loadax.client.fleet_watch import FleetWatch
 from loadax.client.member import Member
-from loadax.client.policy import DEFAULT_LIMIT, Policy
+from loadax.client.policy import Policy
 from loadax.client.subset import Seat
 from loadax.client.transports import Reply
 from loadax.errors import WorkerError
@@ -107,9 +108,9 @@ class Driver:
         self._members: dict[str, Member] = {}
         self._requests: dict[int, tuple[wire.BatchRequest, Future[Any]]] = {}
         self._attempts: dict[int, Future[Reply]] = {}
-        self._sent_to: dict[int, str] = {}  # attempt -> member, until it is answered or failed
         self._watch = FleetWatch()
-        self._depths: dict[str, int] = {}  # member -> the most it is sent at once (under _lock)
+        self.rates = MemberRates()
+        """Each member's batches per second while busy (for `stats().workers_wanted`)."""
         # Written by the threads that receive answers, read by the driver's after their event.
         self._answers: dict[int, Any] = {}
         self.reuse = ReuseCounts()
@@ -172,17 +173,6 @@ class Driver:
     def member_stats(self) -> dict[str, WorkerStats]:
         with self._lock:
             return self._policy.member_stats()
-
-    def capacities(self) -> dict[str, float]:
-        """Each member's batches per second when kept busy by this loader: the requests it is
-        sent at once over its median latency (Little's law), for the members that answered."""
-        with self._lock:
-            stats, depths = self._policy.member_stats(), dict(self._depths)
-        return {
-            name: depths[name] / worker.latency_p50
-            for name, worker in stats.items()
-            if name in depths and worker.latency_p50
-        }
 
     def close(self) -> None:
         self._events.put(_STOP)
@@ -258,20 +248,19 @@ class Driver:
                 item.item.transport.close()
                 return None
             self._members[item.item.name] = item.item
-            limit = item.item.limit or DEFAULT_LIMIT
-            with self._lock:
-                self._depths[item.item.name] = min(limit, self.options.in_flight_per_worker)
             return Joined(item.item.name, item.item.limit)
         if isinstance(item, Answered | Failed):
             self._attempts.pop(item.attempt, None)
-            member = self._sent_to.pop(item.attempt, None)
+            answered = isinstance(item, Answered)
+            now = time.monotonic()
+            rates = self.rates
+            member = rates.answered(item.attempt, now) if answered else rates.dropped(item.attempt)
             if member is not None:
-                self._watch.outcome(member, isinstance(item, Answered), list(self._members))
+                self._watch.outcome(member, answered, list(self._members))
         return item  # type: ignore[no-any-return]
 
     def _departed(self, member: str) -> None:
-        with self._lock:
-            self._depths.pop(member, None)
+        self.rates.left(member)
         self._watch.left(member, [name for name in self._members if name != member])
 
     def _carry_out(self, action: Action) -> None:
@@ -279,7 +268,7 @@ class Driver:
             self._send(action)
         elif isinstance(action, Cancel):
             attempt = self._attempts.pop(action.attempt, None)
-            self._sent_to.pop(action.attempt, None)
+            self.rates.dropped(action.attempt)
             if attempt is not None:
                 attempt.cancel()
         elif isinstance(action, Resolve):
@@ -329,7 +318,7 @@ class Driver:
             )
             return
         self._attempts[action.attempt] = sent
-        self._sent_to[action.attempt] = member.name
+        self.rates.sent(member.name, action.attempt, time.monotonic())
         sent.add_done_callback(functools.partial(self._received, action.attempt, member, request))
 
     def _received(

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import threading
-from collections.abc import Callable
+from pathlib import Path
 from typing import Any, Literal
 
 import loadax
@@ -21,7 +21,6 @@ from loadax.client.driver import Driver
 from loadax.client.fleet_watch import LOCAL_PREFIX
 from loadax.client.identity import require
 from loadax.client.member import Identity, ask
-from loadax.client.spare_cores import SpareCoresExecutor, SpareCoresTuner, spare_cores
 from loadax.client.transports.in_process import InProcessTransport
 from loadax.errors import RecordError, WorkerError
 from loadax.execution.executor import Executor
@@ -29,6 +28,7 @@ from loadax.execution.pickled import PickledPipeline
 from loadax.execution.pipeline import Pipeline
 from loadax.execution.processes import ProcessExecutor
 from loadax.execution.threads import ThreadExecutor
+from loadax.factories import pipeline_from_config
 from loadax.identity.fingerprint import pipeline_fingerprint
 from loadax.identity.probes import probe_batches
 from loadax.wire.codec import encode_frames
@@ -46,12 +46,14 @@ Kind = Literal["threads", "processes"]
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class LocalSpec:
-    """What `local_members` asked for: `count` members (or "auto") running `pipeline` on
-    `kind` (a thread, or a child process, each)."""
+    """What `local_members` asked for: `count` members (or "auto") running `pipeline`, or the
+    loader's pipeline of the worker config at `config`, on `kind` (a thread, or a child process,
+    each)."""
 
     count: int | Literal["auto"]
-    pipeline: Pipeline[Any, Any]
+    pipeline: Pipeline[Any, Any] | None = None
     kind: Kind = "threads"
+    config: str | Path | None = None
 
     def __post_init__(self) -> None:
         if self.count != "auto" and (
@@ -60,10 +62,20 @@ class LocalSpec:
             raise ValueError(
                 f"local_members count must be an int >= 0 or 'auto', got {self.count!r}"
             )
-        if not isinstance(self.pipeline, Pipeline):
+        if (self.pipeline is None) == (self.config is None):
+            raise ValueError(
+                "local_members needs a pipeline (pipeline=Pipeline(...)) or the worker config "
+                "that names it (config=PATH), not both"
+            )
+        if self.pipeline is not None and not isinstance(self.pipeline, Pipeline):
             raise ValueError(
                 f"local_members pipeline must be a loadax.Pipeline, got "
                 f"{type(self.pipeline).__name__}"
+            )
+        if self.config is not None and not isinstance(self.config, str | Path):
+            raise ValueError(
+                f"local_members config must be the path of a worker config, got "
+                f"{type(self.config).__name__}"
             )
         if self.kind not in KINDS:
             raise ValueError(
@@ -74,13 +86,28 @@ class LocalSpec:
 class LocalWorker:
     """Pipeline `name` served in this process as a worker object: its identity (fingerprint and
     schema, computed once, as a worker computes them) in `handshake`, and its batches in
-    `load_batch` from one executor per member (`executor()`)."""
+    `answer` from one executor per member (`executor()`): a thread, or with `pickled` (how child
+    processes get the pipeline) a child process."""
 
-    def __init__(self, name: str, pipeline: Pipeline[Any, Any], kind: Kind) -> None:
-        self._name, self._pipeline, self._kind = name, pipeline, kind
-        self._pickled = PickledPipeline(pipeline) if kind == "processes" else None
+    def __init__(
+        self, name: str, pipeline: Pipeline[Any, Any], pickled: PickledPipeline[Any] | None
+    ) -> None:
+        self._name, self._pipeline, self._pickled = name, pipeline, pickled
         self.fingerprint = pipeline_fingerprint(pipeline)
         self._schema, _ = probe_batches(name, pipeline)
+
+    @classmethod
+    def of(cls, spec: LocalSpec, name: str) -> LocalWorker:
+        """The local worker `spec` asks for, of the loader's pipeline `name`: from its config as
+        a worker builds it (child processes build it again from its factory), or as given."""
+        if spec.config is not None:
+            pipeline, rebuild = pipeline_from_config(spec.config, name)
+            pickled: PickledPipeline[Any] | None = PickledPipeline.built_by(rebuild)
+        else:
+            assert spec.pipeline is not None
+            pipeline = spec.pipeline
+            pickled = PickledPipeline(pipeline) if spec.kind == "processes" else None
+        return cls(name, pipeline, pickled if spec.kind == "processes" else None)
 
     @property
     def identity(self) -> Identity:
@@ -217,12 +244,3 @@ class LocalMembers:
             members, self._members = self._members, []
         for _, member in members:
             member.close()
-
-
-def local_tuned(members: LocalMembers | None) -> Callable[[Executor[Any]], Executor[Any]]:
-    """What wraps each iterator's executor: with "auto" local members, the measurement that
-    sizes them (`loadax.client.spare_cores`); else nothing."""
-    if members is None or members.spec.count != "auto":
-        return lambda executor: executor
-    tuner = SpareCoresTuner(spare_cores())
-    return lambda executor: SpareCoresExecutor(executor, tuner, members.resize)

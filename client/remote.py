@@ -18,6 +18,7 @@ import dataclasses
 import uuid
 import weakref
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any, Literal, Self
 
 from loadax.buffers import BufferPool
@@ -25,12 +26,13 @@ from loadax.client.demand import DEFAULT_STALL_TARGET, DEFAULT_WINDOW_S, DemandM
 from loadax.client.driver import Driver
 from loadax.client.fleet_options import FleetOptions
 from loadax.client.job import agree, job_seat, mesh_processes
-from loadax.client.local_members import Kind, LocalMembers, LocalSpec, LocalWorker, local_tuned
+from loadax.client.local_members import Kind, LocalMembers, LocalSpec, LocalWorker
 from loadax.client.member import Identity, handshake_request
 from loadax.client.membership import DIAGNOSIS_S, Membership
 from loadax.client.names import Resolver, resolve_host
 from loadax.client.remote_executor import RemoteExecutor
 from loadax.client.security import ClientSecurity
+from loadax.client.spare_cores import LoopExecutor, LoopTuner, SpareCores, spare_cores
 from loadax.client.transports import TargetSpec, check_spec, connect
 from loadax.client.transports.diagnosis import diagnose
 from loadax.client.transports.memory_files import MemoryFiles
@@ -188,17 +190,23 @@ class RemoteDataLoader(LoaderBuilder):
         return copy
 
     def local_members(
-        self, count: int | Literal["auto"], *, pipeline: Pipeline[Any, Any], kind: Kind = "threads"
+        self,
+        count: int | Literal["auto"],
+        *,
+        config: str | Path | None = None,
+        pipeline: Pipeline[Any, Any] | None = None,
+        kind: Kind = "threads",
     ) -> Self:
         """Also make batches on this host: `count` members (a thread or a child process each,
-        `kind`) running `pipeline`, placed by the same policy as the workers. They join only if
-        `pipeline` has the identity the workers agreed on (or the pinned one); they never choose
-        it. While no worker answers, the loader runs from them (logged), and back on the fleet
-        when one does. "auto" adds members one at a time while the training loop's own time
-        between `next()` calls is not slowed by more than 5 %, and removes one when it is.
-        The batches are the same whatever the mix."""
+        `kind`) running the loader's pipeline as the worker config at `config` builds it (its
+        factory, from its python_path), or `pipeline`; placed by the same policy as the workers.
+        They join only if it has the identity the workers agreed on (or the pinned one); they
+        never choose it. While no worker answers, the loader runs from them (logged), and goes
+        back to the fleet when one does. "auto" adds members one at a time while the training
+        loop's own time between `next()` calls is not slowed by more than 5 %, and removes one
+        when it is. The batches are the same whatever the mix."""
         copy = self._with()
-        copy._local = LocalSpec(count, pipeline, kind)
+        copy._local = LocalSpec(count, pipeline, kind, config)
         return copy
 
     def sizing(
@@ -306,7 +314,7 @@ class RemoteLoader(Loader[Any]):
         )
         self._driver = driver = Driver(failover, seat=seat, connect=membership.connect_member)
         try:
-            worker = None if local is None else LocalWorker(pipeline, local.pipeline, local.kind)
+            worker = None if local is None else LocalWorker.of(local, pipeline)
             fallback = None if worker is None else worker.identity
             self._identity = identity = membership.bind(
                 failover.min_workers, driver, pinned, fallback
@@ -331,10 +339,13 @@ class RemoteLoader(Loader[Any]):
         fingerprint, budget = identity.fingerprint, failover.memory_budget_mb << 20
         client = uuid.uuid4().hex  # this loader's, whatever connections it shares
 
-        tuned = local_tuned(locals_)
+        auto = local is not None and local.count == "auto"
+        tuner = LoopTuner(self._demand, SpareCores(spare_cores()) if auto else None)
+        resize = locals_.resize if locals_ is not None else lambda count: None
 
         def executor() -> Executor[Any]:
-            return tuned(RemoteExecutor(driver, pipeline, fingerprint, stats, budget, client))
+            remote = RemoteExecutor(driver, pipeline, fingerprint, stats, budget, client)
+            return LoopExecutor(remote, tuner, resize)
 
         super().__init__(
             plan,
@@ -369,7 +380,7 @@ class RemoteLoader(Loader[Any]):
         stats = self._stats.snapshot(
             self._driver.member_stats(), self._membership.left_out, self._driver.reuse.snapshot(0)
         )
-        demand = self._demand.measure(stats, self._driver.capacities(), self._stats.clock())
+        demand = self._demand.measure(self._driver.rates.capacities(), self._stats.clock())
         return dataclasses.replace(
             stats, input_stall_fraction=demand.stall, workers_wanted=demand.workers_wanted
         )

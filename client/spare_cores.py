@@ -1,8 +1,10 @@
-"""`local_members("auto")`: local members are added one at a time while the training loop's own
-time between `next()` calls stays within `SLOWDOWN` of what it was without them, and one is
-removed when it does not (Pecan's AutoPlacement, on measured loop time). It rides on autotune's
-measurement (`loadax.execution.autotune`): the same executor wrapper times each batch the loop
-waits for; only the rule differs."""
+"""What a remote loader measures of its training loop, batch by batch: its demand
+(`loadax.client.demand`), and with `local_members("auto")` whether its own step is slowed: local
+members are added one at a time while the loop's own time between `next()` calls stays within
+`SLOWDOWN` of what it was without them, and one is removed when it does not (Pecan's
+AutoPlacement, on measured loop time). It rides on autotune's measurement
+(`loadax.execution.autotune`): the same executor wrapper times each batch the loop waits for;
+only the rules differ."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from loadax.client.demand import DemandMeter
 from loadax.execution.autotune import AutotunedExecutor, Autotuner, Limits, usable_cores
 from loadax.execution.executor import Executor
 
@@ -48,22 +51,27 @@ class SpareCores:
         return self.count
 
 
-class SpareCoresTuner(Autotuner):
-    """Autotune's measurements, `SpareCores`' rule: `workers` is the local members wanted."""
+class LoopTuner(Autotuner):
+    """Autotune's measurements, fed to `demand` and, when there is one, to `rule`: `workers`
+    is the local members it wants."""
 
-    def __init__(self, ceiling: int) -> None:
+    def __init__(self, demand: DemandMeter, rule: SpareCores | None = None) -> None:
+        ceiling = 0 if rule is None else rule.ceiling
         super().__init__(
             Limits(max_workers=ceiling, memory_bytes=0, processes=False, prefetch=False),
             workers=0,
             prefetch=0,
             report=lambda tuning: None,
         )
-        self.rule = SpareCores(ceiling)
+        self.demand, self.rule = demand, rule
         self._window = threading.Lock()
         self._since: float | None = None  # the window's start, after its first batch
         self._steps, self._waiting = 0, 0.0
 
     def took(self, asked: float, got: float, batch: Any) -> None:
+        self.demand.took(asked, got)
+        if self.rule is None:
+            return
         with self._window:
             if self._since is None:
                 self._since = got
@@ -86,11 +94,12 @@ class SpareCoresTuner(Autotuner):
         )
 
 
-class SpareCoresExecutor(AutotunedExecutor[Any]):
-    """`executor`, with the local members `tuner` wants (`resize`); its look-ahead is its own."""
+class LoopExecutor(AutotunedExecutor[Any]):
+    """`executor`, measured by `tuner`, with the local members it wants (`resize`); its
+    look-ahead is its own."""
 
     def __init__(
-        self, executor: Executor[Any], tuner: SpareCoresTuner, resize: Callable[[int], None]
+        self, executor: Executor[Any], tuner: LoopTuner, resize: Callable[[int], None]
     ) -> None:
         super().__init__(executor, tuner, resize)
         self._inner = executor

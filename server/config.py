@@ -5,19 +5,21 @@ Every mistake is a `ConfigError` naming the file and the key, found before the w
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import importlib
-import re
-import sys
-import tomllib
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from loadax import factories
 from loadax.execution.pipeline import Pipeline
+from loadax.factories import (
+    PipelineConfig,
+    parse_pipeline,
+    parse_python_path,
+    read_toml,
+)
 from loadax.server.config_addresses import listen_address, zmq_endpoint
-from loadax.server.config_checks import ConfigError, check_keys, show, show_name
+from loadax.server.config_checks import ConfigError, check_keys, show
 from loadax.server.config_security import (
     CurveConfig,
     TlsConfig,
@@ -44,22 +46,7 @@ _SERVER_KEYS = (
     "shared_memory",
     "share_cache_mb",
 )
-_PIPELINE_KEYS = ("factory", "args")
-_FACTORY = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
 LOG_FORMATS = ("text", "json")
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class PipelineConfig:
-    """One `[pipelines.NAME]` table: `factory(**args)` returns the `loadax.Pipeline`."""
-
-    name: str
-    factory: str
-    args: Mapping[str, Any] = dataclasses.field(default_factory=dict)
-
-    @property
-    def key(self) -> str:
-        return f"[pipelines.{show_name(self.name)}]"
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -105,95 +92,12 @@ def load_config(
     """The config in `path`; `grpc`, `zmq`, `metrics` and `processes` (the CLI's overrides)
     replace the file's."""
     source = str(path)
-    try:
-        text = Path(path).read_bytes().decode()
-    except (OSError, UnicodeDecodeError) as error:
-        reason = error.strerror if isinstance(error, OSError) else str(error)
-        raise ConfigError(f"{source}: cannot read the config: {reason}") from error
-    try:
-        document = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as error:
-        raise ConfigError(f"{source}: invalid TOML: {error}") from error
-    config = _parse(source, document, grpc=grpc, zmq=zmq, metrics=metrics)
+    config = _parse(source, read_toml(path), grpc=grpc, zmq=zmq, metrics=metrics)
     if processes is None:
         return config
     if not is_int(processes, minimum=0):
         raise ConfigError(f"{source}: --processes must be an int >= 0, got {show(processes)}")
     return dataclasses.replace(config, processes=processes)
-
-
-def load_factory(config: WorkerConfig, pipeline: PipelineConfig) -> Callable[..., Any]:
-    """Import the callable that `pipeline.factory` ("module:function") names."""
-    key = f"{pipeline.key}.factory"
-    module_name, _, attributes = pipeline.factory.partition(":")
-    _put_first_on_sys_path(config.python_path)
-    try:
-        with _own_argv():
-            target: Any = importlib.import_module(module_name)
-    except ModuleNotFoundError as error:
-        if error.name is not None and f"{module_name}.".startswith(f"{error.name}."):
-            raise config.error(
-                f"{key}: module {module_name!r} is not importable: {error}; "
-                f"{_where_modules_come_from(config.python_path)}"
-            ) from error
-        raise config.error(f"{key}: importing module {module_name!r} failed: {error!r}") from error
-    except (Exception, SystemExit, KeyboardInterrupt) as error:
-        raise config.error(
-            f"{key}: importing module {module_name!r} failed: {_stopped(error)}"
-        ) from error
-    for attribute in attributes.split("."):
-        if not hasattr(target, attribute):
-            raise config.error(
-                f"{key}: {getattr(target, '__name__', module_name)!r} has no attribute "
-                f"{attribute!r} (factory {pipeline.factory!r})"
-            )
-        target = getattr(target, attribute)
-    if not callable(target):
-        raise config.error(
-            f"{key}: {pipeline.factory!r} is a {type(target).__name__}, not a callable"
-        )
-    factory: Callable[..., Any] = target
-    return factory
-
-
-def _put_first_on_sys_path(folders: tuple[str, ...]) -> None:
-    """`[server] python_path` ahead of the rest of sys.path. Child processes get the parent's
-    sys.path with the rest of multiprocessing's preparation data, before they unpickle the
-    pipeline they rebuild, so they import the factories from the same folders."""
-    missing = [folder for folder in folders if folder not in sys.path]
-    if missing:
-        sys.path[:0] = missing
-        importlib.invalidate_caches()
-
-
-def _where_modules_come_from(python_path: tuple[str, ...]) -> str:
-    if python_path:
-        return f"it is neither installed nor in [server] python_path ({', '.join(python_path)})"
-    return (
-        "install it, or list the folder that holds it in [server] python_path (relative to "
-        'the config\'s folder, e.g. python_path = ["src"])'
-    )
-
-
-@contextlib.contextmanager
-def _own_argv() -> Iterator[None]:
-    """The user's code runs as if started with no arguments: a module that parses the command
-    line at import sees none of the worker's."""
-    saved = sys.argv
-    sys.argv = saved[:1]
-    try:
-        yield
-    finally:
-        sys.argv = saved
-
-
-def _stopped(error: BaseException) -> str:
-    """What stopped the user's code, for a config error."""
-    if isinstance(error, SystemExit):
-        return f"it called sys.exit({error.code!r}) (SystemExit)"
-    if isinstance(error, KeyboardInterrupt):
-        return "KeyboardInterrupt"
-    return f"{type(error).__name__}: {error}"
 
 
 def build_pipelines(config: WorkerConfig) -> dict[str, Pipeline[Any, Any]]:
@@ -202,38 +106,13 @@ def build_pipelines(config: WorkerConfig) -> dict[str, Pipeline[Any, Any]]:
 
 
 def build_pipeline(config: WorkerConfig, pipeline: PipelineConfig) -> Pipeline[Any, Any]:
-    """Import `pipeline`'s factory and call it with its args."""
-    factory = load_factory(config, pipeline)
-    try:
-        with _own_argv():
-            built = factory(**pipeline.args)
-    except (Exception, SystemExit, KeyboardInterrupt) as error:
-        raise config.error(
-            f"{pipeline.key}.factory: {pipeline.factory}(**{show(dict(pipeline.args))}) "
-            f"raised {_stopped(error)}"
-        ) from error
-    if not isinstance(built, Pipeline):
-        raise config.error(
-            f"{pipeline.key}.factory: {pipeline.factory} must return a loadax.Pipeline, "
-            f"got {type(built).__name__}: {built!r:.80}"
-        )
-    return built
+    """Import `pipeline`'s factory and call it with its args (`loadax.factories`)."""
+    return factories.build_pipeline(config.source, config.python_path, pipeline)
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
-class Rebuild:
-    """A pipeline as child processes get it: unpickled, it is built again by calling its factory,
-    as the worker did, so that the lambdas and closures in it need no pickling."""
-
-    source: str
-    pipeline: PipelineConfig
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return _rebuilt, (self.source, self.pipeline)
-
-
-def _rebuilt(source: str, pipeline: PipelineConfig) -> Pipeline[Any, Any]:
-    return build_pipeline(WorkerConfig(source=source, pipelines=(pipeline,)), pipeline)
+def load_factory(config: WorkerConfig, pipeline: PipelineConfig) -> Callable[..., Any]:
+    """Import the callable that `pipeline.factory` ("module:function") names."""
+    return factories.load_factory(config.source, config.python_path, pipeline)
 
 
 def _parse(
@@ -284,7 +163,7 @@ def _parse(
         token = parse_token(source, base, server["token_file"])
     return WorkerConfig(
         source=source,
-        pipelines=tuple(_pipeline(source, name, table) for name, table in pipelines.items()),
+        pipelines=tuple(parse_pipeline(source, name, table) for name, table in pipelines.items()),
         grpc=grpc,
         zmq=zmq,
         metrics=metrics,
@@ -301,7 +180,7 @@ def _parse(
         curve=curve,
         token=token,
         log_format=_log_format(source, server),
-        python_path=_python_path(source, base, server.get("python_path", [])),
+        python_path=parse_python_path(source, base, server.get("python_path", [])),
         shared_memory=_flag(source, server, "shared_memory", True),
         share_cache_bytes=(
             _int(source, server, "share_cache_mb", 0, minimum=0) << 20
@@ -311,27 +190,6 @@ def _parse(
     )
 
 
-def _pipeline(source: str, name: str, table: Any) -> PipelineConfig:
-    key = f"[pipelines.{show_name(name)}]"
-    if not name:
-        raise ConfigError(f"{source}: {key}: a pipeline name must not be empty")
-    if not isinstance(table, dict):
-        raise ConfigError(f"{source}: {key} must be a table, got {show(table)}")
-    check_keys(source, table, _PIPELINE_KEYS, f"{key}.")
-    factory = table.get("factory")
-    if factory is None:
-        raise ConfigError(f"{source}: {key}.factory is missing: name a module:function")
-    if not isinstance(factory, str) or not _FACTORY.match(factory):
-        raise ConfigError(
-            f'{source}: {key}.factory must be "module:function" '
-            f'(e.g. "my_project.data:images"), got {show(factory)}'
-        )
-    args = table.get("args", {})
-    if not isinstance(args, dict):
-        raise ConfigError(f"{source}: {key}.args must be a table, got {show(args)}")
-    return PipelineConfig(name=name, factory=factory, args=args)
-
-
 def _log_format(source: str, server: Mapping[str, Any]) -> str:
     value = server.get("log_format", "text")
     if value not in LOG_FORMATS:
@@ -339,26 +197,6 @@ def _log_format(source: str, server: Mapping[str, Any]) -> str:
             f'{source}: [server].log_format must be "text" or "json", got {show(value)}'
         )
     return str(value)
-
-
-def _python_path(source: str, base: Path, value: Any) -> tuple[str, ...]:
-    """The folders of `[server].python_path`, absolute; relative ones are from the config's."""
-    where = f"{source}: [server].python_path"
-    if not isinstance(value, list) or not all(isinstance(entry, str) and entry for entry in value):
-        raise ConfigError(
-            f'{where} must be a list of folders (e.g. ["src", "../lib"]), got {show(value)}'
-        )
-    folders = []
-    for entry in value:
-        folder = (base / entry).resolve()
-        if not folder.is_dir():
-            reason = "does not exist" if not folder.exists() else "is not a folder"
-            raise ConfigError(
-                f"{where}: {entry!r} {reason} ({folder}; relative paths start at the "
-                "config's folder)"
-            )
-        folders.append(str(folder))
-    return tuple(folders)
 
 
 def _positive_int(source: str, server: Mapping[str, Any], key: str, default: int) -> int:

@@ -3,27 +3,12 @@ values and files are checked and shown in its messages."""
 
 from __future__ import annotations
 
-import difflib
-import json
-import re
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from loadax.factories import ConfigError, check_keys, show, show_name
 
-class ConfigError(ValueError):
-    """A worker config that cannot be used; the message names the file and the key."""
-
-
-def check_keys(source: str, table: Mapping[str, Any], known: tuple[str, ...], prefix: str) -> None:
-    """Typos must not pass unnoticed: every key of `table` must be one of `known`."""
-    for key in table:
-        if key not in known:
-            close = difflib.get_close_matches(key, known, n=1)
-            hint = f" (did you mean {close[0]!r}?)" if close else ""
-            raise ConfigError(
-                f"{source}: unknown key {prefix}{key}{hint}; expected one of: {', '.join(known)}"
-            )
+__all__ = ["ConfigError", "check_keys", "config_path", "read_file", "show", "show_name"]
 
 
 def config_path(source: str, base: Path, key: str, value: Any) -> Path:
@@ -38,12 +23,3 @@ def read_file(source: str, key: str, path: Path) -> bytes:
         return path.read_bytes()
     except OSError as error:
         raise ConfigError(f"{source}: {key}: cannot read {path}: {error.strerror}") from None
-
-
-def show(value: Any) -> str:
-    """A config value as TOML-ish text: strings in double quotes."""
-    return json.dumps(value, default=repr)
-
-
-def show_name(name: str) -> str:
-    return name if re.fullmatch(r"[A-Za-z0-9_-]+", name) else json.dumps(name)

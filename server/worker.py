@@ -31,12 +31,13 @@ from loadax.execution.pipeline import Pipeline
 from loadax.execution.process_errors import ChildRaised, WorkerProcessError, WorkerProcessLost
 from loadax.execution.processes import ProcessExecutor
 from loadax.execution.threads import ThreadExecutor
+from loadax.factories import Rebuild
 from loadax.identity.fingerprint import pipeline_fingerprint
 from loadax.identity.probes import probe_batches
 from loadax.logfields import fields
 from loadax.plan.planner import Plan
 from loadax.plan.work import Work
-from loadax.server.config import Rebuild, WorkerConfig, build_pipelines, load_config
+from loadax.server.config import WorkerConfig, build_pipelines, load_config
 from loadax.server.memory import MemoryBudget, default_budget, too_large
 from loadax.server.share_cache import DEFAULT_SHARE, ShareCache
 from loadax.validation import is_int, require_int, require_positive

@@ -19,14 +19,27 @@ from workers import pinned
 from loadax import DataLoader
 from loadax.client import RemoteDataLoader
 from loadax.client.local_members import LocalSpec
+from loadax.factories import ConfigError
 from loadax.server.worker import Worker
 
 RECORDS, BATCH, SEED = 48, 4, 3
-SERVED = """
+FLEET_DOWN_RECORDS = 20000
+
+
+def served(records: int) -> str:
+    """The `[pipelines]` table of a worker serving the loader's pipeline."""
+    return f"""
 [pipelines.noisy]
 factory = "local_member_pipelines:noisy_records"
-args = { records = 20000 }
+args = {{ records = {records} }}
 """
+
+
+def worker_config(folder: Path, records: int) -> Path:
+    """A worker config serving `served(records)`, as the workers' own would be."""
+    path = folder / "worker.toml"
+    path.write_text(f'[server]\ngrpc = "127.0.0.1:0"\n{served(records)}')
+    return path
 
 
 def local_batches(records: int = RECORDS) -> Iterator[Any]:
@@ -66,11 +79,15 @@ def test_workers_and_local_members_give_the_local_batches(kind: Any, reference: 
 
 @pytest.mark.parametrize("kind", ["threads", "processes"])
 def test_local_members_alone_give_the_local_batches_while_no_worker_answers(
-    kind: Any, reference: list[str], caplog: pytest.LogCaptureFixture
+    kind: Any, reference: list[str], caplog: pytest.LogCaptureFixture, tmp_path: Path
 ) -> None:
     nobody = "grpc://127.0.0.1:9"  # the discard port: refused
-    pipeline = local_member_pipelines.noisy_records(RECORDS)
-    local = builder([nobody]).local_members(2, pipeline=pipeline, kind=kind)
+    if kind == "threads":
+        pipeline = local_member_pipelines.noisy_records(RECORDS)
+        local = builder([nobody]).local_members(2, pipeline=pipeline, kind=kind)
+    else:  # the worker config's factory, rebuilt in each child process
+        config = worker_config(tmp_path, RECORDS)
+        local = builder([nobody]).local_members(2, config=config, kind=kind)
     with caplog.at_level(logging.WARNING, logger="loadax.client"):
         loader = local.startup(timeout=5, give_up_after=0.2).build()
     with loader:
@@ -108,16 +125,29 @@ def test_bad_local_member_settings_are_named() -> None:
         LocalSpec(1, pipeline, "gpus")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match=r"must be a loadax\.Pipeline, got str"):
         LocalSpec(1, "noisy")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"a pipeline .* or the worker config .* not both"):
+        LocalSpec(1, pipeline, config="worker.toml")
+    with pytest.raises(ValueError, match=r"a pipeline .* or the worker config .* not both"):
+        LocalSpec(1)
+
+
+def test_a_config_without_the_loaders_pipeline_is_named(tmp_path: Path) -> None:
+    config = worker_config(tmp_path, RECORDS)
+    worker = Worker({"images": local_member_pipelines.noisy_records(RECORDS)}, threads=1)
+    local = RemoteDataLoader([worker], pipeline="images").batch_size(BATCH)
+    with pytest.raises(ConfigError, match=r"no \[pipelines\.images\] table.*\['noisy'\]"):
+        local.local_members(1, config=config).build()
+    worker.close()
 
 
 def test_the_loader_runs_from_local_members_while_the_fleet_is_down_and_returns(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    records = 20000
+    records = FLEET_DOWN_RECORDS
     with pinned(tmp_path, "grpc") as fleet, caplog.at_level(logging.INFO, logger="loadax.client"):
-        target = fleet.start(SERVED)
-        pipeline = local_member_pipelines.noisy_records(records)
-        local = builder([target]).local_members(1, pipeline=pipeline)
+        target = fleet.start(served(records))
+        config = worker_config(tmp_path, records)  # the loader's pipeline, built here
+        local = builder([target]).local_members(1, config=config)
         with local.build() as loader:
             expected = local_batches(records)
             batches = iter(loader)
@@ -135,9 +165,29 @@ def test_the_loader_runs_from_local_members_while_the_fleet_is_down_and_returns(
                 assert digests([next(batches)]) == digests([next(expected)])
             fleet.running[0].process.kill()
             train_until("fleet_down")
-            served = loader.stats().workers[target].requests
-            fleet.restart(0, SERVED)
+            answered = loader.stats().workers[target].requests
+            fleet.restart(0, served(records))
             train_until("fleet_back")
             for _ in range(20):
                 assert digests([next(batches)]) == digests([next(expected)])
-            assert loader.stats().workers[target].requests > served
+            assert loader.stats().workers[target].requests > answered
+
+
+def test_auto_adds_a_local_member_once_the_loop_is_measured(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    records = 400  # 100 batches: a baseline window of 16, then a member, then more windows
+    worker = Worker({"noisy": local_member_pipelines.noisy_records(records)}, threads=1)
+    pipeline = local_member_pipelines.noisy_records(records)
+    auto = builder([worker]).local_members("auto", pipeline=pipeline)
+    with caplog.at_level(logging.INFO, logger="loadax.client"), auto.build() as loader:
+        assert loader.targets == ["in-process Worker"]  # none before the loop is measured
+        got = []
+        for batch in loader:
+            time.sleep(0.001)  # the training step
+            got.append(batch)
+        assert digests(got) == digests(local_batches(records))
+    worker.close()
+    chosen = [r.getMessage() for r in caplog.records if r.getMessage().startswith("local members")]
+    assert chosen, "no choice logged"
+    assert chosen[0].startswith("local members: 1 "), chosen
