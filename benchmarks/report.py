@@ -22,8 +22,12 @@ FLEET = Path(__file__).with_name("FLEET.md")
 fleet_sim_calibration.py and fleet_sim_r3.py) and gRPC through a proxy (proxy_check.py)."""
 PLANS = Path(__file__).with_name("PLANS.md")
 """P2's counts, measured apart (written by p2_plans.py)."""
+REUSE = Path(__file__).with_name("R5.md")
+"""R5, each batch computed once between jobs and across epochs (written by r5_reuse.py)."""
 W4 = Path(__file__).with_name("W4.md")
 """W4, tar shards in S3 against webdataset, measured apart (written by w4_tar.py)."""
+SIZING = Path(__file__).with_name("SIZING.md")
+"""R4 autoscale and R1 with local members, measured apart (r4_autoscale.py, r1_local_members.py)."""
 PROFILES = Path(__file__).with_name("PROFILES.md")
 """The profiles that explain the missed transport targets, measured apart and kept by hand."""
 RECEIVED = ("R1", *T1_BATCH_BYTES)
@@ -68,7 +72,9 @@ def render(document: Mapping[str, Any]) -> str:
         else:
             lines += ["", heading, "", *workload_table(results, workload)]
     lines += ["", FLEET.read_text().rstrip(), "", PLANS.read_text().rstrip()]
-    lines += ["", W4.read_text().rstrip(), "", PROFILES.read_text().rstrip()]
+    lines += ["", REUSE.read_text().rstrip()]
+    lines += ["", W4.read_text().rstrip(), "", SIZING.read_text().rstrip()]
+    lines += ["", PROFILES.read_text().rstrip()]
     return "\n".join(lines) + "\n"
 
 

@@ -21,7 +21,10 @@ from loadax.execution.executor import Executor
 log = logging.getLogger("loadax.client")
 
 SLOWDOWN = 0.05
-"""How much slower the loop's own step may get with local members than without."""
+"""How much slower the loop's own step may get with local members than without..."""
+NOISE_S = 0.0002
+"""... beyond this much (seconds), scheduling noise: a loop whose own step is a few microseconds
+(one that only takes batches) is never said to be slowed by a member."""
 WINDOW = 16
 """Batches measured between two decisions."""
 
@@ -30,7 +33,7 @@ WINDOW = 16
 class SpareCores:
     """The rule: from each window's loop seconds per step, how many local members to run.
     The first window (no member) is the baseline; a member that slows the loop past it by more
-    than `SLOWDOWN` is removed and the count never grows past that again.
+    than `SLOWDOWN` (and `NOISE_S`) is removed and the count never grows past that again.
 
     >>> rule = SpareCores(ceiling=4)
     >>> [rule.decide(seconds) for seconds in (0.100, 0.101, 0.103, 0.110, 0.102, 0.101)]
@@ -44,7 +47,7 @@ class SpareCores:
     def decide(self, loop_seconds: float) -> int:
         if self.baseline is None:
             self.baseline = loop_seconds
-        elif loop_seconds > self.baseline * (1 + SLOWDOWN):
+        elif loop_seconds > self.baseline * (1 + SLOWDOWN) + NOISE_S:
             self.count = self.ceiling = max(self.count - 1, 0)
             return self.count
         self.count = min(self.count + 1, self.ceiling)

@@ -1,0 +1,154 @@
+"""R1 with the trainer's own cores: W2's images (full scale) from the local loader (2 threads),
+from one `loadax-worker` on loopback (ZeroMQ, 2 threads), and from that worker with
+`local_members("auto")` beside it, in turn, each run in a process of its own (A B C per round).
+A rate is images / wall time from creating the iterator to the last batch of one epoch; the
+loader's build (the worker's handshake, the local members' identity) comes before. After the
+timed rounds, one more pass of each hashes every batch (XXH3 of each array's bytes): the three
+must agree. The section goes into SIZING.md (and RESULTS.md's copy).
+
+    .venv/bin/python benchmarks/r1_local_members.py --rounds 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import bench_pipelines
+import jax
+import numpy as np
+import xxhash
+from fleet_sim import RESULTS, write_section
+from local_worker import worker
+from profile_remote import config, r1_data
+from r4_autoscale import SIZING
+
+from loadax import DataLoader
+from loadax.client import RemoteDataLoader
+
+TITLE = "R1 with local members"
+BATCH, SEED = 64, 0
+SYSTEMS = ("local (2 threads)", "remote (1 worker)", 'remote + local_members("auto")')
+
+
+def loader(system: str, address: str) -> Any:
+    pipeline = bench_pipelines.w2(str(r1_data()))
+    if system == SYSTEMS[0]:
+        local = DataLoader(pipeline.batcher).batch_size(BATCH).shuffle(seed=SEED).workers(2)
+        return local.build(pipeline.dataset)
+    remote = RemoteDataLoader([address], pipeline="p").batch_size(BATCH).shuffle(seed=SEED)
+    if system == SYSTEMS[2]:
+        remote = remote.local_members("auto", pipeline=pipeline)
+    return remote.build()
+
+
+def one(system: str, address: str, hashed: bool) -> dict[str, Any]:
+    """One epoch of `system`: its rate, or (`hashed`) each batch's digest."""
+    built = loader(system, address)
+    digests, images = [], 0
+    started = time.perf_counter()
+    with iter(built) as batches:
+        for batch in batches:
+            images += len(batch["label"])
+            if hashed:
+                leaves = jax.tree.leaves(batch)
+                digests.append(
+                    "".join(xxhash.xxh3_64_hexdigest(np.ascontiguousarray(x).data) for x in leaves)
+                )
+    seconds = time.perf_counter() - started
+    members = sorted(getattr(built, "targets", []))
+    built.close()
+    return {"rate": images / seconds, "digests": digests, "members": members}
+
+
+def in_process(system: str, address: str, hashed: bool) -> dict[str, Any]:
+    """`one` in a process of its own."""
+    command = [sys.executable, __file__, "--one", system, "--address", address]
+    done = subprocess.run(
+        [*command, *(["--hashed"] if hashed else [])],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=Path(__file__).parent,
+    )
+    result: dict[str, Any] = json.loads(done.stdout.splitlines()[-1])
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--out", type=Path, default=SIZING)
+    parser.add_argument("--one", choices=SYSTEMS, help=argparse.SUPPRESS)
+    parser.add_argument("--address", help=argparse.SUPPRESS)
+    parser.add_argument("--hashed", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.one:
+        print(json.dumps(one(args.one, args.address, args.hashed)))
+        return 0
+    started = time.monotonic()
+    rates: dict[str, list[float]] = {system: [] for system in SYSTEMS}
+    members: list[str] = []
+    folder = Path(tempfile.mkdtemp(prefix="loadax-r1-"))
+    with worker(config(folder, "R1", 0, "zmq"), "zmq") as served:
+        for round_ in range(args.rounds):
+            for system in SYSTEMS:
+                result = in_process(system, served.address, hashed=False)
+                rates[system].append(result["rate"])
+                members = result["members"] or members
+                print(f"round {round_ + 1}: {system}: {result['rate']:,.0f} img/s", flush=True)
+        digests = {
+            system: in_process(system, served.address, hashed=True)["digests"] for system in SYSTEMS
+        }
+    shutil.rmtree(folder)
+    medians = {system: statistics.median(values) for system, values in rates.items()}
+    best_alone = max(medians[SYSTEMS[0]], medians[SYSTEMS[1]])
+    same = all(digests[system] == digests[SYSTEMS[0]] for system in SYSTEMS)
+    lines = [
+        f"`python benchmarks/r1_local_members.py --rounds {args.rounds}` "
+        f"({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, "
+        f"{time.monotonic() - started:.0f} s, 2 shared cores): W2 at full scale (4,096 "
+        f"images, batch {BATCH}), one epoch per run, each in its own process, systems in turn "
+        "within each round; the worker (ZeroMQ, 2 threads) on the same machine. Target: "
+        "local members + 1 worker >= the better of local-only and remote-only, identical "
+        "batches.",
+        "",
+        "| system | img/s (median) | min - max | ÷ the better alone |",
+        "|---|---|---|---|",
+    ]
+    for system, values in rates.items():
+        lines.append(
+            f"| {system} | {medians[system]:,.0f} | {min(values):,.0f} - {max(values):,.0f} "
+            f"| {medians[system] / best_alone:.2f} |"
+        )
+    verdict = "met" if medians[SYSTEMS[2]] >= best_alone and same else "missed"
+    lines += [
+        "",
+        f"Batches identical in all three: {'yes' if same else 'NO'} "
+        f"({len(digests[SYSTEMS[0]])} batches, XXH3 of every array). Members of the last mixed "
+        f"run: {', '.join(members)}. Target {verdict}.",
+        "",
+        "On this machine the worker, the local member and the loop share 2 cores that the "
+        "local loader alone already fills: a local member can only take work from the worker, "
+        'and "auto" adds its one member (a core is left to the loop) after a 16-batch '
+        "baseline, a quarter of the epoch. Where the trainer has cores the worker does not "
+        "use, the local members add them.",
+    ]
+    print("\n".join(lines))
+    for path in (args.out, RESULTS):
+        write_section(path, TITLE, lines)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
