@@ -123,9 +123,10 @@ def test_a_file_is_reused_only_once_answered_and_nothing_made_from_it_is_alive()
     payload = answered.reply("w", header, [], None, 1 << 20).payload[0]
     answered.settle()
     assert bytes(payload) == b"".join(frames)
-    # Its payload is alive: another request gets another file.
+    # Its payload is alive: another request gets another file, allocated here as large.
     second = Lease(files, request)
     assert second.request.shared_memory.fd != answered.request.shared_memory.fd
+    assert os.fstat(second.request.shared_memory.fd).st_size == len(b"".join(frames))
     second.settle()  # not answered: dropped
     del payload
     gc.collect()

@@ -32,11 +32,15 @@ from loadax.wire.v1 import worker_pb2 as wire
 
 
 class MemoryFile:
-    """One memory file of this process (a memfd), and its mapping."""
+    """One memory file of this process (a memfd), and its mapping; its first `size` bytes are
+    allocated here, so that this process's memory (its cgroup's) holds them, not the worker's
+    that writes them first (tmpfs pages count where they are first allocated)."""
 
-    def __init__(self) -> None:
+    def __init__(self, size: int = 0) -> None:
         self.name = secrets.token_hex(8)
         self.fd = os.memfd_create(PREFIX + self.name, os.MFD_CLOEXEC)
+        if size:
+            os.posix_fallocate(self.fd, 0, size)
         self._array: np.ndarray[Any, np.dtype[np.uint8]] | None = None
 
     @property
@@ -108,6 +112,7 @@ class MemoryFiles:
         self._lock = threading.Lock()
         self._answered: list[MemoryFile] = []  # not lent: in use, or free
         self._closed = False
+        self._largest = 0  # the largest payload written into one of its files
 
     def lend(self) -> MemoryFile:
         """A free file (or a new one), lent until it is `settle`d."""
@@ -115,7 +120,14 @@ class MemoryFiles:
             for index, file in enumerate(self._answered):
                 if not file.in_use():
                     return self._answered.pop(index)
-        return MemoryFile()
+            largest = self._largest
+        return MemoryFile(largest)
+
+    def written(self, size: int) -> None:
+        """A worker wrote a payload of `size` bytes into one of its files: new files are
+        allocated that large."""
+        with self._lock:
+            self._largest = max(self._largest, size)
 
     def settle(self, file: MemoryFile, answered: bool) -> None:
         """The end of the request `file` was lent to: kept for reuse if the worker `answered`,
@@ -179,9 +191,11 @@ class Lease:
                 f"more than {max_bytes}",
             )
         try:
-            return Reply(header, [self._file.payload(header.payload_size)])
+            payload = self._file.payload(header.payload_size)
         except ValueError as error:
             raise WorkerError(BAD_REPLY, f"{worker} sent a batch reply: {error}") from None
+        self._files.written(header.payload_size)
+        return Reply(header, [payload])
 
     def settle(self, _: object = None) -> None:
         """The request is over: the file is reused if the worker answered, dropped if not."""
