@@ -191,11 +191,11 @@ class Lease:
                 f"more than {max_bytes}",
             )
         try:
-            payload = self._file.payload(header.payload_size)
+            in_file = self._file.payload(header.payload_size)
         except ValueError as error:
             raise WorkerError(BAD_REPLY, f"{worker} sent a batch reply: {error}") from None
         self._files.written(header.payload_size)
-        return Reply(header, [payload])
+        return Reply(header, [in_file])
 
     def settle(self, _: object = None) -> None:
         """The request is over: the file is reused if the worker answered, dropped if not."""
