@@ -98,7 +98,7 @@ EXTRA_BURST = 4.0
 ALIKE = 0.25
 """Members expected to answer within this share of the soonest are alike: the load is spread
 over them."""
-AFFINITY_SLOWER = 2.0
+AFFINITY_SLOWER = 4.0
 """A request with a digest passes over a member expected to answer this many times slower than
 the fastest with room (a straggler, or one its queue slows), whatever the digest prefers."""
 DEFAULT_LIMIT = 16
