@@ -109,6 +109,8 @@ class RecordCache:
 
     def _put(self, identity: bytes, index: int, payload: bytes) -> None:
         with self._lock:
+            if self._folder is None and index in self._memory:
+                return  # another thread read it at the same time
             if self.max_bytes is not None and self._held + len(payload) > self.max_bytes:
                 return
             self._held += len(payload)
