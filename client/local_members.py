@@ -100,14 +100,15 @@ class LocalWorker:
     def of(cls, spec: LocalSpec, name: str) -> LocalWorker:
         """The local worker `spec` asks for, of the loader's pipeline `name`: from its config as
         a worker builds it (child processes build it again from its factory), or as given."""
+        processes = spec.kind == "processes"
         if spec.config is not None:
             pipeline, rebuild = pipeline_from_config(spec.config, name)
-            pickled: PickledPipeline[Any] | None = PickledPipeline.built_by(rebuild)
+            pickled = PickledPipeline.built_by(rebuild) if processes else None
         else:
             assert spec.pipeline is not None
             pipeline = spec.pipeline
-            pickled = PickledPipeline(pipeline) if spec.kind == "processes" else None
-        return cls(name, pipeline, pickled if spec.kind == "processes" else None)
+            pickled = PickledPipeline(pipeline) if processes else None
+        return cls(name, pipeline, pickled)
 
     @property
     def identity(self) -> Identity:
@@ -199,11 +200,6 @@ class LocalMembers:
         except BaseException:
             self.close()
             raise
-
-    @property
-    def count(self) -> int:
-        with self._lock:
-            return len(self._members)
 
     def resize(self, count: int) -> None:
         """Add or remove members until there are `count`. The first one checks the identity:

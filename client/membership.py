@@ -24,8 +24,8 @@ from collections.abc import Callable, Sequence
 from loadax.client.driver import Driver
 from loadax.client.identity import agreeing, choose, require
 from loadax.client.member import LEAVES_OUT, Identity, Member, ask
-from loadax.client.names import Resolver, host_is_name, listed_addresses
-from loadax.client.startup import Listed, fallback_choice, hopeless_at, startup_failure
+from loadax.client.names import Resolver, every, host_is_name, listed_addresses
+from loadax.client.startup import Listed, bound_choice, hopeless_at, startup_failure
 from loadax.client.subset import Seat, aperture
 from loadax.client.transports import TargetSpec, Transport
 from loadax.client.transports.diagnosis import Diagnosis
@@ -142,25 +142,12 @@ class Membership:
                 wake = self._deadline if agreed_at is None else agreed_at + GRACE
                 self._condition.wait(min(wake, self._deadline, hopeless) - now)
             choice, split = None, None
-            if agreed >= min_workers:
-                try:
-                    choice = choose(members, self._pipeline, pinned)
-                except ValueError as error:  # identities tie, or none is the pinned one
-                    split = error
-            elif fallback is not None:
-                try:
-                    choice = fallback_choice(members, fallback, pinned, self._pipeline)
-                except ValueError as error:
-                    split = error
-                else:
-                    _log.warning(
-                        "%d of %d targets of pipeline %r agreed in time: running from local "
-                        "members, and workers join as they answer",
-                        agreed,
-                        len(self._listed),
-                        self._pipeline,
-                        extra=fields(event="fleet_down", pipeline=self._pipeline),
-                    )
+            try:
+                choice = bound_choice(
+                    members, agreed, min_workers, self._pipeline, pinned, fallback
+                )
+            except ValueError as error:  # identities tie, or none is the pinned one
+                split = error
             if choice is not None:
                 self._driver, self._identity = driver, choice.identity
                 self._request = self._handshake(choice.identity.num_records)
@@ -177,14 +164,8 @@ class Membership:
                 choose(members, self._pipeline, pinned)  # raises why no member serves
             with self._condition:
                 said = [(listed.name, listed.said) for listed in self._listed]
-            raise startup_failure(
-                said,
-                self._pipeline,
-                min_workers,
-                agreed,
-                self._give_up_after if hopeless <= time.monotonic() else None,
-                self._timeout,
-            )
+            gave_up = self._give_up_after if hopeless <= time.monotonic() else None
+            raise startup_failure(said, self._pipeline, min_workers, agreed, gave_up, self._timeout)
         for member in choice.left_out:
             member.transport.close()
         joined: set[str] = set()
@@ -267,22 +248,8 @@ class Membership:
 
     def refresh_every(self, seconds: float, members: Callable[[], list[str]]) -> None:
         """Refresh on a thread of its own every `seconds` until closed (when names are listed)."""
-        if not self._names:
-            return
-
-        def run() -> None:
-            while not self._sleep(seconds):
-                try:
-                    self.refresh(members())
-                except Exception as error:  # a failed lookup must not stop training
-                    _log.warning(
-                        "re-resolving %s failed: %s",
-                        self._names,
-                        error,
-                        extra=fields(event="resolve_failed", error=error),
-                    )
-
-        threading.Thread(target=run, name="loadax-refresh", daemon=True).start()
+        if self._names:
+            every(seconds, lambda: self.refresh(members()), self._sleep, self._names)
 
     def close(self, every: bool = False) -> None:
         """Stop asking; close the transports that have not answered (`every`: all of them)."""

@@ -4,11 +4,16 @@
 from __future__ import annotations
 
 import ipaddress
+import logging
 import socket
+import threading
 from collections.abc import Callable
 from typing import TypeGuard
 
 from loadax.client.transports import TargetSpec
+from loadax.logfields import fields
+
+_log = logging.getLogger("loadax.client")
 
 Resolver = Callable[[str], list[str]]
 """A host name -> the IP addresses it lists."""
@@ -48,3 +53,24 @@ def listed_addresses(spec: str, resolver: Resolver) -> list[str]:
         f"{scheme}://[{address}]:{port}" if ":" in address else f"{scheme}://{address}:{port}"
         for address in resolver(host)
     ]
+
+
+def every(
+    seconds: float, refresh: Callable[[], None], sleep: Callable[[float], bool], names: list[str]
+) -> None:
+    """`refresh()` the addresses of `names` on a thread of its own every `seconds`, until
+    `sleep(seconds)` says it is closed; a refresh that fails is logged (training goes on)."""
+
+    def run() -> None:
+        while not sleep(seconds):
+            try:
+                refresh()
+            except Exception as error:  # a failed lookup must not stop training
+                _log.warning(
+                    "re-resolving %s failed: %s",
+                    names,
+                    error,
+                    extra=fields(event="resolve_failed", error=error),
+                )
+
+    threading.Thread(target=run, name="loadax-refresh", daemon=True).start()

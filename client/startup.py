@@ -4,11 +4,15 @@ when too few agreed in time (`loadax.client.membership`)."""
 from __future__ import annotations
 
 import dataclasses
+import logging
 from collections.abc import Sequence
 
-from loadax.client.identity import Choice
+from loadax.client.identity import Choice, choose
 from loadax.client.member import Identity, Member
 from loadax.errors import WorkerError
+from loadax.logfields import fields
+
+_log = logging.getLogger("loadax.client")
 
 
 @dataclasses.dataclass
@@ -60,6 +64,33 @@ give_up_after): grpc://a:1: refused
         f"{agreeing} of {len(said)} targets agreed to serve pipeline {pipeline!r} within "
         f"{timeout:g} s; {min_workers} needed (min_workers). {told}",
     )
+
+
+def bound_choice(
+    members: Sequence[Member],
+    agreed: int,
+    min_workers: int,
+    pipeline: str,
+    pinned: str | None,
+    fallback: Identity | None,
+) -> Choice | None:
+    """What a loader binds to once the start-up's wait is over, `agreed` of `members` agreeing:
+    their identity when at least `min_workers` do (`choose`), else the local members' `fallback`
+    (logged; `fallback_choice`), else None. A ValueError when identities tie or another is
+    pinned."""
+    if agreed >= min_workers:
+        return choose(members, pipeline, pinned)
+    if fallback is None:
+        return None
+    choice = fallback_choice(members, fallback, pinned, pipeline)
+    _log.warning(
+        "%d targets of pipeline %r agreed in time: running from local members, and workers "
+        "join as they answer",
+        agreed,
+        pipeline,
+        extra=fields(event="fleet_down", pipeline=pipeline),
+    )
+    return choice
 
 
 def fallback_choice(

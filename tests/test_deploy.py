@@ -583,9 +583,8 @@ def test_a_changed_config_renames_the_config_map_and_so_rolls_the_workers(
     assert after["Deployment"]["spec"]["strategy"]["rollingUpdate"]["maxUnavailable"] == 0
 
 
-def test_the_autoscaling_component_adds_the_autoscaler_and_leaves_it_the_replicas(
-    tmp_path: Path,
-) -> None:
+def overlay_of(tmp_path: Path, component: Path) -> Path:
+    """An overlay outside deploy/ that adds `component` to deploy/'s kustomization."""
     overlay = tmp_path / "overlay"
     overlay.mkdir()
     (overlay / "kustomization.yaml").write_text(
@@ -594,10 +593,17 @@ def test_the_autoscaling_component_adds_the_autoscaler_and_leaves_it_the_replica
                 "apiVersion": "kustomize.config.k8s.io/v1beta1",
                 "kind": "Kustomization",
                 "resources": [os.path.relpath(DEPLOY, overlay)],
-                "components": [os.path.relpath(AUTOSCALING, overlay)],
+                "components": [os.path.relpath(component, overlay)],
             }
         )
     )
+    return overlay
+
+
+def test_the_autoscaling_component_adds_the_autoscaler_and_leaves_it_the_replicas(
+    tmp_path: Path,
+) -> None:
+    overlay = overlay_of(tmp_path, AUTOSCALING)
     # The other way: the lines deploy/kustomization.yaml has commented out, uncommented.
     in_place = deploy_copy(tmp_path)
     text = (in_place / "kustomization.yaml").read_text()
@@ -674,23 +680,6 @@ def test_the_factories_example_is_served_from_python_path_without_pythonpath(
 
 
 # --- sizing from the trainers' demand (KEDA) ---------------------------------------------
-
-
-def overlay_of(tmp_path: Path, component: Path) -> Path:
-    """An overlay outside deploy/ that adds `component` to deploy/'s kustomization."""
-    overlay = tmp_path / "overlay"
-    overlay.mkdir()
-    (overlay / "kustomization.yaml").write_text(
-        yaml.safe_dump(
-            {
-                "apiVersion": "kustomize.config.k8s.io/v1beta1",
-                "kind": "Kustomization",
-                "resources": [os.path.relpath(DEPLOY, overlay)],
-                "components": [os.path.relpath(component, overlay)],
-            }
-        )
-    )
-    return overlay
 
 
 def test_the_keda_component_sizes_the_workers_from_the_sum_of_workers_wanted(

@@ -103,7 +103,10 @@ def serve(connection: Connection, pipeline_data: bytes) -> None:
                 connection.send(("grow", size))
                 if segment is not None:
                     segment.close()
-                segment = SharedMemory(connection.recv())
+                name: str | None = connection.recv()
+                if name is None:  # released while it waited for room: exit as above
+                    return
+                segment = SharedMemory(name)
             view, offset = segment_view(segment), 0
             for frame in frames:  # each array's bytes copied once, straight into the segment
                 view[offset : offset + len(frame)] = frame
