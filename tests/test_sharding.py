@@ -201,7 +201,7 @@ def test_a_global_batch_that_does_not_split_evenly_is_a_value_error() -> None:
 
 
 def test_a_short_last_batch_that_does_not_split_evenly_names_drop_remainder() -> None:
-    with pytest.raises(ValueError, match=r"last batch of each epoch .*drop_remainder.* is 4"):
+    with pytest.raises(ValueError, match=r"last batch of an epoch .*drop_remainder.* is 4"):
         sharded(Mesh(DEVICES, ("data",)), batch=8).build(RangeDataset(0, 12))
     loader = sharded(Mesh(DEVICES, ("data",)), batch=8).drop_remainder().build(RangeDataset(0, 12))
     assert len(loader) == 2
