@@ -16,6 +16,7 @@ from equivalence import digests
 import loadax
 from loadax.client import RemoteDataLoader
 from loadax.client.prometheus import LoaderCollector
+from loadax.errors import WorkerError
 from loadax.iterators.stats import StatsRecorder
 from loadax.plan.work import StepWork
 from loadax.reuse import ReuseStats
@@ -24,6 +25,7 @@ from loadax.server.grpc_server import GrpcServer
 from loadax.server.metrics import WorkerMetrics
 from loadax.server.request_path import RequestPath
 from loadax.server.worker import Worker
+from loadax.wire.failures import RecordFailed
 from loadax.wire.payloads import EncodedBatch
 from loadax.wire.plans import batch_request
 from loadax.wire.v1 import worker_pb2 as wire
@@ -31,6 +33,7 @@ from loadax.wire.v1 import worker_pb2 as wire
 WAIT_S = 30.0
 PLAN = loadax.Plan(num_records=24, batch_size=4, seed=1, shuffle=True)
 ROW_BYTES = 8 * 64
+BAD = 23  # the record that fails
 
 
 class Gated:
@@ -41,6 +44,7 @@ class Gated:
         self.gate.set()
         self.reading = threading.Event()
         self.reads = 0
+        self.bad: int | None = None  # a record that fails, if any
         self._lock = threading.Lock()
 
     def record(self, index: int) -> dict[str, Any]:
@@ -48,6 +52,8 @@ class Gated:
             self.reads += 1
         self.reading.set()
         assert self.gate.wait(WAIT_S)
+        if index == self.bad:
+            raise ValueError(f"record {index} is damaged")
         return {"x": np.full(64, index, dtype=np.int64)}
 
     def pipeline(self) -> loadax.Pipeline[Any, Any]:
@@ -79,14 +85,24 @@ class Asker:
         rows: list[int] | None = None,
         wanted: Callable[[], bool] | None = None,
     ) -> bytes:
+        reply = self.answer(client, step, rows, wanted)
+        assert isinstance(reply, EncodedBatch), reply
+        return reply.payload
+
+    def answer(
+        self,
+        client: str,
+        step: int,
+        rows: list[int] | None = None,
+        wanted: Callable[[], bool] | None = None,
+    ) -> EncodedBatch | WorkerError:
         work = StepWork(step, None if rows is None else np.array(rows))
         request = batch_request("gated", self.fingerprint, PLAN, work, client)
         held = self.path.arrive("connection", "test", request)
         assert self.path.admit(request, held) is None
         reply = self.path.answer(request, held, wanted)
-        assert isinstance(reply, EncodedBatch), reply
         self.path.ledger.done(held)  # sent: the reply's bytes are let go of
-        return reply.payload
+        return reply
 
 
 @pytest.fixture
@@ -133,9 +149,38 @@ def test_concurrent_requests_of_one_digest_are_computed_once(gated: Gated) -> No
     worker.close()
 
 
+def test_a_failure_of_the_work_is_every_waiting_requester_s_answer(gated: Gated) -> None:
+    gated.bad = BAD
+    worker = worker_of(gated)
+    asker = Asker(worker)
+    gated.gate.clear()
+    waiting = threading.Semaphore(0)
+
+    def waits() -> bool:
+        waiting.release()
+        return True
+
+    step, rows = next(
+        (step, [PLAN.indices(step).tolist().index(BAD)])
+        for step in range(24 // PLAN.batch_size)
+        if BAD in PLAN.indices(step)
+    )
+    with ThreadPoolExecutor(2) as pool:
+        first = pool.submit(asker.answer, "a", step, rows)
+        assert gated.reading.wait(WAIT_S)
+        other = pool.submit(asker.answer, "b", step, rows, waits)
+        assert waiting.acquire(timeout=WAIT_S)
+        gated.gate.set()
+        answers = [first.result(WAIT_S), other.result(WAIT_S)]
+    assert all(isinstance(answer, RecordFailed) for answer in answers), answers
+    assert gated.reads == 2  # as for one request: in the batch, then alone to name it
+    worker.close()
+
+
 def test_a_tiny_cache_evicts_and_a_miss_computes_the_same_bytes(gated: Gated) -> None:
-    asker = Asker(worker_of(gated))
-    size = len(asker.ask("a", 0))
+    sizing = worker_of(gated)
+    size = len(Asker(sizing).ask("a", 0))
+    sizing.close()
     tiny = worker_of(gated, share_cache_bytes=size + 100)  # one reply
     asker = Asker(tiny)
     batches = [asker.ask("a", step) for step in (0, 1, 0, 0)]
@@ -143,6 +188,7 @@ def test_a_tiny_cache_evicts_and_a_miss_computes_the_same_bytes(gated: Gated) ->
     stats = tiny.share_cache.stats()
     assert (stats.misses, stats.hits, stats.size_bytes) == (3, 1, size)
     assert gated.reads == 3 * PLAN.batch_size
+    tiny.close()
 
 
 def test_the_cache_gives_its_bytes_back_to_requests_that_wait_for_room(gated: Gated) -> None:
@@ -156,6 +202,7 @@ def test_the_cache_gives_its_bytes_back_to_requests_that_wait_for_room(gated: Ga
     assert worker.memory_budget.reserved == 0
     assert 0 < worker.memory_budget.cached <= budget
     assert worker.share_cache.stats().misses == 4
+    worker.close()
 
 
 def test_sharing_is_off_with_a_cache_of_zero_bytes_but_still_coalesces(gated: Gated) -> None:
@@ -164,6 +211,7 @@ def test_sharing_is_off_with_a_cache_of_zero_bytes_but_still_coalesces(gated: Ga
     assert asker.ask("a", 0) == asker.ask("b", 0)
     assert gated.reads == 2 * PLAN.batch_size
     assert worker.share_cache.stats().size_bytes == worker.memory_budget.cached == 0
+    worker.close()
 
 
 @pytest.fixture
