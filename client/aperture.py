@@ -68,6 +68,11 @@ class Aperture:
         self._resolved = 0  # requests resolved since
         self._rate: float | None = None  # requests resolved per second, smoothed
 
+    @property
+    def rate(self) -> float | None:
+        """Requests answered per second, smoothed (None until first measured)."""
+        return self._rate
+
     def due(self, now: float) -> bool:
         """Whether `reshape` is due: the membership changed, or `RESHAPE_EVERY` passed."""
         return self._changed or now >= self._reshaped + RESHAPE_EVERY

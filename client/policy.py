@@ -21,9 +21,10 @@ a byte. The rules:
   sent to another member once its newest attempt is `HEDGE_FACTOR` x the fleet's p95 latency
   old (a hedge that lands on a slow member is hedged in turn); an attempt older than
   `HUNG_FACTOR` x p95 (at least `HUNG_FLOOR`) is given up as hung (it still wins if it answers
-  first). Hedges and re-issues of hung attempts add at most `EXTRA_SHARE` of the requests,
-  but a request outstanding alone may borrow against that share: a loop held up by it admits
-  nothing, so would earn none. A member given up `HUNG_STRIKES` times in a row is quarantined.
+  first). Hedges and re-issues of hung attempts add at most `EXTRA_SHARE` of the requests
+  answered (a share earned with time, at the rate they are answered: a loop held up by one
+  slow request still earns its hedge). A member given up `HUNG_STRIKES` times in a row is
+  quarantined.
 - A failed attempt is re-issued elsewhere at once and its member backs off, doubling; a member
   wrong for this loader (another identity, no such pipeline, a bad reply) is quarantined, and
   probed with one real request after a doubling back-off; an answer releases it.
@@ -92,9 +93,9 @@ HUNG_FLOOR = 1.0
 HEDGED_FRONT = 2
 """The oldest requests outstanding that may be hedged: those that block in-order delivery."""
 EXTRA_SHARE = 0.1
-"""Hedges and re-issues of hung attempts add at most this share of the requests."""
+"""Hedges and re-issues of hung attempts add at most this share of the requests answered."""
 EXTRA_BURST = 4.0
-"""The most extra attempts saved up for a burst of slow requests (and the most owed)."""
+"""The most extra attempts saved up for a burst of slow requests."""
 ALIKE = 0.25
 """Members expected to answer within this share of the soonest are alike: the load is spread
 over them."""
@@ -151,6 +152,7 @@ class Policy:
         self._ids = itertools.count(1)
         self._latency = FleetLatency()
         self._extra_credit = EXTRA_BURST
+        self._credited_at = 0.0  # when the share was last earned
         self._answered_at = 0.0  # when the fleet last answered, joined or was last idle
         self._failing = fleet_failures.FailingWarnings()
         self._actions: list[Action] = []
@@ -232,8 +234,6 @@ class Policy:
             request = self._waiting.popleft()
             request.started = now
             self._admitted[request.id] = request
-            # Each first attempt earns a share of an extra one.
-            self._extra_credit = min(self._extra_credit + EXTRA_SHARE, EXTRA_BURST)
             self._dispatch(request, now)
 
     def _withdraw(self, request_id: int) -> None:
@@ -262,15 +262,12 @@ class Policy:
         attempt.member.abandoned(attempt_id, self._now)
         self._actions.append(Cancel(attempt_id))
 
-    def _dispatch(
-        self, request: _Request, now: float, extra: bool = False, head: bool = False
-    ) -> None:
+    def _dispatch(self, request: _Request, now: float, extra: bool = False) -> None:
         """Send an attempt to the best member free for it; an `extra` one only within the share
-        of extra attempts, which a `head` request (the only one outstanding, which the loop
-        waits for) may borrow against: a loop held up admits no requests, so earns no share."""
+        of extra attempts."""
         if self._gave_up(request, now):
             return
-        if extra and self._extra_credit < 1.0 and not head:
+        if extra and self._extra_credit < 1.0:
             return
         if request.poisoned and (
             len(request.poisoned) + len(request.attempts) > self.options.poison_retries
@@ -284,7 +281,7 @@ class Policy:
         if member is None:
             return  # the next tick tries again
         if extra:
-            self._extra_credit = max(self._extra_credit - 1.0, -EXTRA_BURST)
+            self._extra_credit -= 1.0
         attempt_id = next(self._ids)
         self._attempts[attempt_id] = _Attempt(request, member, now)
         request.attempts[member.name] = attempt_id
@@ -465,6 +462,12 @@ class Policy:
     # Time.
 
     def _tick(self, now: float) -> None:
+        # The share of extra attempts accrues with time at the rate requests are answered
+        # (smoothed): a loop held up by a slow request admits none, yet still earns its hedge.
+        rate = self._aperture.rate or 0.0
+        earned = EXTRA_SHARE * rate * (now - self._credited_at)
+        self._extra_credit = min(self._extra_credit + earned, EXTRA_BURST)
+        self._credited_at = now
         self._actions += self._failing.due(
             now,
             bool(self._admitted),
@@ -479,9 +482,7 @@ class Policy:
         front = heapq.nsmallest(HEDGED_FRONT, requests, key=lambda request: request.started)
         for request in requests:
             if request.id in self._admitted:
-                # The loop waits for this one alone: it admits no request, so earns no share.
-                head = len(requests) == 1 and not self._waiting
-                self._check(request, now, hung, hedge if request in front else None, head)
+                self._check(request, now, hung, hedge if request in front else None)
 
     def _thresholds(self) -> tuple[float, float | None]:
         """(the age at which an attempt is hung, the age at which a request is hedged)."""
@@ -493,11 +494,8 @@ class Policy:
             return hung, None if p95 is None else HEDGE_FACTOR * p95
         return hung, hedge
 
-    def _check(
-        self, request: _Request, now: float, hung: float, hedge: float | None, head: bool
-    ) -> None:
-        """Give up hung attempts, re-issue or hedge the request (the `head` one: see
-        `_dispatch`), or fail it."""
+    def _check(self, request: _Request, now: float, hung: float, hedge: float | None) -> None:
+        """Give up hung attempts, re-issue or hedge the request, or fail it."""
         if self._gave_up(request, now):
             return
         attempts = [self._attempts[attempt] for attempt in request.attempts.values()]
@@ -518,9 +516,9 @@ class Policy:
                 attempt.member.quarantined is not None or now - attempt.sent >= timeout
                 for attempt in attempts
             )
-            self._dispatch(request, now, extra=bool(attempts) and not free, head=head)
+            self._dispatch(request, now, extra=bool(attempts) and not free)
         elif hedge is not None and now - max(attempt.sent for attempt in live) >= hedge:
-            self._dispatch(request, now, extra=True, head=head)
+            self._dispatch(request, now, extra=True)
 
     def _note(self, level: int, message: str, facts: dict[str, Value]) -> None:
         self._actions.append(Note(level, message, facts))
