@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import process_pipelines
 import pytest
 from equivalence import digests
 from moto_server import BUCKET, Moto
@@ -94,6 +95,20 @@ def test_a_truncated_or_damaged_file_is_computed_again(tmp_path: Path) -> None:
     assert [record["x"][0] for record in again] == list(range(RECORDS))
     assert decoder.decoded == 1 + 2  # the probe, and the two files that were not whole
     assert again.stats().misses == 2
+
+
+def test_loader_processes_share_the_files_and_give_the_same_batches(tmp_path: Path) -> None:
+    builder = loadax.DataLoader(loadax.Batcher()).batch_size(4).shuffle(seed=3).num_epochs(2)
+    cached = loadax.RangeDataset(0, RECORDS).map(process_pipelines.record).cache(tmp_path)
+    loader = builder.workers(2, kind="processes").build(cached)
+    try:
+        got = digests(loader)
+    finally:
+        loader.close()
+    assert got == digests(
+        builder.build(loadax.RangeDataset(0, RECORDS).map(process_pipelines.record))
+    )
+    assert len(list(tmp_path.rglob("*.rec"))) == RECORDS  # every record, written by a process
 
 
 def test_a_worker_s_cache_serves_every_epoch_of_its_clients() -> None:
