@@ -50,7 +50,8 @@ class MemoryFile:
 
     def payload(self, size: int) -> memoryview:
         """A read-only view of its first `size` bytes, which keeps the mapping alive; a
-        ValueError if the file is shorter (the worker did not write them)."""
+        ValueError if the file is shorter (the worker did not write them, and a mapping past
+        its end would fault). Whether the bytes are the batch is the reply's checksum's to say."""
         length = os.fstat(self.fd).st_size
         if length < size:
             raise ValueError(f"its memory file holds {length} bytes, fewer than {size}")
