@@ -23,14 +23,14 @@ from loadax.errors import WorkerError
 from loadax.reuse import ReuseCounts, ReuseStats
 from loadax.server.memory import MemoryBudget, at_most_once
 from loadax.wire.failures import PipelineFailed, PoisonFailed, RecordFailed
-from loadax.wire.payloads import EncodedBatch, answer_checksum
+from loadax.wire.payloads import EncodedBatch
 from loadax.wire.plans import request_digest
 from loadax.wire.v1 import worker_pb2 as wire
 
 DEFAULT_SHARE = 4
 """A worker's cache of built replies holds at most 1/DEFAULT_SHARE of its memory budget unless
 `[server] share_cache_mb` says otherwise."""
-_Key = tuple[bytes, int]  # (request digest, checksum kind): one reply's bytes and header
+_Key = bytes  # a request digest: one batch's bytes, whoever asks and with whichever checksum
 
 
 @dataclasses.dataclass(eq=False, slots=True)
@@ -85,9 +85,11 @@ class ShareCache:
         wanted: Callable[[], bool] | None = None,
     ) -> EncodedBatch:
         """The reply to `request`: a cached one, the one a computation under way for its digest
-        makes, else `build()`'s. Its `release` must be called once it is sent. A wait for
+        makes, else `build()`'s; its checksum is of the kind the request that built it asked for
+        (`EncodedBatch.checksummed_for` answers each with its own). Its `release` must be
+        called once it is sent. A wait for
         another's computation ends CANCELLED once `wanted()` is false (asked again at `wake`)."""
-        key = (request_digest(request), answer_checksum(request))
+        key = request_digest(request)
         while True:
             with self._lock:
                 built = self._cache.get(key)

@@ -16,6 +16,7 @@ from equivalence import digests
 import loadax
 from loadax.client import RemoteDataLoader
 from loadax.client.prometheus import LoaderCollector
+from loadax.client.replies import ReplyDecoder
 from loadax.errors import WorkerError
 from loadax.iterators.stats import StatsRecorder
 from loadax.plan.work import StepWork
@@ -95,14 +96,23 @@ class Asker:
         step: int,
         rows: list[int] | None = None,
         wanted: Callable[[], bool] | None = None,
+        checksum: wire.Checksum | None = None,
     ) -> EncodedBatch | WorkerError:
-        work = StepWork(step, None if rows is None else np.array(rows))
-        request = batch_request("gated", self.fingerprint, PLAN, work, client)
+        request = self.request(client, step, rows, checksum)
         held = self.path.arrive("connection", "test", request)
         assert self.path.admit(request, held) is None
         reply = self.path.answer(request, held, wanted)
         self.path.ledger.done(held)  # sent: the reply's bytes are let go of
         return reply
+
+    def request(
+        self, client: str, step: int, rows: list[int] | None, checksum: wire.Checksum | None
+    ) -> wire.BatchRequest:
+        work = StepWork(step, None if rows is None else np.array(rows))
+        request = batch_request("gated", self.fingerprint, PLAN, work, client)
+        if checksum is not None:
+            request.checksum = checksum
+        return request
 
 
 @pytest.fixture
@@ -174,6 +184,21 @@ def test_a_failure_of_the_work_is_every_waiting_requester_s_answer(gated: Gated)
         answers = [first.result(WAIT_S), other.result(WAIT_S)]
     assert all(isinstance(answer, RecordFailed) for answer in answers), answers
     assert gated.reads == 2  # as for one request: in the batch, then alone to name it
+    worker.close()
+
+
+def test_clients_asking_for_other_checksums_share_the_batch_each_with_its_own() -> None:
+    gated = Gated()
+    worker = worker_of(gated)
+    asker = Asker(worker)
+    for client, kind in (("new", wire.CHECKSUM_XXH3_64), ("old", wire.CHECKSUM_WEIGHTED_SUM)):
+        reply = asker.answer(client, 1, checksum=kind)
+        assert isinstance(reply, EncodedBatch), reply
+        assert reply.header.checksum_kind == kind
+        request = asker.request(client, 1, None, kind)
+        assert ReplyDecoder("w").decode(request, reply.header, reply.frames)["x"].shape == (4, 64)
+    assert gated.reads == PLAN.batch_size  # computed once
+    assert worker.share_cache.stats().hits == 1
     worker.close()
 
 
