@@ -45,9 +45,10 @@ SILENCE_S = GRPC_SILENCE_MS / 1000
 
 @pytest.fixture(scope="module")
 def slow() -> Iterator[tuple[str, wire.BatchRequest]]:
-    """A worker whose batch 1 takes 0.8 s (4 records of 0.4 s, 2 read at once), and a request
-    for it."""
-    worker = Worker({"slow": proxy_pipelines.slow_after(8, delay=0.4)}, threads=2)
+    """A worker whose batch 1 takes 0.8 s (4 records of 0.4 s, 2 read at once), each time it
+    is asked (it keeps no replies), and a request for it."""
+    pipelines = {"slow": proxy_pipelines.slow_after(8, delay=0.4)}
+    worker = Worker(pipelines, threads=2, share_cache_bytes=0)
     server = GrpcServer(worker, "127.0.0.1:0", threads=2, max_in_flight_per_client=4)
     address = server.start()
     hello = wire.HandshakeRequest(

@@ -59,6 +59,13 @@ def memory_files(pid: int | str = "self") -> int:
     return held + mapped(pid)
 
 
+def baseline() -> int:
+    """The memory files this process holds before a test: other tests' batches still alive (a
+    test process runs many) keep theirs mapped."""
+    gc.collect()
+    return memory_files()
+
+
 def mapped(pid: int | str = "self") -> int:
     """How many mappings of loadax memory files the process `pid` has: one for each file a
     batch came in (the file that handshakes name is never mapped)."""
@@ -92,6 +99,7 @@ def test_a_worker_on_the_host_says_so_unless_either_side_turns_it_off(
             transport_to.close()
     config = write_config(tmp_path, SERVED, zmq=True)
     config.write_text(config.read_text().replace("[server]", "[server]\nshared_memory = false"))
+    before = baseline()
     with (
         worker_process(tmp_path, config=config) as refusing,
         RemoteDataLoader([refusing.address(transport)], pipeline="images")
@@ -99,7 +107,7 @@ def test_a_worker_on_the_host_says_so_unless_either_side_turns_it_off(
         .build() as loader,
     ):
         assert digests(loader) == reference()  # sent over the socket
-        assert mapped() == 0
+        assert mapped() <= before
 
 
 def test_either_setting_must_be_a_boolean(tmp_path: Path) -> None:
@@ -210,14 +218,15 @@ def test_a_worker_killed_leaves_the_batches_held_intact_and_nothing_behind(
     transport: str, tmp_path: Path
 ) -> None:
     expected = reference()
+    before = baseline()
     with worker_process(tmp_path, SERVED, zmq=True) as dying:
         loader = RemoteDataLoader([dying.address(transport)], pipeline="images").batch_size(BATCH)
         with loader.build() as built:
             held = list(built)
-            assert mapped() > 0
+            assert mapped() > before
             dying.process.send_signal(signal.SIGKILL)
             dying.process.wait(WAIT_S)
             assert digests(held) == expected
     del held
     gc.collect()
-    assert memory_files() == 0
+    assert memory_files() <= before
