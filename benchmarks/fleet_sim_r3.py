@@ -129,7 +129,8 @@ def diagnoses(report: dict[str, Any]) -> list[str]:
     ]
     if report["delivered_fraction"] < 0.95:
         lines[-1] += (
-            " Traced at `client/` 0bea462: in the first seconds a trainer sends a request to a "
+            " Traced at `client/` 0bea462 (fixed at bf4b1db: the share now accrues with time): "
+            "in the first seconds a trainer sends a request to a "
             "straggler that other trainers have queued up (it sees only its own attempts), "
             "spends its extra attempts (`EXTRA_SHARE`: each first attempt earns 0.1 of one, at "
             "most `EXTRA_BURST`) on the start-up's hedges, and, its loop stalled on that "
@@ -143,14 +144,18 @@ def diagnoses(report: dict[str, Any]) -> list[str]:
             "Load spread: the apertures' cover of the workers (each worker's shares of them, "
             f"summed every 0.5 s) spreads {report['cover_spread']:.2f} (max ÷ mean), the "
             "requests a worker took per unit of that cover "
-            f"{report['requests_per_cover_spread']:.2f}: the spread is in how each trainer "
-            "spreads its requests over its aperture. The rule (`client/` at dfabefc): "
-            "`Policy._choose` sends each attempt to a member expected to answer first (within "
-            "`ALIKE` of the soonest, by (outstanding + 1) x its recent latency, which counts "
-            "other trainers' queues at that worker only as they show in its latency), then "
-            "the fewest outstanding, and the member's share of the arc only after those; a "
-            "straggler's share goes to its neighbours in the arc (run at 60 s the spread "
-            "stays 1.38: not the noise of a short run).",
+            f"{report['requests_per_cover_spread']:.2f}: the spread is in how the trainers "
+            "spread their requests over their apertures. Taken apart on the simulator at "
+            "`client/` bf4b1db: (1) a straggler's share goes to the other members of each arc "
+            "holding it (an arc of 8 with one straggler sends each other member 8/7 of its "
+            "share, with two 8/6), so the workers beside stragglers take 1.3-1.5x the mean, "
+            "while without stragglers the same trainers spread 1.09-1.12 when placement "
+            "ignores latency (`ALIKE` 3); (2) with `ALIKE` 0.25 a member whose latency was "
+            "once high is passed over until its estimate goes stale (10 s), so some members of "
+            "an arc take a tenth of their share. Tried and not kept: arcs that reach past slow "
+            "members (their share lands on the next member of each arc: spread 1.44-1.50), "
+            "and wider arcs (16: 1.22-1.29, 24: 1.16, but each straggler in an arc costs its "
+            "trainer a hedge's wait: delivered 0.92-0.89).",
         ]
     return lines
 
