@@ -19,8 +19,9 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check .
 	$(BIN)/python tests/typecheck.py
 
+# Two test processes: most tests wait on workers, sockets and clocks, not on a core.
 test: lint
-	$(BIN)/pytest
+	$(BIN)/pytest -n 2 --dist worksteal
 
 # Regenerates loadax/wire/v1 from proto/ (tests/test_proto.py checks it is up to date).
 proto: $(STAMP)
