@@ -157,13 +157,14 @@ class Membership:
                 for member in choice.left_out:
                     self._leave_out(member.name, choice.why_left_out(member))
         if choice is None:
+            # What each target said, before closing cancels the attempts still in flight.
+            with self._condition:
+                said = [(listed.name, listed.said) for listed in self._listed]
             self.close(every=True)
             if split is not None:
                 raise split
             if settled and not agreed and members:
                 choose(members, self._pipeline, pinned)  # raises why no member serves
-            with self._condition:
-                said = [(listed.name, listed.said) for listed in self._listed]
             gave_up = self._give_up_after if hopeless <= time.monotonic() else None
             raise startup_failure(said, self._pipeline, min_workers, agreed, gave_up, self._timeout)
         for member in choice.left_out:
