@@ -11,20 +11,13 @@ a byte. The rules:
   are connected while in it. When no member of the arc is free, any connected member is used.
 - Depth: requests are admitted in order while fewer than `in_flight_per_worker` per member of
   the aperture that is up (within its limit) are outstanding, at least one.
-- Each attempt goes to the member expected to answer first: (outstanding + 1) x its recent
-  latency (an EWMA, at least the age of its oldest attempt); of those within `ALIKE` of the
-  first, the one with the fewest outstanding and then sent the fewest for its share of the
-  arc (so that members alike share the load evenly, not the one a hair faster). None holds
-  more than it announced it takes from one client; RESOURCE_EXHAUSTED is back-pressure: that
-  member is sent less for a while, and nothing counts as failed.
-- Tails: one of the `HEDGED_FRONT` oldest requests (those that block in-order delivery) is also
-  sent to another member once its newest attempt is `HEDGE_FACTOR` x the fleet's p95 latency
-  old (a hedge that lands on a slow member is hedged in turn); an attempt older than
-  `HUNG_FACTOR` x p95 (at least `HUNG_FLOOR`) is given up as hung (it still wins if it answers
-  first). Hedges and re-issues of hung attempts add at most `EXTRA_SHARE` of the requests
-  answered (a share earned with time, at the rate they are answered: a loop held up by one
-  slow request still earns its hedge). A member given up `HUNG_STRIKES` times in a row is
-  quarantined.
+- Each attempt goes to the member chosen by `loadax.client.member_choice` (expected to answer
+  first, the load spread over members alike). None holds more than it announced it takes from
+  one client; RESOURCE_EXHAUSTED is back-pressure: that member is sent less for a while, and
+  nothing counts as failed.
+- Tails (`loadax.client.tails`): the oldest requests are hedged, hung attempts are given up and
+  re-issued, within a share of extra attempts. A member given up `HUNG_STRIKES` times in a row
+  is quarantined.
 - A failed attempt is re-issued elsewhere at once and its member backs off, doubling; a member
   wrong for this loader (another identity, no such pipeline, a bad reply) is quarantined, and
   probed with one real request after a doubling back-off; an answer releases it.
@@ -54,7 +47,6 @@ from collections.abc import Iterable
 from typing import Any
 
 from loadax.client import fleet_failures
-from loadax.client.affinity import affinity
 from loadax.client.aperture import Aperture
 from loadax.client.fleet_events import (
     Action,
@@ -76,32 +68,16 @@ from loadax.client.fleet_events import (
     Withdraw,
 )
 from loadax.client.fleet_options import FleetOptions
+from loadax.client.member_choice import choose
 from loadax.client.member_health import FleetLatency, MemberHealth
 from loadax.client.subset import Seat
+from loadax.client.tails import HEDGED_FRONT, ExtraShare, thresholds
 from loadax.client.verdicts import Verdict, serves_another, verdict
 from loadax.errors import WorkerError
 from loadax.iterators.stats import WorkerStats
 from loadax.logfields import Value, fields
 from loadax.wire.failures import PipelineFailed, PoisonFailed
 
-HEDGE_FACTOR = 1.5
-"""A request this many times the fleet's p95 latency old is also sent to another member."""
-HUNG_FACTOR = 8.0
-"""An attempt this many times the fleet's p95 latency old is given up as hung..."""
-HUNG_FLOOR = 1.0
-"""... but never one younger than this (seconds): scheduling noise is not a hang."""
-HEDGED_FRONT = 2
-"""The oldest requests outstanding that may be hedged: those that block in-order delivery."""
-EXTRA_SHARE = 0.1
-"""Hedges and re-issues of hung attempts add at most this share of the requests answered."""
-EXTRA_BURST = 4.0
-"""The most extra attempts saved up for a burst of slow requests."""
-ALIKE = 0.25
-"""Members expected to answer within this share of the soonest are alike: the load is spread
-over them."""
-AFFINITY_SLOWER = 4.0
-"""A request with a digest passes over a member expected to answer this many times slower than
-the fastest with room (a straggler, or one its queue slows), whatever the digest prefers."""
 DEFAULT_LIMIT = 16
 """The most requests a member is sent at once when it did not announce its own limit."""
 TICK = 0.02
@@ -151,8 +127,7 @@ class Policy:
         self._attempts: dict[int, _Attempt] = {}
         self._ids = itertools.count(1)
         self._latency = FleetLatency()
-        self._extra_credit = EXTRA_BURST
-        self._credited_at = 0.0  # when the share was last earned
+        self._extra = ExtraShare()
         self._answered_at = 0.0  # when the fleet last answered, joined or was last idle
         self._failing = fleet_failures.FailingWarnings()
         self._actions: list[Action] = []
@@ -267,7 +242,7 @@ class Policy:
         of extra attempts."""
         if self._gave_up(request, now):
             return
-        if extra and self._extra_credit < 1.0:
+        if extra and not self._extra.left:
             return
         if request.poisoned and (
             len(request.poisoned) + len(request.attempts) > self.options.poison_retries
@@ -281,7 +256,7 @@ class Policy:
         if member is None:
             return  # the next tick tries again
         if extra:
-            self._extra_credit -= 1.0
+            self._extra.spend()
         attempt_id = next(self._ids)
         self._attempts[attempt_id] = _Attempt(request, member, now)
         request.attempts[member.name] = attempt_id
@@ -289,10 +264,8 @@ class Policy:
         self._actions.append(Send(attempt_id, request.id, member.name))
 
     def _choose(self, busy: set[str], now: float, request: _Request) -> MemberHealth | None:
-        """The member of the aperture expected to answer first, not in `busy`, with room; of
-        any connected member when none of the aperture is. Of those alike, the least loaded,
-        then the least used. A request with a digest goes to the member it prefers
-        (`affinity`) of those with room not `AFFINITY_SLOWER` x slower than the fastest."""
+        """The member chosen (`member_choice.choose`) of those of the aperture not in `busy`
+        with room; of any connected member when none of the aperture is."""
         shares = self._aperture.active
         members = [
             member
@@ -304,28 +277,7 @@ class Policy:
             members = [m for m in self._members.values() if m.name not in busy and m.free(now)]
         if not members:
             return None
-        known = [m.fresh_latency(now) for m in members]
-        typical = min((latency for latency in known if latency is not None), default=0.0)
-        if request.digest:  # requests that ask alike meet: the preferred of those with room
-            latencies = [m.expected_latency(now, typical) for m in members]
-            fast = [
-                m
-                for m, s in zip(members, latencies, strict=True)
-                if s <= AFFINITY_SLOWER * min(latencies)
-            ]
-            return min(
-                fast, key=lambda m: affinity(request.digest, m.name, shares.get(m.name, 1.0))
-            )
-        expected = [(len(m.sent) + 1) * m.expected_latency(now, typical) for m in members]
-        soonest = min(expected) * (1 + ALIKE)
-        alike = [m for m, answer in zip(members, expected, strict=True) if answer <= soonest]
-        return min(
-            alike,
-            key=lambda member: (
-                len(member.sent),
-                member.counts.requests / shares.get(member.name, 1.0),
-            ),
-        )
+        return choose(members, shares, now, request.digest)
 
     def _gave_up(self, request: _Request, now: float) -> bool:
         """Fail every request once the fleet has answered nothing for `no_worker_timeout`;
@@ -462,12 +414,7 @@ class Policy:
     # Time.
 
     def _tick(self, now: float) -> None:
-        # The share of extra attempts accrues with time at the rate requests are answered
-        # (smoothed): a loop held up by a slow request admits none, yet still earns its hedge.
-        rate = self._aperture.rate or 0.0
-        earned = EXTRA_SHARE * rate * (now - self._credited_at)
-        self._extra_credit = min(self._extra_credit + earned, EXTRA_BURST)
-        self._credited_at = now
+        self._extra.earn(now, self._aperture.rate)
         self._actions += self._failing.due(
             now,
             bool(self._admitted),
@@ -475,7 +422,7 @@ class Policy:
             self.options.no_worker_timeout,
             self._members.values(),
         )
-        hung, hedge = self._thresholds()
+        hung, hedge = thresholds(self._latency, self.options)
         # Requests go out in step order: the oldest ones outstanding block the in-order delivery
         # of the others, and are the only ones worth hedging.
         requests = list(self._admitted.values())
@@ -483,16 +430,6 @@ class Policy:
         for request in requests:
             if request.id in self._admitted:
                 self._check(request, now, hung, hedge if request in front else None)
-
-    def _thresholds(self) -> tuple[float, float | None]:
-        """(the age at which an attempt is hung, the age at which a request is hedged)."""
-        p95, hung = self._latency.p95, self.options.request_timeout
-        if p95 is not None:
-            hung = min(hung, max(HUNG_FLOOR, HUNG_FACTOR * p95))
-        hedge = self.options.hedge_after
-        if hedge == "auto":
-            return hung, None if p95 is None else HEDGE_FACTOR * p95
-        return hung, hedge
 
     def _check(self, request: _Request, now: float, hung: float, hedge: float | None) -> None:
         """Give up hung attempts, re-issue or hedge the request, or fail it."""

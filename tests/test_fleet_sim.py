@@ -15,7 +15,8 @@ from typing import Any
 import pytest
 
 from loadax.client.fleet_options import FleetOptions
-from loadax.client.policy import EXTRA_SHARE, TICK
+from loadax.client.policy import TICK
+from loadax.client.tails import EXTRA_SHARE
 
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 sys.path.insert(0, str(BENCHMARKS))

@@ -26,17 +26,10 @@ from loadax.client.fleet_events import (
     Withdraw,
 )
 from loadax.client.fleet_options import FleetOptions
+from loadax.client.member_choice import ALIKE
 from loadax.client.member_health import HUNG_STRIKES, LATENCY_SAMPLES
-from loadax.client.policy import (
-    ALIKE,
-    EXTRA_BURST,
-    EXTRA_SHARE,
-    HEDGE_FACTOR,
-    HUNG_FLOOR,
-    TICK,
-    Policy,
-    replay,
-)
+from loadax.client.policy import TICK, Policy, replay
+from loadax.client.tails import EXTRA_BURST, EXTRA_SHARE, HEDGE_FACTOR, HUNG_FLOOR
 from loadax.errors import PoisonedRecords, WorkerError
 from loadax.wire.failures import PipelineFailed, PoisonFailed
 

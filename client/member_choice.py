@@ -1,0 +1,52 @@
+"""Which member of those free takes an attempt: the one expected to answer first, spreading the
+load over members alike; or, for a request with a digest (`affinity`), the one the digest
+prefers, so that requests that ask alike meet where the batch is already built.
+
+Expected to answer: (outstanding + 1) x its recent latency (an EWMA, at least the age of its
+oldest attempt). Of those within `ALIKE` of the first, the one with the fewest outstanding and
+then sent the fewest for its share of the arc, so that members alike share the load evenly,
+not the one a hair faster.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from loadax.client.affinity import affinity
+from loadax.client.member_health import MemberHealth
+
+ALIKE = 0.25
+"""Members expected to answer within this share of the soonest are alike: the load is spread
+over them."""
+AFFINITY_SLOWER = 4.0
+"""A request with a digest passes over a member expected to answer this many times slower than
+the fastest with room (a straggler, or one its queue slows), whatever the digest prefers."""
+
+
+def choose(
+    members: Sequence[MemberHealth], shares: Mapping[str, float], now: float, digest: bytes
+) -> MemberHealth:
+    """Of `members` (free, at least one), the one to send an attempt to; `shares`: each one's
+    share of the client's arc (1 where it has none); `digest`: the request's, b"" for none."""
+    known = [member.fresh_latency(now) for member in members]
+    typical = min((latency for latency in known if latency is not None), default=0.0)
+    if digest:  # requests that ask alike meet: the preferred of those with room
+        latencies = [member.expected_latency(now, typical) for member in members]
+        fast = [
+            member
+            for member, latency in zip(members, latencies, strict=True)
+            if latency <= AFFINITY_SLOWER * min(latencies)
+        ]
+        return min(
+            fast, key=lambda member: affinity(digest, member.name, shares.get(member.name, 1.0))
+        )
+    expected = [(len(m.sent) + 1) * m.expected_latency(now, typical) for m in members]
+    soonest = min(expected) * (1 + ALIKE)
+    alike = [m for m, answer in zip(members, expected, strict=True) if answer <= soonest]
+    return min(
+        alike,
+        key=lambda member: (
+            len(member.sent),
+            member.counts.requests / shares.get(member.name, 1.0),
+        ),
+    )

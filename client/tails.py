@@ -1,0 +1,64 @@
+"""Tails: when an attempt is hung, when a request is hedged, and how many extra attempts (hedges
+and re-issues of hung attempts) a client may send.
+
+One of the `HEDGED_FRONT` oldest requests (those that block in-order delivery) is also sent to
+another member once its newest attempt is `HEDGE_FACTOR` x the fleet's p95 latency old (a hedge
+that lands on a slow member is hedged in turn); an attempt older than `HUNG_FACTOR` x p95 (at
+least `HUNG_FLOOR`) is given up as hung (it still wins if it answers first). Extra attempts add
+at most `EXTRA_SHARE` of the requests answered: a share earned with time, at the rate requests
+are answered, so that a loop held up by slow requests (which admits none) still earns its hedge.
+"""
+
+from __future__ import annotations
+
+from loadax.client.fleet_options import FleetOptions
+from loadax.client.member_health import FleetLatency
+
+HEDGE_FACTOR = 1.5
+"""A request this many times the fleet's p95 latency old is also sent to another member."""
+HUNG_FACTOR = 8.0
+"""An attempt this many times the fleet's p95 latency old is given up as hung..."""
+HUNG_FLOOR = 1.0
+"""... but never one younger than this (seconds): scheduling noise is not a hang."""
+HEDGED_FRONT = 2
+"""The oldest requests outstanding that may be hedged: those that block in-order delivery."""
+EXTRA_SHARE = 0.1
+"""Hedges and re-issues of hung attempts add at most this share of the requests answered."""
+EXTRA_BURST = 4.0
+"""The most extra attempts saved up for a burst of slow requests."""
+
+
+def thresholds(latency: FleetLatency, options: FleetOptions) -> tuple[float, float | None]:
+    """(the age at which an attempt is hung, the age at which a request is hedged; None: not
+    yet, the fleet's p95 is not known)."""
+    p95, hung = latency.p95, options.request_timeout
+    if p95 is not None:
+        hung = min(hung, max(HUNG_FLOOR, HUNG_FACTOR * p95))
+    hedge = options.hedge_after
+    if hedge == "auto":
+        return hung, None if p95 is None else HEDGE_FACTOR * p95
+    return hung, hedge
+
+
+class ExtraShare:
+    """The extra attempts a client may send now: `EXTRA_SHARE` of the requests answered, earned
+    with time at their (smoothed) rate, at most `EXTRA_BURST` saved."""
+
+    def __init__(self) -> None:
+        self._credit = EXTRA_BURST
+        self._earned_at = 0.0
+
+    def earn(self, now: float, rate: float | None) -> None:
+        """Time passed until `now` at `rate` requests answered a second (None: not known)."""
+        earned = EXTRA_SHARE * (rate or 0.0) * (now - self._earned_at)
+        self._credit = min(self._credit + earned, EXTRA_BURST)
+        self._earned_at = now
+
+    @property
+    def left(self) -> bool:
+        """Whether an extra attempt may be sent now."""
+        return self._credit >= 1.0
+
+    def spend(self) -> None:
+        """One extra attempt was sent."""
+        self._credit -= 1.0
