@@ -51,7 +51,9 @@ def config(directory: Path, name: str, batches: int, transport: str) -> Path:
         pipeline = f'factory = "bench_pipelines:t1"\nargs = {{ {args} }}'
     listen = 'grpc = "127.0.0.1:0"' if transport == "grpc" else 'zmq = "tcp://127.0.0.1:0"'
     path = directory / "worker.toml"
-    path.write_text(f"[server]\n{listen}\nthreads = 2\n\n[pipelines.p]\n{pipeline}\n")
+    # Replies are not kept (a profile measures making and moving batches).
+    server = f"[server]\n{listen}\nthreads = 2\nshare_cache_mb = 0\n"
+    path.write_text(f"{server}\n[pipelines.p]\n{pipeline}\n")
     return path
 
 

@@ -29,6 +29,10 @@ READY_TIMEOUT_S = 120.0
 STOP_TIMEOUT_S = 10.0
 WORKER_THREADS = 2
 LOADAX_WORKER_COUNT = 2
+NO_REPLY_CACHE = "share_cache_mb = 0"
+"""The workers keep no replies: each system and round runs the same plan on the same workers,
+and R1, T1 and R2 measure making and moving batches, not serving them again (requests in flight
+for the same batch, hedges, are still made once)."""
 
 
 def child_env() -> dict[str, str]:
@@ -130,7 +134,8 @@ class Services:
             "[server]\n"
             'grpc = "127.0.0.1:0"\n'
             'zmq = "tcp://127.0.0.1:0"\n'
-            f"threads = {WORKER_THREADS}\n\n" + "\n\n".join(pipelines) + "\n"
+            f"threads = {WORKER_THREADS}\n"
+            f"{NO_REPLY_CACHE}\n\n" + "\n\n".join(pipelines) + "\n"
         )
         return config
 
@@ -170,7 +175,8 @@ class Services:
             "[server]\n"
             'grpc = "127.0.0.1:0"\n'
             'zmq = "tcp://127.0.0.1:0"\n'
-            f"threads = {fleet.THREADS}\n\n" + "\n\n".join(pipelines) + "\n"
+            f"threads = {fleet.THREADS}\n"
+            f"{NO_REPLY_CACHE}\n\n" + "\n\n".join(pipelines) + "\n"
         )
 
     def _launch(
