@@ -16,6 +16,7 @@ from typing import Any
 import jax
 import numpy as np
 from jax.experimental import multihost_utils
+from multihost_check import launch
 
 from loadax import Batcher, DataLoader, RangeDataset
 from loadax.delivery.meshes import ddp_sharding
@@ -58,23 +59,5 @@ def run(args: argparse.Namespace) -> None:
     iterator.close()
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--process-id", type=int, required=True)
-    parser.add_argument("--num-processes", type=int, required=True)
-    parser.add_argument("--coordinator", required=True)
-    parser.add_argument("--save-state")
-    parser.add_argument("--restore-state")
-    args = parser.parse_args()
-    if args.num_processes > 1:
-        jax.distributed.initialize(
-            args.coordinator,
-            num_processes=args.num_processes,
-            process_id=args.process_id,
-            initialization_timeout=60,
-        )
-    run(args)
-
-
 if __name__ == "__main__":
-    main()
+    launch(run, __doc__)

@@ -178,8 +178,10 @@ def check_stream(args: argparse.Namespace) -> None:
         print(f"stream digest {hashlib.sha256(''.join(digests).encode()).hexdigest()}", flush=True)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
+def launch(run: Callable[[argparse.Namespace], None], description: str | None) -> None:
+    """One process of a job: join it (`jax.distributed`, when there are several), then `run`
+    with the arguments every check takes (its place in the job, a state to save or restore)."""
+    parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--process-id", type=int, required=True)
     parser.add_argument("--num-processes", type=int, required=True)
     parser.add_argument("--coordinator", required=True)
@@ -197,4 +199,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    launch(run, __doc__)

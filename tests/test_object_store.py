@@ -9,7 +9,6 @@ import io
 import pickle
 import socket
 import threading
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 from pathlib import Path
@@ -33,15 +32,6 @@ from loadax.sources.filesystems import path_in_store, store_of
 from loadax.sources.parquet import ParquetDataset
 
 RECORDS = 40
-
-
-@pytest.fixture(scope="module")
-def moto(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Moto]:
-    server = Moto(tmp_path_factory.mktemp("moto"))
-    try:
-        yield server
-    finally:
-        server.close()
 
 
 @pytest.fixture(scope="module")

@@ -4,7 +4,6 @@ same files read locally, by ranged reads once indexed, in threads, processes and
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,15 +20,6 @@ from loadax.client import RemoteDataLoader
 from loadax.server.worker import Worker
 from loadax.sources.tar import TarShardDataset
 from loadax.sources.tfrecord import TFRecordDataset
-
-
-@pytest.fixture(scope="module")
-def moto(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Moto]:
-    server = Moto(tmp_path_factory.mktemp("moto"))
-    try:
-        yield server
-    finally:
-        server.close()
 
 
 @pytest.fixture(scope="module")
