@@ -102,6 +102,18 @@ def throughput(
     return records / seconds, size / seconds / 1e6
 
 
+def s3_filesystem(endpoint: str) -> pafs.S3FileSystem:
+    """pyarrow's S3 filesystem on the moto server at `endpoint`."""
+    return pafs.S3FileSystem(
+        access_key="bench",
+        secret_key="bench",
+        endpoint_override=endpoint,
+        scheme="http",
+        region="us-east-1",
+        allow_bucket_creation=True,
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3)
@@ -114,14 +126,7 @@ def main() -> None:
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as scratch, moto_server(Path(scratch) / "moto.log") as at:
         paths = write_files(Path(scratch), args.files, args.rows, args.row_group)
-        store = pafs.S3FileSystem(
-            access_key="bench",
-            secret_key="bench",
-            endpoint_override=at,
-            scheme="http",
-            region="us-east-1",
-            allow_bucket_creation=True,
-        )
+        store = s3_filesystem(at)
         store.create_dir(BUCKET)
         for path in paths:
             pafs.copy_files(str(path), f"{BUCKET}/{path.name}", destination_filesystem=store)

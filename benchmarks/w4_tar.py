@@ -34,7 +34,7 @@ from typing import Any
 import environments
 import numpy as np
 import pyarrow.fs as pafs  # type: ignore[import-untyped]
-from object_store import moto_server
+from object_store import moto_server, s3_filesystem
 from PIL import Image
 from workloads import CLASSES, augment, w2_image
 
@@ -70,17 +70,6 @@ def write_shards(directory: Path, images: int, shards: int) -> list[Path]:
     return paths
 
 
-def filesystem(endpoint: str) -> Any:
-    return pafs.S3FileSystem(
-        access_key="bench",
-        secret_key="bench",
-        endpoint_override=endpoint,
-        scheme="http",
-        region="us-east-1",
-        allow_bucket_creation=True,
-    )
-
-
 def example(record: dict[str, Any], rng: np.random.Generator) -> dict[str, Any]:
     return {"image": augment(record["jpg"], rng), "label": np.int64(record["cls"])}
 
@@ -90,7 +79,7 @@ def loader(
 ) -> Loader[Any]:
     """loadax on W4: the JPEGs and labels of the `shards` (a glob: in the bucket at `endpoint`,
     or local files for None), W2's work per record, batches of 64."""
-    store = None if endpoint is None else filesystem(endpoint)
+    store = None if endpoint is None else s3_filesystem(endpoint)
     samples = TarShardDataset(shards, fields=["jpg", "cls"], filesystem=store, index_dir=index_dir)
     builder = DataLoader(Batcher()).batch_size(BATCH).workers(threads)
     builder = builder.shuffle(seed=0) if shuffle else builder
@@ -169,7 +158,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as scratch, moto_server(Path(scratch) / "moto.log") as at:
         directory = Path(scratch)
         paths = write_shards(directory, args.images, args.shards)
-        store = filesystem(at)
+        store = s3_filesystem(at)
         store.create_dir(BUCKET)
         for path in paths:
             pafs.copy_files(str(path), f"{BUCKET}/{path.name}", destination_filesystem=store)
