@@ -18,17 +18,16 @@ import dataclasses
 import logging
 import threading
 from collections.abc import Mapping
-from concurrent.futures import CancelledError
 from pathlib import Path
 from typing import Any
 
 import loadax
 from loadax.dataset.stream import ALL_ITEMS
-from loadax.errors import RecordError, StorageError, WorkerError
+from loadax.errors import RecordError, WorkerError
 from loadax.execution.executor import Executor, Pending
 from loadax.execution.pickled import PickledPipeline
 from loadax.execution.pipeline import Pipeline
-from loadax.execution.process_errors import ChildRaised, WorkerProcessError, WorkerProcessLost
+from loadax.execution.process_errors import WorkerProcessLost
 from loadax.execution.processes import ProcessExecutor
 from loadax.execution.threads import ThreadExecutor
 from loadax.factories import Rebuild
@@ -38,16 +37,13 @@ from loadax.logfields import fields
 from loadax.plan.planner import Plan
 from loadax.plan.work import Work
 from loadax.server.config import WorkerConfig, build_pipelines, load_config
+from loadax.server.load_errors import checked, load_failure, poisoned
 from loadax.server.memory import MemoryBudget, default_budget, too_large
 from loadax.server.share_cache import DEFAULT_SHARE, ShareCache
 from loadax.validation import is_int, require_int, require_positive
 from loadax.wire.codec import encode_frames
 from loadax.wire.failures import (
-    MAX_CAUSE_CHARS,
-    PipelineFailed,
-    PoisonFailed,
     RecordFailed,
-    shorten,
 )
 from loadax.wire.payloads import EncodedBatch
 from loadax.wire.plans import compatible_versions, plan_from_wire, work_from_wire
@@ -232,7 +228,7 @@ class Worker:
             )
         plan = plan_from_wire(request.plan)
         work = work_from_wire(request)
-        kind = (request.pipeline, _checked(request.pipeline, pipeline, plan, work))
+        kind = (request.pipeline, checked(request.pipeline, pipeline, plan, work))
         # The tighter of the two limits, as a refusal names it.
         limit, room = self._budget.limit, self._budget.room
         if max_reply_bytes is not None and max_reply_bytes < limit:
@@ -326,7 +322,7 @@ class Worker:
                         error="ran past request_deadline_s",
                     ),
                 )
-                raise _poisoned(
+                raise poisoned(
                     request,
                     pipeline,
                     plan,
@@ -346,13 +342,13 @@ class Worker:
                     error=error.reason,
                 ),
             )
-            raise _poisoned(request, pipeline, plan, work, error.reason) from error
+            raise poisoned(request, pipeline, plan, work, error.reason) from error
         except RecordError as error:
             raise RecordFailed.of(error) from error
         except WorkerError:
             raise  # the answer already: poison
         except Exception as error:
-            raise _failure(request, work, error) from error
+            raise load_failure(request, work, error) from error
 
     def _pipeline(self, name: str) -> Pipeline[Any, Any]:
         if name not in self._pipelines:
@@ -361,20 +357,6 @@ class Worker:
                 f"unknown pipeline {name!r}: this worker serves {sorted(self._pipelines)}",
             )
         return self._pipelines[name]
-
-
-def _checked(name: str, pipeline: Pipeline[Any, Any], plan: Plan, work: Work) -> int:
-    """How many records `work` reads, once it is checked against the pipeline and the plan."""
-    try:
-        pipeline.require_kind(work)
-    except TypeError as error:
-        raise WorkerError("FAILED_PRECONDITION", f"pipeline {name!r}: {error}") from None
-    try:
-        return work.check(plan, pipeline.window)
-    except ValueError as error:
-        raise WorkerError("INVALID_ARGUMENT", str(error)) from None
-    except IndexError as error:
-        raise WorkerError("OUT_OF_RANGE", str(error)) from None
 
 
 def _executor(
@@ -393,47 +375,6 @@ def _executor(
         except ValueError as error:
             raise ValueError(f"pipeline {name!r}: {error}") from None
     return ProcessExecutor(rebuilt, processes, deadline_s=deadline_s, encoded=True)
-
-
-def _failure(request: wire.BatchRequest, work: Work, error: Exception) -> WorkerError:
-    """The answer to `request` when making `work` raised `error`: `PipelineFailed` when the
-    pipeline's own code raised or the store refused (any worker would), else the worker's own
-    failure, which another worker may not have: UNAVAILABLE for its machine (memory, a store it
-    cannot reach, files), INTERNAL for its loader processes (logged with the traceback)."""
-    if isinstance(error, ChildRaised) or not isinstance(
-        error, WorkerProcessError | CancelledError | OSError | MemoryError
-    ):
-        return PipelineFailed.of(error, request.step)
-    if isinstance(error, StorageError) and not error.transient:
-        return PipelineFailed.of(error, request.step)  # the store refuses every worker alike
-    summary = shorten(
-        f"{work} failed on this worker: {type(error).__name__}: {error}", MAX_CAUSE_CHARS
-    )
-    if isinstance(error, OSError | MemoryError):
-        return WorkerError("UNAVAILABLE", summary)
-    log.error(
-        "%s of pipeline %r failed",
-        work,
-        request.pipeline,
-        exc_info=error,
-        extra=fields(
-            event="load_failed",
-            pipeline=request.pipeline,
-            step=request.step,
-            status="INTERNAL",
-            error=error,
-        ),
-    )
-    return WorkerError("INTERNAL", summary)
-
-
-def _poisoned(
-    request: wire.BatchRequest, pipeline: Pipeline[Any, Any], plan: Plan, work: Work, reason: str
-) -> PoisonFailed:
-    """The answer that `work` killed or stalled what loaded it, naming its rows and records."""
-    indices, epochs = pipeline.positions(plan, work)
-    rows = list(request.rows) or list(range(len(indices)))
-    return PoisonFailed.of(str(work), rows, indices.tolist(), epochs.tolist(), reason)
 
 
 def _running(pending: Pending[Any]) -> bool:
