@@ -8,7 +8,8 @@ if __name__ != "loadax.client":
         "(e.g. `from loadax.client import RemoteDataLoader`)"
     )
 
-from loadax.client.remote import RemoteDataLoader, RemoteLoader
+from loadax.client.remote import RemoteDataLoader
+from loadax.client.remote_loader import RemoteLoader
 from loadax.client.security import ClientSecurity
 from loadax.iterators.stats import LoaderStats, WorkerStats
 

@@ -26,7 +26,7 @@ from verifying import Verifying
 from workers import worker_processes
 
 import loadax
-import loadax.client.remote
+import loadax.client.remote_loader
 from loadax.buffers import BufferPool
 from loadax.client import RemoteDataLoader
 from loadax.client.fleet_options import FleetOptions
@@ -221,7 +221,7 @@ args = {{ records = 48, floats = {(BATCH_MIB << 20) // 4} }}
 PREFETCH = 4
 CLIENT = f"""
 import json, sys
-import loadax.client.remote
+import loadax.client.remote_loader
 from loadax.client import RemoteDataLoader
 
 def resident():
@@ -273,7 +273,7 @@ def test_a_loaders_workers_share_one_pool_of_receive_buffers(
             super().__init__()
             pools.append(self)
 
-    monkeypatch.setattr(loadax.client.remote, "BufferPool", Recorded)
+    monkeypatch.setattr(loadax.client.remote_loader, "BufferPool", Recorded)
     second = ZmqServer(worker, "tcp://127.0.0.1:0", threads=2)
     address = second.start().replace("tcp://", "zmq://", 1)
     try:
