@@ -19,6 +19,7 @@ from loadax.plan.permutation import IndexArray
 from loadax.sources.columns import check_columns, choose_columns
 from loadax.sources.filesystems import Location, Store, store_of
 from loadax.sources.handles import HandlePool
+from loadax.sources.paths import listed_paths
 from loadax.sources.retries import DEFAULT_RETRIES, RetryPolicy
 
 _CACHED_GROUPS = 2  # decoded row groups kept per reading thread
@@ -81,7 +82,7 @@ class ParquetDataset(DatasetBase[dict[str, Any]]):
         filesystem: Any = None,
         retries: RetryPolicy = DEFAULT_RETRIES,
     ) -> None:
-        chosen = _paths(paths)
+        chosen = tuple(listed_paths(paths, "ParquetDataset"))
         found = store_of(chosen, filesystem, "ParquetDataset", retries=retries)
         self._store: Store | None = None if found is None else found[0]
         # The files in row order: local Paths, or the objects of the store (and their URLs).
@@ -256,27 +257,6 @@ class _ThreadState:
         self.groups.clear()
         while self.files:
             self.files.popitem()[1].close()
-
-
-def _paths(
-    paths: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
-) -> tuple[str | os.PathLike[str], ...]:
-    if isinstance(paths, str | os.PathLike):
-        chosen = [paths]
-    elif isinstance(paths, Sequence):
-        chosen = list(paths)
-    else:
-        raise ValueError(
-            f"ParquetDataset: paths must be a path or a sequence of paths, got {paths!r}"
-        )
-    if not chosen:
-        raise ValueError("ParquetDataset: paths must not be empty")
-    result = []
-    for path in chosen:
-        if not isinstance(path, str | os.PathLike):
-            raise ValueError(f"ParquetDataset: paths must be str or os.PathLike, got {path!r}")
-        result.append(path)
-    return tuple(result)
 
 
 def _open(path: Path) -> Any:

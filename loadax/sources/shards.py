@@ -24,6 +24,7 @@ import numpy as np
 
 from loadax.sources.filesystems import Location, Store, store_of
 from loadax.sources.handles import HandlePool
+from loadax.sources.paths import listed_paths
 from loadax.sources.retries import DEFAULT_RETRIES, RetryPolicy
 
 Index = dict[str, np.ndarray[Any, Any]]
@@ -57,7 +58,7 @@ class Shards:
         source: str,
     ) -> None:
         self.source = source
-        listed = _listed(paths, source)
+        listed = listed_paths(paths, source)
         found = store_of(listed, filesystem, source, retries=retries)
         self.store: Store | None = None if found is None else found[0]
         self.locations: tuple[Location, ...] = () if found is None else tuple(found[1])
@@ -274,25 +275,6 @@ class IndexCache:
             log.warning("%s: cannot cache the index in %s: %s", self.source, self.directory, error)
             if temporary is not None:
                 Path(temporary).unlink(missing_ok=True)
-
-
-def _listed(
-    paths: str | os.PathLike[str] | Sequence[str | os.PathLike[str]], source: str
-) -> list[str | os.PathLike[str]]:
-    if isinstance(paths, str | os.PathLike):
-        listed: list[Any] = [paths]
-    elif isinstance(paths, Sequence):
-        listed = list(paths)
-    else:
-        raise ValueError(
-            f"{source}: paths must be a path, a URL, a glob or a sequence of them, got {paths!r}"
-        )
-    if not listed:
-        raise ValueError(f"{source}: paths must not be empty")
-    for path in listed:
-        if not isinstance(path, str | os.PathLike):
-            raise ValueError(f"{source}: each path must be a str or os.PathLike, got {path!r}")
-    return listed
 
 
 def _local_files(paths: Sequence[str | os.PathLike[str]], source: str) -> list[str]:
