@@ -39,7 +39,8 @@ def test_a_map_that_draws_from_np_random_without_a_seed_is_not_deterministic(
 def test_a_python_random_in_a_stream_filter_is_not_deterministic() -> None:
     stream = RangeDataset(0, 64).map(record).filter(lambda _: random.random() < 0.5)
     loader = DataLoader(Batcher()).batch_size(4).build(stream)
-    with pytest.raises(ValueError, match="the pipeline is not deterministic: step 0"):
+    # Two loads may keep the same first records by chance: the first step that differs is named.
+    with pytest.raises(ValueError, match=r"the pipeline is not deterministic: step [0-2],"):
         loader.check_determinism(steps=3)
 
 
