@@ -39,13 +39,16 @@ def load_failure(request: wire.BatchRequest, work: Work, error: Exception) -> Wo
     """The answer to `request` when making `work` raised `error`: `PipelineFailed` when the
     pipeline's own code raised or the store refused (any worker would), else the worker's own
     failure, which another worker may not have: UNAVAILABLE for its machine (memory, a store it
-    cannot reach, files), INTERNAL for its loader processes (logged with the traceback)."""
+    cannot reach, files) or for work its closing cancelled, INTERNAL for its loader processes
+    (logged with the traceback)."""
     if isinstance(error, ChildRaised) or not isinstance(
         error, WorkerProcessError | CancelledError | OSError | MemoryError
     ):
         return PipelineFailed.of(error, request.step)
     if isinstance(error, StorageError) and not error.transient:
         return PipelineFailed.of(error, request.step)  # the store refuses every worker alike
+    if isinstance(error, CancelledError):  # not started before the worker was closed
+        return WorkerError("UNAVAILABLE", f"{work} was cancelled: this worker is shutting down")
     summary = shorten(
         f"{work} failed on this worker: {type(error).__name__}: {error}", MAX_CAUSE_CHARS
     )

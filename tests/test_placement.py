@@ -135,8 +135,10 @@ def test_a_hung_worker_is_passed_over_by_its_latency_not_a_fixed_deadline(hedgin
         frozen.close()
     assert batches == [list(range(step, step + 4)) for step in range(0, 400, 4)]
     assert elapsed < 30, elapsed  # a hang is hedged, or judged within about a second
-    # Its requests are outstanding ever longer: it is sent no more.
-    assert stats.requests <= 3, stats
+    # Its requests are outstanding ever longer: it is sent no more once their age passes the
+    # good worker's latency (a few at the start, more on a loaded machine, where that latency is
+    # longer), where a member alike would take half of the 100.
+    assert stats.requests <= 10, stats
     # Never answered: it may be starting (loader processes, imports), so its attempts given up
     # as hung are re-issued but not held against it.
     assert (stats.failures, stats.quarantined) == (0, None), stats

@@ -223,5 +223,5 @@ def test_bad_arguments_are_named(tars: list[Path], tmp_path: Path) -> None:
 
     with tarfile.open(compressed, "w:gz") as archive:
         archive.add(tars[0], "inner.tar")
-    with pytest.raises(ValueError, match=r"shard.tar.gz': invalid header .* compressed shards"):
+    with pytest.raises(ValueError, match=r"shard.tar.gz': it is gzip-compressed"):
         TarShardDataset(compressed, index_dir=tmp_path)

@@ -4,6 +4,8 @@ client as the exception the local loader raises; a failure of the worker's own m
 
 from __future__ import annotations
 
+import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -199,3 +201,53 @@ def test_the_zeromq_framing_carries_it() -> None:
     with pytest.raises(PipelineFailed) as raised:
         zmq_frames.parse_batch_reply(zmq_frames.error_frames(1, failed))
     assert raised.value.failure == failed.failure
+
+
+def test_work_its_closing_cancels_is_answered_unavailable_not_logged_as_internal(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    hold, started, finish = threading.Event(), threading.Event(), threading.Event()
+
+    def held(index: int) -> int:
+        if hold.is_set():
+            started.set()
+            finish.wait(WAIT_S)
+        return index
+
+    pipeline = loadax.Pipeline(loadax.RangeDataset(0, 64).map(held), loadax.Batcher())
+    worker = Worker({"held": pipeline}, threads=1)
+    fingerprint = worker.handshake(
+        wire.HandshakeRequest(
+            library_version=loadax.__version__, pipeline="held", plan=plan_to_wire(PLAN)
+        )
+    ).fingerprint
+    answers: dict[int, object] = {}
+
+    def load(step: int) -> None:
+        try:
+            answers[step] = worker.load_batch(
+                batch_request("held", fingerprint, PLAN, StepWork(step))
+            )
+        except WorkerError as error:
+            answers[step] = error
+
+    load(5)  # the worker learns the batch's size: later requests are admitted side by side
+    hold.set()
+    first = threading.Thread(target=load, args=(0,))
+    first.start()
+    assert started.wait(WAIT_S)  # step 0 holds the one loading thread; step 1 waits its turn
+    second = threading.Thread(target=load, args=(1,))
+    second.start()
+    time.sleep(0.2)  # deliberate: step 1 is queued behind step 0 before the worker closes
+    closing = threading.Thread(target=worker.close)
+    closing.start()
+    second.join(WAIT_S)
+    finish.set()
+    for thread in (first, closing):
+        thread.join(WAIT_S)
+    cancelled = answers[1]
+    assert isinstance(cancelled, WorkerError), cancelled
+    assert cancelled.code == "UNAVAILABLE"  # asked again elsewhere
+    assert cancelled.message == "the batch of step 1 was cancelled: this worker is shutting down"
+    assert not isinstance(answers[0], WorkerError)  # work started is finished
+    assert not [record for record in caplog.records if record.levelname == "ERROR"]

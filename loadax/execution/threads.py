@@ -98,6 +98,8 @@ class _ChunkedBatch(Generic[B]):
         self._chunk_tasks = [
             pool.submit(self._read_chunk, position, *chunk) for position, chunk in enumerate(chunks)
         ]
+        for task in self._chunk_tasks:
+            task.add_done_callback(self._chunk_done)
 
     def result(self, timeout: float | None = None) -> B:
         return self._batch.result(timeout)
@@ -107,6 +109,10 @@ class _ChunkedBatch(Generic[B]):
             task.cancel()
         # Whoever waits on a dropped batch gets CancelledError instead of waiting forever.
         self._batch.cancel()
+
+    def _chunk_done(self, task: Future[None]) -> None:
+        if task.cancelled():  # the pool shut down before it ran: the batch is never finished
+            self._batch.cancel()
 
     def _read_chunk(self, position: int, indices: IndexArray, epochs: IndexArray) -> None:
         if self._batch.done():  # another chunk failed already

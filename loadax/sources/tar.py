@@ -121,7 +121,7 @@ class TarShardDataset(ShardedDataset[dict[str, Any]]):
         self._spans = [self._sample_spans(index) for index in self.indexes]
 
     def build_index(self, shard: int, file: BinaryIO, size: int) -> Index:
-        name = self.shards.names[shard]  # (`size` goes unused: tarfile finds a truncated shard)
+        name = self.shards.names[shard]
         members: list[tuple[str, int, int]] = []  # (name, data offset, size) of each file
         try:
             # A local file is read by seeking past the data; a store's object as a stream.
@@ -130,11 +130,16 @@ class TarShardDataset(ShardedDataset[dict[str, Any]]):
                     if member.isreg() and _kept(member.name):
                         members.append((member.name, member.offset_data, member.size))
         except tarfile.TarError as error:
+            compression = None if members else self._compression(shard, size)
+            if compression is not None:
+                raise ValueError(
+                    f"TarShardDataset: cannot index {name!r}: it is {compression}-compressed, "
+                    "and compressed shards cannot be read by range: store them as plain .tar"
+                ) from None
             after = f" after byte {members[-1][1] + members[-1][2]}" if members else ""
             raise ValueError(
                 f"TarShardDataset: cannot index {name!r}{after}: {error} (the shard is "
-                "truncated or damaged, or compressed: compressed shards cannot be read by range, "
-                "store them as plain .tar)"
+                "truncated or damaged)"
             ) from None
         entries = (
             {"fname": member, "data": position, "__url__": name}
@@ -213,6 +218,11 @@ class TarShardDataset(ShardedDataset[dict[str, Any]]):
                 f"{extension}: {error}"
             ) from None
 
+    def _compression(self, shard: int, size: int) -> str | None:
+        """The compression a shard's first bytes name (gzip, bzip2, xz, zstd), or None."""
+        head = self.shards.read_at(shard, 0, min(size, max(map(len, _MAGIC))))
+        return next((kind for magic, kind in _MAGIC.items() if head.startswith(magic)), None)
+
     def _sample_spans(self, index: Index) -> tuple[IndexArray, IndexArray]:
         """Each sample's byte range in its shard: from its first kept member's data to the
         end of its last (a sample with none of `fields` spans its first member)."""
@@ -244,6 +254,7 @@ class TarShardDataset(ShardedDataset[dict[str, Any]]):
 
 
 _META = frozenset(("__key__", "__url__"))
+_MAGIC = {b"\x1f\x8b": "gzip", b"BZh": "bzip2", b"\xfd7zXZ\x00": "xz", b"\x28\xb5\x2f\xfd": "zstd"}
 
 
 def _kept(name: str) -> bool:
