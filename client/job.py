@@ -1,7 +1,7 @@
-"""The loaders of one job's JAX processes: seated evenly on the ring of workers (`job_seat`), and
-bound to one pipeline identity: the JAX processes that share a loader's mesh agree on the
-identity their loaders bound to before the first batch, so that one global batch never holds
-rows of two versions of the pipeline's code.
+"""The loaders of one job's JAX processes: seated evenly on the ring of workers (`job_seat`),
+those that own the same rows together, and bound to one pipeline identity: the JAX processes
+that share a loader's mesh agree on the identity their loaders bound to before the first batch,
+so that one global batch never holds rows of two versions of the pipeline's code.
 
 Each process publishes what it bound to in `jax.distributed`'s key-value store, then reads what
 every other process of the mesh published. The processes of one job build their loaders in the
@@ -22,6 +22,7 @@ from jax.sharding import Mesh
 
 from loadax.client.member import Identity
 from loadax.client.subset import Seat
+from loadax.delivery.sharding import DataAxis, ShardingStrategy, rows_for_devices
 
 _KEY_PREFIX = "loadax/identity"
 _built: collections.Counter[str] = collections.Counter()  # loaders agreed on, per pipeline
@@ -34,18 +35,37 @@ def mesh_processes(mesh: Mesh | None) -> list[int]:
     return sorted({int(device.process_index) for device in mesh.devices.flat})
 
 
-def job_seat(pipeline: str, processes: Sequence[int]) -> Seat:
-    """Where this process's loader of `pipeline` sits on the ring of workers: one of the
-    `processes` of a mesh, seated evenly with the others of its job (turned by the job's
-    coordinator address, so that jobs are not seated alike); alone, anywhere."""
+def row_groups(mesh: Mesh | None, data_axis: DataAxis | None) -> list[list[int]]:
+    """The JAX processes of `mesh` (sorted) grouped by the rows of a global batch they load, in
+    the order of their first processes: those whose devices hold the same data shards (the data
+    axis replicated across them, as a model axis across processes makes it) are one group."""
+    if mesh is None:
+        return []
+    strategy = ShardingStrategy(mesh, data_axis)
+    shards = strategy.num_data_shards
+    groups: dict[bytes, list[int]] = {}
+    for process in mesh_processes(mesh):
+        devices = [device for device in mesh.devices.flat if device.process_index == process]
+        rows = rows_for_devices(strategy.sharding, shards, devices)
+        groups.setdefault(rows.tobytes(), []).append(process)
+    return list(groups.values())
+
+
+def job_seat(pipeline: str, groups: Sequence[Sequence[int]]) -> Seat:
+    """Where this process's loader of `pipeline` sits on the ring of workers: in its group of
+    `groups` (`row_groups`), the groups seated evenly (turned by the job's coordinator address,
+    so that jobs are not seated alike); alone, anywhere. Processes that own the same rows sit
+    together: their requests, of one digest, go to the same arc of workers, where they meet
+    (`loadax.client.affinity`) and are computed once."""
     coordinator = distributed.global_state.coordinator_address
     alone = Seat.of(0, 1, uuid.uuid4().hex)
-    if len(processes) < 2 or coordinator is None:
+    if sum(map(len, groups)) < 2 or coordinator is None:
         return alone  # without asking JAX, whose backend would start for nothing
     this = jax.process_index()
-    if this not in processes:
+    mine = [index for index, group in enumerate(groups) if this in group]
+    if not mine:
         return alone
-    return Seat.of(list(processes).index(this), len(processes), f"{pipeline}@{coordinator}")
+    return Seat.of(mine[0], len(groups), f"{pipeline}@{coordinator}")
 
 
 def agree(

@@ -17,7 +17,7 @@ from loadax.buffers import BufferPool
 from loadax.client.demand import DemandMeter
 from loadax.client.driver import Driver
 from loadax.client.fleet_options import FleetOptions
-from loadax.client.job import agree, job_seat, mesh_processes
+from loadax.client.job import agree, job_seat, mesh_processes, row_groups
 from loadax.client.local_members import LocalMembers, LocalSpec, LocalWorker
 from loadax.client.member import Identity, handshake_request
 from loadax.client.membership import DIAGNOSIS_S, Membership
@@ -70,7 +70,7 @@ class RemoteLoader(Loader[Any]):
         buffers = BufferPool()  # the members' batches are received into these
         files = MemoryFiles()  # or written into these, by members on this host
         processes = mesh_processes(options.mesh)
-        seat = job_seat(pipeline, processes)
+        seat = job_seat(pipeline, row_groups(options.mesh, options.data_axis))
         # The handshake checks the plan's parameters: length buckets stay with the client.
         unbucketed = dataclasses.replace(options, buckets=None)
         self._membership = membership = Membership(

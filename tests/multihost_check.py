@@ -178,15 +178,21 @@ def check_stream(args: argparse.Namespace) -> None:
         print(f"stream digest {hashlib.sha256(''.join(digests).encode()).hexdigest()}", flush=True)
 
 
-def launch(run: Callable[[argparse.Namespace], None], description: str | None) -> None:
+def launch(
+    run: Callable[[argparse.Namespace], None],
+    description: str | None,
+    more_arguments: Callable[[argparse.ArgumentParser], None] = lambda parser: None,
+) -> None:
     """One process of a job: join it (`jax.distributed`, when there are several), then `run`
-    with the arguments every check takes (its place in the job, a state to save or restore)."""
+    with the arguments every check takes (its place in the job, a state to save or restore)
+    and those `more_arguments` adds."""
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--process-id", type=int, required=True)
     parser.add_argument("--num-processes", type=int, required=True)
     parser.add_argument("--coordinator", required=True)
     parser.add_argument("--save-state")
     parser.add_argument("--restore-state")
+    more_arguments(parser)
     args = parser.parse_args()
     if args.num_processes > 1:
         jax.distributed.initialize(

@@ -18,7 +18,7 @@ from jax.sharding import Mesh
 
 from loadax import Batcher, Pipeline, RangeDataset
 from loadax.client import RemoteDataLoader
-from loadax.client.job import job_seat
+from loadax.client.job import job_seat, row_groups
 from loadax.server.worker import Worker
 
 
@@ -55,7 +55,7 @@ def main() -> None:
             digest.update(np.asarray(batch).tobytes())  # this process's rows
     print(f"fingerprint {loader.identity.fingerprint}")
     print(f"digest {digest.hexdigest()}")
-    print(f"seat {job_seat('numbers', [0, 1]).position!r}")
+    print(f"seat {job_seat('numbers', row_groups(mesh, 'data')).position!r}")
     worker.close()
 
 
