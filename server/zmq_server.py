@@ -1,11 +1,10 @@
 """The worker's ZeroMQ server: a ROUTER socket in front of the worker's request path.
 
-It keeps sockets and framing (`loadax.wire.zmq_frames`): every request goes to its `RequestPath`,
-and its `Ledger` holds it until libzmq is done with the reply. One I/O thread owns every socket it
-polls; a thread pool handles requests and hands the replies back to it over an inproc PUSH/PULL
-pair. A client's cancel lets go of its request at once when no handler has taken it yet, ends its
-wait for a loading slot, or drops its reply once loaded. Optionally CURVE encrypts and authenticates
-connections (with a ZAP allow-list of client keys), and a shared token must come with every request.
+It keeps sockets and framing (`loadax.wire.zmq_frames`): every request goes to its `RequestPath`
+(through `loadax.server.zmq_service`, which handles it on a thread of its own), and its `Ledger`
+holds it until libzmq is done with the reply. One I/O thread owns every socket it polls. Optionally
+CURVE encrypts and authenticates connections (with a ZAP allow-list of client keys), and a shared
+token must come with every request.
 
 Memory: a request counts against its client's in-flight limit, and a batch keeps its share of
 the memory budget, until libzmq is done with the reply (written to the socket, or dropped: its
@@ -27,25 +26,21 @@ import math
 import threading
 import time
 from collections.abc import Sequence
-from concurrent.futures import Future
 
 import zmq
 from zmq.auth.thread import ThreadAuthenticator
 
-from loadax.errors import WorkerError
 from loadax.logfields import fields
 from loadax.server.admission import Transport
 from loadax.server.config_security import CurveConfig
-from loadax.server.handler_pool import HandlerPool
-from loadax.server.ledger import Held, Ledger
+from loadax.server.ledger import Ledger
 from loadax.server.metrics import WorkerMetrics
 from loadax.server.request_path import RequestPath
 from loadax.server.throttled_log import ThrottledLog
 from loadax.server.worker import Worker
-from loadax.server.zmq_outbox import Outbox, tracked_frames
+from loadax.server.zmq_outbox import Outbox
+from loadax.server.zmq_service import ZmqService, client_name
 from loadax.validation import require_int
-from loadax.wire import zmq_frames
-from loadax.wire.credentials import BEARER
 from loadax.wire.limits import (
     MAX_BATCH_BYTES,
     MAX_REQUEST_BYTES,
@@ -61,13 +56,7 @@ _MIN_FLUSH_S = 0.5  # how long replies sent last may take to leave at stop, grac
 # drops the replies it has received but not read yet when its connection closes (IMMEDIATE), so
 # it is given time to read them; new requests are still refused meanwhile.
 _FAREWELL_S = 0.25
-_REPLIES = "inproc://loadax-zmq-replies"
 _REAP_MS = 1  # how often the I/O thread looks for replies libzmq is done with, while any are out
-_SETTLE_S = 0.02  # how long a request over its client's limit waits for the client's oldest reply
-# Requests handled at once, each on a thread of its own (idle ones leave), so that batch requests
-# wait their turn for a loading slot (fairly between clients) rather than in arrival order; as
-# many as a gRPC worker's calls by default. More wait for a thread in arrival order.
-_HANDLERS = 128
 _TRANSPORT = Transport(
     "zmq",
     send_token="send a 4th request frame, 'Bearer <token>'",
@@ -127,16 +116,8 @@ class ZmqServer:
         self._started = False
         self._context: zmq.Context[zmq.Socket[bytes]] | None = None
         self._thread: threading.Thread | None = None
-        # Its threads start with the first requests.
-        self._pool = HandlerPool(max(threads, _HANDLERS), "loadax-zmq-handler")
-        # Handler threads share one PUSH socket; the lock is what makes that safe.
-        self._push_lock = threading.Lock()
-        self._push: zmq.Socket[bytes] | None = None
         self._outbox = Outbox(self._requests.ledger)
-        # The requests admitted and not answered yet, by routing identity and request id, that
-        # a cancel may find; the I/O thread adds them, the handlers and cancels take them.
-        self._admitted_lock = threading.Lock()
-        self._admitted: dict[tuple[bytes, int], _Admitted] = {}
+        self._service = ZmqService(self._requests, self._outbox, threads, self._stopping)
 
     @property
     def ledger(self) -> Ledger:
@@ -173,14 +154,8 @@ class ZmqServer:
             context.term()
             raise OSError(f"cannot bind the ZeroMQ server to {self._endpoint}: {error}") from error
         endpoint = router.getsockopt_string(zmq.LAST_ENDPOINT)
-        replies = context.socket(zmq.PULL)
-        # Replies are bounded by the requests admitted, so the inproc pipe needs no limit.
-        replies.setsockopt(zmq.RCVHWM, 0)
-        replies.bind(_REPLIES)
-        push = context.socket(zmq.PUSH)
-        push.setsockopt(zmq.SNDHWM, 0)
-        push.connect(_REPLIES)
-        self._context, self._push = context, push
+        replies = self._service.open(context)
+        self._context = context
         self._thread = threading.Thread(
             target=self._serve, args=(router, replies), name="loadax-zmq-server", daemon=True
         )
@@ -225,23 +200,14 @@ class ZmqServer:
             self._grace = max(0.0, grace)
             self._stopping.set()
             self._requests.stop()
-            self._wake()
+            self._service.wake()
             self._thread.join()
-            with self._push_lock:
-                if self._push is not None:
-                    self._push.close(linger=0)
-                    self._push = None
             # Past the grace, handlers may still run: their replies are dropped, not awaited.
-            self._pool.shutdown(wait=self.ledger.in_flight == 0, cancel_futures=True)
+            self._service.close()
             self._stop_authenticator()
             self._context.term()
             self._outbox.release_all()  # libzmq has let go of every reply now
             self._thread = self._context = None
-
-    def _wake(self) -> None:
-        with self._push_lock:
-            if self._push is not None:
-                self._push.send(b"")
 
     def _serve(self, router: zmq.Socket[bytes], replies: zmq.Socket[bytes]) -> None:
         poller = zmq.Poller()
@@ -292,127 +258,12 @@ class ZmqServer:
             except zmq.Again:
                 return
             try:
-                self._admit(router, message)
+                refusal = self._service.take(message)
+                if refusal is not None:
+                    self._send(router, refusal)
             except Exception:
                 # Whatever a client sends, the server keeps serving the others.
                 log.exception("failed to handle a message from a ZeroMQ client")
-
-    def _admit(self, router: zmq.Socket[bytes], message: list[zmq.Frame]) -> None:
-        identity = message[0].bytes
-        frames = [frame.buffer for frame in message[1:]]
-        try:
-            request_id = zmq_frames.parse_request_id(frames[0]) if frames else None
-        except WorkerError:
-            request_id = None
-        if request_id is None:
-            self._warnings.warning(
-                (identity, "no request id"),
-                "dropped a message of %d frames from %s: no request id to answer",
-                len(frames),
-                _client(identity),
-            )
-            return
-        client = _client(identity)
-        try:
-            # The token first: a request without the right one is refused unparsed.
-            token = zmq_frames.request_token(frames)
-            self._requests.admission.authenticate([] if token is None else [BEARER + token])
-            cancelled = zmq_frames.parse_cancel(frames)
-            if cancelled is not None:
-                self._cancel((identity, cancelled))
-                return
-            request = zmq_frames.parse_request(frames)
-            if self._stopping.is_set():
-                raise WorkerError("UNAVAILABLE", "the worker is shutting down")
-        except WorkerError as error:
-            # The method frame as sent: the metrics count unknown ones as such.
-            method = bytes(frames[1][:64]).decode("ascii", "replace") if len(frames) > 1 else ""
-            self._requests.admission.refuse(method, client, error)
-            self._send(router, [identity, *zmq_frames.error_frames(request_id, error)])
-            return
-        held = self._requests.arrive(identity, client, request.message)
-        # A client at its limit is refused only once its oldest reply has had a moment to be
-        # let go of (`Outbox.settle`).
-        refusal = self._requests.admit(
-            request.message, held, settle=lambda: self._outbox.settle(held.client, _SETTLE_S)
-        )
-        if refusal is not None:
-            self.ledger.done(held)
-            self._send(router, [identity, *zmq_frames.error_frames(request_id, refusal)])
-            return
-        key = (identity, request_id)
-        admitted = _Admitted(held)
-        with self._admitted_lock:
-            self._admitted[key] = admitted
-        admitted.task = self._pool.submit(self._handle, key, admitted, request)
-
-    def _cancel(self, key: tuple[bytes, int]) -> None:
-        """The client of routing identity and request id `key` no longer waits for its reply:
-        a request not handled yet is let go of at once, one waiting for a loading slot gives
-        up its wait, and the reply of one loading is dropped (`_handle`). A request answered
-        already, or never admitted, is left alone."""
-        with self._admitted_lock:
-            admitted = self._admitted.get(key)
-            if admitted is None:
-                return
-            admitted.cancelled = True
-            # The handler cannot start once its task is cancelled, nor pass `_admitted` before.
-            unstarted = admitted.task is not None and admitted.task.cancel()
-            if unstarted:
-                del self._admitted[key]
-        if unstarted:
-            self.ledger.done(admitted.held)
-        else:
-            self._requests.recheck()
-
-    def _handle(
-        self, key: tuple[bytes, int], admitted: _Admitted, request: zmq_frames.Request
-    ) -> None:
-        """Runs on a handler thread: the worker's answer goes back to the I/O thread, unless
-        the client cancelled the request meanwhile. The request stays held, and a batch keeps
-        its share of the memory budget, until libzmq is done with the reply (sent, or dropped),
-        or until it is answered, when cancelled."""
-        identity, request_id = key
-        held = admitted.held
-        answer = self._requests.answer(request.message, held, lambda: not admitted.cancelled)
-        with self._admitted_lock:
-            if self._admitted.get(key) is admitted:
-                del self._admitted[key]
-            cancelled = admitted.cancelled
-        if cancelled:
-            self.ledger.done(held)
-            log.debug("dropped the reply to request %d of %s: cancelled", request_id, held.name)
-            return
-        if isinstance(answer, WorkerError):
-            self._push_reply(
-                identity, held, request_id, zmq_frames.error_frames(request_id, answer)
-            )
-        else:
-            self._push_reply(
-                identity, held, request_id, zmq_frames.reply_frames(request_id, answer)
-            )
-
-    def _push_reply(
-        self, identity: bytes, held: Held, request_id: int, reply: list[zmq_frames.Buffer]
-    ) -> None:
-        """Hand `reply` to the I/O thread. Its tracked frames are referred to from this call's
-        frame only: the tracker is done once libzmq has sent them and they are freed, and an
-        error answered holds the frames its traceback passed through (`_handle`'s among them)
-        in a reference cycle until the garbage collector runs, with the client's slot."""
-        frames, tracker = tracked_frames(reply)
-        with self._push_lock:
-            if self._push is None:
-                self.ledger.done(held)
-                log.warning("dropped the reply to request %d: the server stopped", request_id)
-                return
-            # Watched before it is sent, so that the I/O thread, which forwards it, looks for
-            # it until libzmq is done with it.
-            self._outbox.add(held, tracker)
-            try:
-                self._push.send_multipart([identity, *frames], copy=False)
-            except zmq.ZMQError:
-                self.ledger.done(held)
-                log.exception("dropped the reply to request %d", request_id)
 
     def _forward_replies(self, replies: zmq.Socket[bytes], router: zmq.Socket[bytes]) -> None:
         for _ in range(_BURST):
@@ -440,16 +291,6 @@ class ZmqServer:
             log.debug("dropped a reply to %s: it disconnected", _peer(message))
 
 
-@dataclasses.dataclass(eq=False, slots=True)
-class _Admitted:
-    """A request admitted and not answered yet: its entry in the ledger, its handler's task,
-    and whether its client cancelled it."""
-
-    held: Held
-    task: Future[None] | None = None
-    cancelled: bool = False
-
-
 class _AllowList:
     """The ZAP authenticator's CURVE callback: admits the listed client public keys (Z85)."""
 
@@ -465,9 +306,4 @@ class _AllowList:
 
 def _peer(message: Sequence[zmq.Frame | bytes | memoryview]) -> str:
     identity = message[0]
-    return _client(identity.bytes if isinstance(identity, zmq.Frame) else bytes(identity))
-
-
-def _client(identity: bytes) -> str:
-    """How the logs name a client: by its routing identity."""
-    return f"client {identity.hex()}"
+    return client_name(identity.bytes if isinstance(identity, zmq.Frame) else bytes(identity))

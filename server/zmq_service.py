@@ -1,0 +1,216 @@
+"""The worker's service over ZeroMQ: what a message read off the server's ROUTER socket becomes.
+
+A request is authenticated, parsed and admitted on the worker's `RequestPath`, then handled on a
+thread of its own, whose reply goes back to the I/O thread over an inproc PUSH/PULL pair. A
+client's cancel lets go of its request at once when no handler has taken it yet, ends its wait for
+a loading slot, or drops its reply once loaded.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import threading
+from concurrent.futures import Future
+
+import zmq
+
+from loadax.errors import WorkerError
+from loadax.server.handler_pool import HandlerPool
+from loadax.server.ledger import Held
+from loadax.server.request_path import RequestPath
+from loadax.server.throttled_log import ThrottledLog
+from loadax.server.zmq_outbox import Outbox, tracked_frames
+from loadax.wire import zmq_frames
+from loadax.wire.credentials import BEARER
+
+log = logging.getLogger(__name__)
+
+_REPLIES = "inproc://loadax-zmq-replies"
+_SETTLE_S = 0.02  # how long a request over its client's limit waits for the client's oldest reply
+# Requests handled at once, each on a thread of its own (idle ones leave), so that batch requests
+# wait their turn for a loading slot (fairly between clients) rather than in arrival order; as
+# many as a gRPC worker's calls by default. More wait for a thread in arrival order.
+_HANDLERS = 128
+
+
+class ZmqService:
+    """Takes the messages the I/O thread reads (`take`) and hands their replies back to it
+    (`open`); `threads` batches load at once. A request that arrives once `stopping` is set is
+    refused with UNAVAILABLE."""
+
+    def __init__(
+        self, requests: RequestPath, outbox: Outbox, threads: int, stopping: threading.Event
+    ) -> None:
+        self._requests, self._outbox, self._stopping = requests, outbox, stopping
+        self._warnings = ThrottledLog(log)
+        # Its threads start with the first requests.
+        self._pool = HandlerPool(max(threads, _HANDLERS), "loadax-zmq-handler")
+        # Handler threads share one PUSH socket; the lock is what makes that safe.
+        self._push_lock = threading.Lock()
+        self._push: zmq.Socket[bytes] | None = None
+        # The requests admitted and not answered yet, by routing identity and request id, that
+        # a cancel may find; the I/O thread adds them, the handlers and cancels take them.
+        self._admitted_lock = threading.Lock()
+        self._admitted: dict[tuple[bytes, int], _Admitted] = {}
+
+    def open(self, context: zmq.Context[zmq.Socket[bytes]]) -> zmq.Socket[bytes]:
+        """The socket the I/O thread reads the handlers' replies from, each [identity, *frames]
+        to send on as it is (a single frame: `wake`)."""
+        replies = context.socket(zmq.PULL)
+        # Replies are bounded by the requests admitted, so the inproc pipe needs no limit.
+        replies.setsockopt(zmq.RCVHWM, 0)
+        replies.bind(_REPLIES)
+        push = context.socket(zmq.PUSH)
+        push.setsockopt(zmq.SNDHWM, 0)
+        push.connect(_REPLIES)
+        self._push = push
+        return replies
+
+    def wake(self) -> None:
+        """Wake the I/O thread with a message of one frame."""
+        with self._push_lock:
+            if self._push is not None:
+                self._push.send(b"")
+
+    def close(self) -> None:
+        """Drop the replies still to come, and stop the handler threads: awaited when no request
+        is held any more; else they may still run, not awaited."""
+        with self._push_lock:
+            if self._push is not None:
+                self._push.close(linger=0)
+                self._push = None
+        self._pool.shutdown(wait=self._requests.ledger.in_flight == 0, cancel_futures=True)
+
+    def take(self, message: list[zmq.Frame]) -> list[zmq_frames.Buffer] | None:
+        """Take a message of [identity, *frames] from the ROUTER socket: what to answer at once
+        (the refusal, [identity, *frames]), if anything."""
+        identity = message[0].bytes
+        frames = [frame.buffer for frame in message[1:]]
+        try:
+            request_id = zmq_frames.parse_request_id(frames[0]) if frames else None
+        except WorkerError:
+            request_id = None
+        if request_id is None:
+            self._warnings.warning(
+                (identity, "no request id"),
+                "dropped a message of %d frames from %s: no request id to answer",
+                len(frames),
+                client_name(identity),
+            )
+            return None
+        client = client_name(identity)
+        try:
+            # The token first: a request without the right one is refused unparsed.
+            token = zmq_frames.request_token(frames)
+            self._requests.admission.authenticate([] if token is None else [BEARER + token])
+            cancelled = zmq_frames.parse_cancel(frames)
+            if cancelled is not None:
+                self._cancel((identity, cancelled))
+                return None
+            request = zmq_frames.parse_request(frames)
+            if self._stopping.is_set():
+                raise WorkerError("UNAVAILABLE", "the worker is shutting down")
+        except WorkerError as error:
+            # The method frame as sent: the metrics count unknown ones as such.
+            method = bytes(frames[1][:64]).decode("ascii", "replace") if len(frames) > 1 else ""
+            self._requests.admission.refuse(method, client, error)
+            return [identity, *zmq_frames.error_frames(request_id, error)]
+        held = self._requests.arrive(identity, client, request.message)
+        # A client at its limit is refused only once its oldest reply has had a moment to be
+        # let go of (`Outbox.settle`).
+        refusal = self._requests.admit(
+            request.message, held, settle=lambda: self._outbox.settle(held.client, _SETTLE_S)
+        )
+        if refusal is not None:
+            self._requests.ledger.done(held)
+            return [identity, *zmq_frames.error_frames(request_id, refusal)]
+        key = (identity, request_id)
+        admitted = _Admitted(held)
+        with self._admitted_lock:
+            self._admitted[key] = admitted
+        admitted.task = self._pool.submit(self._handle, key, admitted, request)
+        return None
+
+    def _cancel(self, key: tuple[bytes, int]) -> None:
+        """The client of routing identity and request id `key` no longer waits for its reply:
+        a request not handled yet is let go of at once, one waiting for a loading slot gives
+        up its wait, and the reply of one loading is dropped (`_handle`). A request answered
+        already, or never admitted, is left alone."""
+        with self._admitted_lock:
+            admitted = self._admitted.get(key)
+            if admitted is None:
+                return
+            admitted.cancelled = True
+            # The handler cannot start once its task is cancelled, nor pass `_admitted` before.
+            unstarted = admitted.task is not None and admitted.task.cancel()
+            if unstarted:
+                del self._admitted[key]
+        if unstarted:
+            self._requests.ledger.done(admitted.held)
+        else:
+            self._requests.recheck()
+
+    def _handle(
+        self, key: tuple[bytes, int], admitted: _Admitted, request: zmq_frames.Request
+    ) -> None:
+        """Runs on a handler thread: the worker's answer goes back to the I/O thread, unless
+        the client cancelled the request meanwhile. The request stays held, and a batch keeps
+        its share of the memory budget, until libzmq is done with the reply (sent, or dropped),
+        or until it is answered, when cancelled."""
+        identity, request_id = key
+        held = admitted.held
+        answer = self._requests.answer(request.message, held, lambda: not admitted.cancelled)
+        with self._admitted_lock:
+            if self._admitted.get(key) is admitted:
+                del self._admitted[key]
+            cancelled = admitted.cancelled
+        if cancelled:
+            self._requests.ledger.done(held)
+            log.debug("dropped the reply to request %d of %s: cancelled", request_id, held.name)
+            return
+        if isinstance(answer, WorkerError):
+            self._push_reply(
+                identity, held, request_id, zmq_frames.error_frames(request_id, answer)
+            )
+        else:
+            self._push_reply(
+                identity, held, request_id, zmq_frames.reply_frames(request_id, answer)
+            )
+
+    def _push_reply(
+        self, identity: bytes, held: Held, request_id: int, reply: list[zmq_frames.Buffer]
+    ) -> None:
+        """Hand `reply` to the I/O thread. Its tracked frames are referred to from this call's
+        frame only: the tracker is done once libzmq has sent them and they are freed, and an
+        error answered holds the frames its traceback passed through (`_handle`'s among them)
+        in a reference cycle until the garbage collector runs, with the client's slot."""
+        frames, tracker = tracked_frames(reply)
+        with self._push_lock:
+            if self._push is None:
+                self._requests.ledger.done(held)
+                log.warning("dropped the reply to request %d: the server stopped", request_id)
+                return
+            # Watched before it is sent, so that the I/O thread, which forwards it, looks for
+            # it until libzmq is done with it.
+            self._outbox.add(held, tracker)
+            try:
+                self._push.send_multipart([identity, *frames], copy=False)
+            except zmq.ZMQError:
+                self._requests.ledger.done(held)
+                log.exception("dropped the reply to request %d", request_id)
+
+
+@dataclasses.dataclass(eq=False, slots=True)
+class _Admitted:
+    """A request admitted and not answered yet: its entry in the ledger, its handler's task,
+    and whether its client cancelled it."""
+
+    held: Held
+    task: Future[None] | None = None
+    cancelled: bool = False
+
+
+def client_name(identity: bytes) -> str:
+    """How the logs name a client: by its routing identity."""
+    return f"client {identity.hex()}"
