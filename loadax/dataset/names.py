@@ -43,6 +43,28 @@ def dataset_repr(dataset: Any) -> str:
     return short_repr(dataset)
 
 
+def chains(dataset: Any, method: str) -> bool:
+    """True when `dataset` is one of loadax's datasets with `method`, so that an op made of it
+    is written as a call of that method (a foreign dataset's own `map` is not loadax's)."""
+    return from_loadax(dataset) and callable(getattr(dataset, method, None))
+
+
+def op_repr(parent: Any, method: str, constructor: str, arguments: str) -> str:
+    """An op as it is written: `parent.method(arguments)` when the parent chains (`chains`);
+    else `constructor(parent, arguments)`.
+
+    >>> from loadax import RangeDataset
+    >>> from loadax.dataset.names import op_repr
+    >>> op_repr(RangeDataset(0, 3), "map", "MappedDataset", "str")
+    'RangeDataset(0, 3).map(str)'
+    >>> op_repr([1, 2], "map", "MappedDataset", "str")
+    'MappedDataset([1, 2], str)'
+    """
+    if chains(parent, method):
+        return f"{parent!r}.{method}({arguments})"
+    return f"{constructor}({dataset_repr(parent)}, {arguments})"
+
+
 def callable_name(fn: Any) -> str:
     """A function by its name (without the `<locals>` of the function it was defined in), a
     partial by its function and arguments, a callable object by its repr.

@@ -2,12 +2,13 @@
 
 Each transform is a dataset whose `read` reads its parents' records (see `records`); the
 transforms and `DatasetBase`, whose methods make them, refer to each other, so they share a file.
+Those that only rearrange records keep their index arithmetic in `loadax.dataset.structure`.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import Any, cast
 
 import numpy as np
@@ -15,19 +16,12 @@ import numpy.typing as npt
 from typing_extensions import TypeVar
 
 from loadax.dataset.cache import RecordCache
-from loadax.dataset.names import callable_name, dataset_repr
+from loadax.dataset.names import callable_name, dataset_repr, op_repr
 from loadax.dataset.packing import PackedRow, PackingStrategy
-from loadax.dataset.protocol import (
-    Dataset,
-    ReadsRows,
-    as_dataset,
-    as_datasets,
-    dataset_length,
-    dataset_lengths,
-    reads_rows,
-)
-from loadax.dataset.records import Records, read_grouped, read_records, varies_by_epoch
+from loadax.dataset.protocol import Dataset, ReadsRows, as_dataset, dataset_length, reads_rows
+from loadax.dataset.records import Records, read_records, varies_by_epoch
 from loadax.dataset.stream import Stream
+from loadax.dataset.structure import ConcatenatedRecords, RepeatedRecords, SlicedRecords
 from loadax.plan.permutation import IndexArray, KeyPurpose, derive_key, permute, record_rng
 from loadax.reuse import ReuseStats
 from loadax.validation import require_int
@@ -187,14 +181,6 @@ class DatasetBase(Records[T]):
         return Stream(self).pack(length, pad_value=pad_value, truncate=truncate, strategy=strategy)
 
 
-def _op(parent: Dataset[Any], method: str, constructor: str, arguments: str) -> str:
-    """The op as it is written: `parent.method(arguments)` when the parent is one of loadax's
-    datasets, which chain; else `constructor(parent, arguments)`."""
-    if isinstance(parent, DatasetBase):
-        return f"{parent!r}.{method}({arguments})"
-    return f"{constructor}({dataset_repr(parent)}, {arguments})"
-
-
 def _seed(seed: int | None) -> int:
     # None is the fixed default seed 0, not fresh entropy: a pipeline must be reproducible.
     return 0 if seed is None else require_int("seed", seed, minimum=0)
@@ -221,7 +207,7 @@ class MappedDataset(DatasetBase[U]):
         return [self._fn(record) for record in read_records(self._dataset, indices, epoch)]
 
     def __repr__(self) -> str:
-        return _op(self._dataset, "map", "MappedDataset", callable_name(self._fn))
+        return op_repr(self._dataset, "map", "MappedDataset", callable_name(self._fn))
 
     def _parents(self) -> tuple[Dataset[Any], ...]:
         return (self._dataset,)
@@ -263,7 +249,7 @@ class RandomMappedDataset(DatasetBase[U]):
 
     def __repr__(self) -> str:
         arguments = f"{callable_name(self._fn)}, seed={self._seed}"
-        return _op(self._dataset, "random_map", "RandomMappedDataset", arguments)
+        return op_repr(self._dataset, "random_map", "RandomMappedDataset", arguments)
 
     def _parents(self) -> tuple[Dataset[Any], ...]:
         return (self._dataset,)
@@ -303,65 +289,19 @@ class ShuffledDataset(DatasetBase[T]):
         return permute(indices, self._length, key)
 
     def __repr__(self) -> str:
-        return _op(self._dataset, "shuffle", "ShuffledDataset", f"seed={self._seed}")
+        return op_repr(self._dataset, "shuffle", "ShuffledDataset", f"seed={self._seed}")
 
     def _parents(self) -> tuple[Dataset[Any], ...]:
         return (self._dataset,)
 
 
-def _optional_int(name: str, value: int | None) -> int | None:
-    return None if value is None else require_int(name, value)
-
-
-class SlicedDataset(DatasetBase[T]):
+class SlicedDataset(SlicedRecords[T], DatasetBase[T]):
     """`dataset[start:stop:step]` with Python's slicing rules, read lazily in one batched call.
 
     >>> from loadax import SlicedDataset
     >>> list(SlicedDataset(range(10), 1, 8, 3))
     [1, 4, 7]
     """
-
-    def __init__(
-        self,
-        dataset: Dataset[T],
-        start: int | None = None,
-        stop: int | None = None,
-        step: int | None = None,
-    ) -> None:
-        bounds = slice(
-            _optional_int("start", start), _optional_int("stop", stop), _optional_int("step", step)
-        )
-        if bounds.step == 0:
-            raise ValueError("step must not be zero")
-        self._dataset = as_dataset(dataset)
-        self._range = range(dataset_length(self._dataset))[bounds]
-
-    def __len__(self) -> int:
-        return len(self._range)
-
-    def read(self, indices: IndexArray, epoch: int) -> list[T]:
-        return read_records(self._dataset, self._parent(indices), epoch)
-
-    @property
-    def reads_rows(self) -> bool:
-        return reads_rows(self._dataset)
-
-    def read_rows(self, indices: IndexArray, epoch: int) -> npt.NDArray[Any]:
-        return cast(ReadsRows, self._dataset).read_rows(self._parent(indices), epoch)
-
-    def _parent(self, indices: IndexArray) -> IndexArray:
-        parent = self._range.start + indices * self._range.step
-        return parent.astype(np.int64, copy=False)
-
-    def __repr__(self) -> str:
-        # The bounds resolved against the parent's length; a stop before 0 is "to the start".
-        bounds = self._range
-        stop = None if bounds.stop < 0 else bounds.stop
-        arguments = f"{bounds.start}, {stop}" + ("" if bounds.step == 1 else f", {bounds.step}")
-        return _op(self._dataset, "slice", "SlicedDataset", arguments)
-
-    def _parents(self) -> tuple[Dataset[Any], ...]:
-        return (self._dataset,)
 
 
 class CachedDataset(DatasetBase[T]):
@@ -406,13 +346,13 @@ class CachedDataset(DatasetBase[T]):
         options = [] if cache.location is None else [repr(cache.location)]
         if cache.max_bytes is not None:
             options.append(f"max_bytes={cache.max_bytes}")
-        return _op(self._dataset, "cache", "CachedDataset", ", ".join(options))
+        return op_repr(self._dataset, "cache", "CachedDataset", ", ".join(options))
 
     def _parents(self) -> tuple[Dataset[Any], ...]:
         return (self._dataset,)
 
 
-class ConcatenatedDataset(DatasetBase[T]):
+class ConcatenatedDataset(ConcatenatedRecords[T], DatasetBase[T]):
     """The records of each of `datasets` in turn; each dataset is read once per batched read.
 
     >>> from loadax import ConcatenatedDataset
@@ -420,60 +360,11 @@ class ConcatenatedDataset(DatasetBase[T]):
     [1, 2, 3]
     """
 
-    def __init__(self, datasets: Iterable[Dataset[T]]) -> None:
-        self._datasets = as_datasets(datasets)
-        lengths = dataset_lengths(self._datasets)
-        # _ends[d] is one past the last global index of dataset d.
-        self._ends = np.cumsum(np.array(lengths, dtype=np.int64))
-        self._starts = self._ends - np.array(lengths, dtype=np.int64)
 
-    def __len__(self) -> int:
-        return int(self._ends[-1])
-
-    def read(self, indices: IndexArray, epoch: int) -> list[T]:
-        owners = np.searchsorted(self._ends, indices, side="right")
-        local = indices - self._starts[owners]
-        return read_grouped(
-            owners, lambda owner, chosen: read_records(self._datasets[owner], local[chosen], epoch)
-        )
-
-    def __repr__(self) -> str:
-        first, *others = self._datasets
-        if isinstance(first, DatasetBase) and others:
-            return f"{first!r}.concatenate({', '.join(map(dataset_repr, others))})"
-        return f"ConcatenatedDataset([{', '.join(map(dataset_repr, self._datasets))}])"
-
-    def _parents(self) -> tuple[Dataset[Any], ...]:
-        return self._datasets
-
-
-class RepeatedDataset(DatasetBase[T]):
+class RepeatedDataset(RepeatedRecords[T], DatasetBase[T]):
     """`dataset` `count` times over; pass p of epoch e reads `dataset` as epoch e * count + p.
 
     >>> from loadax import RepeatedDataset
     >>> list(RepeatedDataset(["a", "b"], 2))
     ['a', 'b', 'a', 'b']
     """
-
-    def __init__(self, dataset: Dataset[T], count: int) -> None:
-        self._dataset = as_dataset(dataset)
-        self._length = dataset_length(self._dataset)
-        self._count = require_int("count", count, minimum=1)
-
-    def __len__(self) -> int:
-        return self._length * self._count
-
-    def read(self, indices: IndexArray, epoch: int) -> list[T]:
-        passes, local = np.divmod(indices, self._length)
-        return read_grouped(
-            passes,
-            lambda repeat, chosen: read_records(
-                self._dataset, local[chosen], epoch * self._count + repeat
-            ),
-        )
-
-    def __repr__(self) -> str:
-        return _op(self._dataset, "repeat", "RepeatedDataset", str(self._count))
-
-    def _parents(self) -> tuple[Dataset[Any], ...]:
-        return (self._dataset,)
