@@ -19,10 +19,10 @@ from jax.sharding import Mesh
 from multihost_check import launch
 
 from loadax import Batcher, DataLoader
+from loadax.builder import LoaderBuilder
 from loadax.client import RemoteDataLoader
 from loadax.client.job import job_seat, row_groups
 from loadax.delivery.meshes import devices_by_process
-from loadax.loader import LoaderBuilder
 
 RECORDS, SIDE = 40, 8  # the worker config's args of pipeline "images"
 BATCH = 8
