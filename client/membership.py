@@ -6,10 +6,10 @@ At start-up every target is asked on a thread of its own (a host name: each addr
 looked up until it resolves or the start-up timeout passes); of more addresses than `subset`
 (the literal ones, or those of one name), only the client's arc of them (`loadax.client.subset`)
 is asked, and the others are listed to the driver, whose policy connects them as its aperture
-reaches them (`connect_member`). `bind()` returns once every target
-has answered, or once `min_workers` agree and the others have had `GRACE` seconds more; it fails
-at the start-up timeout naming each target and what it said, or sooner, once every target's
-failure has been final (refused, a name that does not exist, another protocol) for
+reaches them (`connect_member`). `bind()` returns once every target has answered, or once
+`min_workers` agree and the others have had `GRACE` seconds more (`loadax.client.startup`); it
+fails at the start-up timeout naming each target and what it said, or sooner, once every
+target's failure has been final (refused, a name that does not exist, another protocol) for
 `give_up_after` seconds. A target not up by then keeps being asked in the background until the
 loader closes, and joins when it answers right.
 """
@@ -22,10 +22,16 @@ import time
 from collections.abc import Callable, Sequence
 
 from loadax.client.driver import Driver
-from loadax.client.identity import agreeing, choose, require
+from loadax.client.identity import choose, require
 from loadax.client.member import LEAVES_OUT, Identity, Member, ask
-from loadax.client.names import Resolver, every, host_is_name, listed_addresses
-from loadax.client.startup import Listed, bound_choice, hopeless_at, startup_failure
+from loadax.client.names import (
+    NamedAddresses,
+    Resolver,
+    every,
+    host_is_name,
+    listed_addresses,
+)
+from loadax.client.startup import Listed, StartupWait, bound_choice, startup_failure
 from loadax.client.subset import Seat, aperture
 from loadax.client.transports import TargetSpec, Transport
 from loadax.client.transports.diagnosis import Diagnosis
@@ -36,8 +42,6 @@ from loadax.wire.v1 import worker_pb2 as wire
 
 _log = logging.getLogger("loadax.client")
 
-GRACE = 1.0
-"""Seconds the build waits for the other targets once `min_workers` agree."""
 UNREACHABLE = frozenset({"UNAVAILABLE", "DEADLINE_EXCEEDED"})
 """Handshake failures that say a target is not up yet: it is asked again."""
 _RETRY_EVERY = 0.5  # seconds between lookups of a name that does not resolve, or handshakes
@@ -84,9 +88,7 @@ class Membership:
         self._closed = False
         self._driver: Driver | None = None  # set once bound: later answers join it
         self._identity: Identity | None = None
-        self._named: set[str] = set()  # the addresses the names have listed
-        self._from_names: set[str] = set()  # ... of which members
-        self._refused: set[str] = set()  # ... left out, asked again at each refresh
+        self._named = NamedAddresses()
         self._left_out: dict[str, str] = {}
         literal = [spec for spec in specs if isinstance(spec, str) and not host_is_name(spec)]
         self._standby = self._beyond_arc(literal)  # not asked at start-up, listed once bound
@@ -125,22 +127,11 @@ class Membership:
         every transport is closed. With a `fallback` (the local members' identity), too few
         agreeing binds to it instead, unless a member serves another identity or another is
         pinned: the targets keep being asked and join when they answer it."""
-        agreed_at: float | None = None
+        wait = StartupWait(min_workers, pinned, self._deadline, self._give_up_after)
         with self._condition:
-            while True:
-                now = time.monotonic()
-                members = [listed.member for listed in self._listed if listed.member is not None]
-                agreed = agreeing(members, pinned)
-                if agreed >= min_workers and agreed_at is None:
-                    agreed_at = now
-                settled = all(listed.settled for listed in self._listed)
-                hopeless = hopeless_at(self._listed, self._give_up_after)
-                if settled or now >= min(self._deadline, hopeless):
-                    break
-                if agreed_at is not None and now >= agreed_at + GRACE:
-                    break
-                wake = self._deadline if agreed_at is None else agreed_at + GRACE
-                self._condition.wait(min(wake, self._deadline, hopeless) - now)
+            while (seconds := wait.look(self._listed, time.monotonic())) is not None:
+                self._condition.wait(seconds)
+            members, agreed = wait.members, wait.agreed
             choice, split = None, None
             try:
                 choice = bound_choice(
@@ -151,9 +142,7 @@ class Membership:
             if choice is not None:
                 self._driver, self._identity = driver, choice.identity
                 self._request = self._handshake(choice.identity.num_records)
-                chosen = {member.name for member in choice.chosen} | set(self._standby)
-                self._from_names = self._named & chosen
-                self._refused = self._named - chosen
+                self._named.bound({member.name for member in choice.chosen} | set(self._standby))
                 for member in choice.left_out:
                     self._leave_out(member.name, choice.why_left_out(member))
         if choice is None:
@@ -163,9 +152,9 @@ class Membership:
             self.close(every=True)
             if split is not None:
                 raise split
-            if settled and not agreed and members:
+            if wait.settled and not agreed and members:
                 choose(members, self._pipeline, pinned)  # raises why no member serves
-            gave_up = self._give_up_after if hopeless <= time.monotonic() else None
+            gave_up = self._give_up_after if wait.hopeless <= time.monotonic() else None
             raise startup_failure(said, self._pipeline, min_workers, agreed, gave_up, self._timeout)
         for member in choice.left_out:
             member.transport.close()
@@ -225,11 +214,9 @@ class Membership:
         (`members`: the members in use)."""
         listed = {address for name in self._names for address in self._resolve(name)}
         with self._condition:
-            gone, self._from_names = self._from_names - listed, self._from_names & listed
-            for name in self._refused - listed:
+            gone, forgotten, new = self._named.relisted(listed)
+            for name in forgotten:
                 self._left_out.pop(name, None)
-            self._refused &= listed
-            new = sorted(listed - self._from_names)
         for name in sorted(gone & set(members)):
             self.remove(name, members)
         for name in new:
@@ -240,12 +227,11 @@ class Membership:
                     if isinstance(error, WorkerError) and error.code not in LEAVES_OUT:
                         raise
                     with self._condition:
-                        self._refused.add(name)  # asked again at the next refresh
+                        self._named.refused(name)
                         self._leave_out(name, str(error))
                     continue
             with self._condition:
-                self._refused.discard(name)
-                self._from_names.add(name)
+                self._named.joined(name)
 
     def refresh_every(self, seconds: float, members: Callable[[], list[str]]) -> None:
         """Refresh on a thread of its own every `seconds` until closed (when names are listed)."""
@@ -284,13 +270,11 @@ class Membership:
         except (ValueError, WorkerError) as error:
             member.transport.close()
             with self._condition:
-                if name in self._named:
-                    self._refused.add(name)
+                self._named.refused(name)
                 self._leave_out(name, str(error))
             return
         with self._condition:
-            if name in self._named:
-                self._from_names.add(name)
+            self._named.joined(name)
         _log.info(
             "%s answered after the build and joined",
             name,
@@ -406,5 +390,5 @@ class Membership:
         """The addresses a spec with a host name stands for: one per address it lists."""
         addresses = listed_addresses(spec, self._resolver)
         with self._condition:
-            self._named.update(addresses)
+            self._named.listed.update(addresses)
         return addresses

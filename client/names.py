@@ -55,6 +55,47 @@ def listed_addresses(spec: str, resolver: Resolver) -> list[str]:
     ]
 
 
+class NamedAddresses:
+    """What the target names list: every address they listed, the members among them, and those
+    left out, asked again at each refresh. Thread-compatible: the membership changes it under
+    its lock.
+
+    >>> named = NamedAddresses()
+    >>> named.listed.update({"grpc://10.0.0.1:1", "grpc://10.0.0.2:1"})
+    >>> named.bound({"grpc://10.0.0.1:1"})
+    >>> named.relisted({"grpc://10.0.0.2:1", "grpc://10.0.0.3:1"})
+    ({'grpc://10.0.0.1:1'}, set(), ['grpc://10.0.0.2:1', 'grpc://10.0.0.3:1'])
+    """
+
+    def __init__(self) -> None:
+        self.listed: set[str] = set()
+        self._members: set[str] = set()
+        self._refused: set[str] = set()
+
+    def bound(self, chosen: set[str]) -> None:
+        """The build chose `chosen`: the listed addresses among them are members, the others
+        left out."""
+        self._members, self._refused = self.listed & chosen, self.listed - chosen
+
+    def relisted(self, listed: set[str]) -> tuple[set[str], set[str], list[str]]:
+        """The names list `listed` now: the members gone, the left-out addresses gone (what left
+        them out is forgotten), and the addresses to ask, in order (new, or left out)."""
+        gone, self._members = self._members - listed, self._members & listed
+        forgotten, self._refused = self._refused - listed, self._refused & listed
+        return gone, forgotten, sorted(listed - self._members)
+
+    def joined(self, name: str) -> None:
+        """`name`, if a name listed it, is a member now."""
+        if name in self.listed:
+            self._refused.discard(name)
+            self._members.add(name)
+
+    def refused(self, name: str) -> None:
+        """`name`, if a name listed it, was left out: asked again at the next refresh."""
+        if name in self.listed:
+            self._refused.add(name)
+
+
 def every(
     seconds: float, refresh: Callable[[], None], sleep: Callable[[float], bool], names: list[str]
 ) -> None:

@@ -1,5 +1,5 @@
-"""What a loader's start-up heard from each target it asked, and the error that names them all
-when too few agreed in time (`loadax.client.membership`)."""
+"""What a loader's start-up heard from each target it asked, how long it waits for them to agree,
+and the error that names them all when too few agreed in time (`loadax.client.membership`)."""
 
 from __future__ import annotations
 
@@ -7,12 +7,15 @@ import dataclasses
 import logging
 from collections.abc import Sequence
 
-from loadax.client.identity import Choice, choose
+from loadax.client.identity import Choice, agreeing, choose
 from loadax.client.member import Identity, Member
 from loadax.errors import WorkerError
 from loadax.logfields import fields
 
 _log = logging.getLogger("loadax.client")
+
+GRACE = 1.0
+"""Seconds the build waits for the other targets once `min_workers` agree."""
 
 
 @dataclasses.dataclass
@@ -25,6 +28,47 @@ class Listed:
     member: Member | None = None
     settled: bool = False  # answered, or failed for good
     final_since: float | None = None  # failing in a way that waiting does not mend, since
+
+
+class StartupWait:
+    """The build's wait for targets to agree: over once every target has settled, at
+    `deadline`, once every target has been failing for good for `give_up_after` seconds, or
+    `GRACE` seconds after `min_workers` agreed (on the `pinned` fingerprint, if any). Time is an
+    argument: `look` is told what the targets said, and when.
+
+    >>> wait = StartupWait(1, None, deadline=10.0, give_up_after=None)
+    >>> wait.look([Listed((0, 0), "grpc://a:1")], now=4.0)
+    6.0
+    >>> wait.look([Listed((0, 0), "grpc://a:1", settled=True)], now=5.0) is None
+    True
+    """
+
+    def __init__(
+        self, min_workers: int, pinned: str | None, deadline: float, give_up_after: float | None
+    ) -> None:
+        self._min_workers, self._pinned = min_workers, pinned
+        self._deadline, self._give_up_after = deadline, give_up_after
+        self._agreed_at: float | None = None
+        self.members: list[Member] = []  # those that answered, at the last look
+        self.agreed = 0  # ... of which agree
+        self.settled = False  # whether every target had settled
+        self.hopeless = float("inf")  # when every target will have failed for good long enough
+
+    def look(self, listed: Sequence[Listed], now: float) -> float | None:
+        """What the targets `listed` said by `now`: None once the wait is over, else how many
+        seconds to wait for news before looking again."""
+        self.members = [each.member for each in listed if each.member is not None]
+        self.agreed = agreeing(self.members, self._pinned)
+        if self.agreed >= self._min_workers and self._agreed_at is None:
+            self._agreed_at = now
+        self.settled = all(each.settled for each in listed)
+        self.hopeless = hopeless_at(listed, self._give_up_after)
+        if self.settled or now >= min(self._deadline, self.hopeless):
+            return None
+        if self._agreed_at is not None and now >= self._agreed_at + GRACE:
+            return None
+        wake = self._deadline if self._agreed_at is None else self._agreed_at + GRACE
+        return min(wake, self._deadline, self.hopeless) - now
 
 
 def hopeless_at(listed: Sequence[Listed], give_up_after: float | None) -> float:

@@ -24,6 +24,8 @@ from processes import free_port
 from workers import WorkerProcess, pinned, worker_process
 
 import loadax.client.member
+import loadax.client.names
+import loadax.client.startup
 import loadax.client.verdicts
 import loadax.server.throttled_log
 from loadax import DataLoader, RecordError, WorkerError
@@ -298,7 +300,13 @@ def test_each_failure_gets_its_verdict(error: BaseException, expected: Verdict) 
 
 
 def test_the_examples_of_the_fleet_modules_run() -> None:
-    modules = (loadax.client.member, loadax.client.verdicts, loadax.server.throttled_log)
+    modules = (
+        loadax.client.member,
+        loadax.client.names,
+        loadax.client.startup,
+        loadax.client.verdicts,
+        loadax.server.throttled_log,
+    )
     for module in modules:
         failed, tried = doctest.testmod(module, optionflags=doctest.ELLIPSIS)
         assert tried > 0, module.__name__
