@@ -67,9 +67,12 @@ def test_an_indexed_record_is_one_ranged_read(moto: Moto, local: Path, tmp_path:
 def test_a_batch_fetches_its_requests_together_until_closed(
     moto: Moto, local: Path, tmp_path: Path
 ) -> None:
-    def fetchers() -> list[threading.Thread]:
-        return [t for t in threading.enumerate() if t.name.startswith("TFRecordDataset-fetch")]
+    def fetchers() -> set[threading.Thread]:  # of this dataset: an earlier one's may linger
+        named = {t for t in threading.enumerate() if t.name.startswith("TFRecordDataset-fetch")}
+        return named - earlier
 
+    earlier: set[threading.Thread] = set()
+    earlier = fetchers()
     url = f"{BUCKET}/shards/*.tfrecord"
     records = TFRecordDataset(url, parse=False, filesystem=moto.filesystem(), index_dir=tmp_path)
     expected = list(TFRecordDataset(local / "*.tfrecord", parse=False, index_dir=tmp_path))
@@ -102,3 +105,33 @@ def test_loaders_read_the_bucket_in_threads_processes_and_a_worker(
             assert_batches_equal(batches, expected)
     finally:
         worker.close()
+
+
+def test_shards_read_in_order_are_read_ahead_and_others_by_record(
+    moto: Moto, local: Path, tmp_path: Path
+) -> None:
+    url, options = f"{BUCKET}/shards/*.tar", {"decode": False, "index_dir": tmp_path}
+    expected = list(TarShardDataset(local / "*.tar", **options))
+    TarShardDataset(url, filesystem=moto.filesystem(), **options)  # indexes them
+    counting = pafs.PyFileSystem(CountingHandler(moto.filesystem()))
+    in_order = TarShardDataset(url, filesystem=counting, **options)
+    CountingHandler.reads.clear()
+    assert without_url([in_order[number] for number in range(len(in_order))]) == without_url(
+        expected
+    )
+    in_order.close()  # waits for what was read ahead
+    # Three requests start a run; then blocks of 2, 4, 8... samples' bytes, on into shard 1.
+    assert len(CountingHandler.reads) <= len(expected) // 2 + 1
+    assert sum(CountingHandler.reads) <= sum(in_order.shards.sizes)  # no byte twice
+    shuffled = TarShardDataset(url, filesystem=counting, **options)
+    CountingHandler.reads.clear()
+    order = list(reversed(range(len(expected))))  # no request starts where one ended
+    assert without_url([shuffled[number] for number in order]) == without_url(
+        [expected[number] for number in order]
+    )
+    shuffled.close()
+    spans = [(ends - starts).tolist() for starts, ends in shuffled._spans]
+    assert sorted(CountingHandler.reads) == sorted(spans[0] + spans[1])  # each sample's bytes
+    loader = DataLoader(Batcher(list)).batch_size(3).workers(2)
+    batches = [without_url(batch) for batch in loader.build(in_order)]
+    assert batches == [without_url(batch) for batch in loader.build(expected)]

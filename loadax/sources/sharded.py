@@ -98,11 +98,11 @@ class ShardedDataset(DatasetBase[T], abc.ABC):
                 contents.append(
                     (positions[members], numbers[members], starts[members], ends[members])
                 )
-        fetched = self.shards.read_all(requests)
-        for (shard, first, _), data, content in zip(requests, fetched, contents, strict=True):
+        for request, data in self.shards.fetch(requests):  # each request's as it arrives
+            shard, first, _ = requests[request]
             view = memoryview(data)
             for position, number, start, end in zip(
-                *(part.tolist() for part in content), strict=True
+                *(part.tolist() for part in contents[request]), strict=True
             ):
                 records[position] = self.record(
                     shard, number, view[start - first : end - first], start

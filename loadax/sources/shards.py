@@ -14,7 +14,7 @@ import threading
 import zipfile
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, as_completed
 from contextlib import contextmanager
 from functools import partial
 from pathlib import Path
@@ -25,6 +25,7 @@ import numpy as np
 from loadax.sources.filesystems import Location, Store, store_of
 from loadax.sources.handles import HandlePool
 from loadax.sources.paths import listed_paths
+from loadax.sources.readahead import ReadAhead, joined
 from loadax.sources.retries import DEFAULT_RETRIES, RetryPolicy
 
 Index = dict[str, np.ndarray[Any, Any]]
@@ -69,7 +70,8 @@ class Shards:
         )
         self._files = HandlePool(partial(_ThreadFiles, self), _ThreadFiles.close)
         self._lock = threading.Lock()
-        self._fetchers: tuple[int, ThreadPoolExecutor] | None = None  # (pid, pool): a store's
+        self._fetchers: _Fetchers | None = None  # a store's
+        self.sizes: list[int] = []  # each shard's, once `fingerprints` has asked
 
     def fingerprints(self) -> list[tuple[int, int]]:
         """Each shard's size and modification time (ns): what its cached index was made for."""
@@ -83,6 +85,7 @@ class Shards:
                         f"{self.source}: cannot read {name!r}: {error}"
                     ) from None
                 stats.append((found.st_size, found.st_mtime_ns))
+            self.sizes = [size for size, _ in stats]
             return stats
         infos = []
         for location in self.locations:
@@ -98,6 +101,7 @@ class Shards:
                     )
                 raise FileNotFoundError(f"{self.source}: no object at {location.shown!r}")
             infos.append(info)
+        self.sizes = [int(info.size) for info in infos]
         return [(int(info.size), int(info.mtime_ns or 0)) for info in infos]
 
     @contextmanager
@@ -134,32 +138,56 @@ class Shards:
             )
         return data
 
-    def read_all(self, requests: Sequence[tuple[int, int, int]]) -> list[bytes]:
-        """The bytes of each `(shard, offset, size)` of `requests`, as `read_at` reads them:
-        from a store up to 16 requests at a time (a shuffled batch is a request per record, and
-        a store's latency is in each), from local files one after the other."""
-        if self.store is None or len(requests) < 2:
-            return [self.read_at(*request) for request in requests]
-        return list(self._fetcher().map(lambda request: self.read_at(*request), requests))
+    def fetch(self, requests: Sequence[tuple[int, int, int]]) -> Iterator[tuple[int, bytes]]:
+        """The bytes of each `(shard, offset, size)` of `requests`, as `read_at` reads them, with
+        its position in `requests`: from local files one after the other; from a store as they
+        arrive, up to 16 requests at a time (a shuffled batch is a request per record, and a
+        store's latency is in each), a shard read in order read ahead (`ReadAhead`)."""
+        if self.store is None:
+            for position, request in enumerate(requests):
+                yield position, self.read_at(*request)
+            return
+        fetchers = self._fetchers_here()
+        fetch = partial(fetchers.submit, self.read_at)
+        served = [fetchers.ahead.request(*request, fetch) for request in requests]
+        direct = [position for position, blocks in enumerate(served) if blocks is None]
+        if len(requests) == 1 and direct:  # nothing to wait for together
+            yield 0, self.read_at(*requests[0])
+            return
+        waits: dict[Future[bytes], list[int]] = {}  # each fetch, the requests waiting on it
+        missing = [0] * len(requests)  # of each request, the fetches it still waits on
+        for position in direct:
+            waits[fetch(*requests[position])] = [position]
+            missing[position] = 1
+        for position, blocks in enumerate(served):
+            for block in blocks or ():
+                waits.setdefault(block.data, []).append(position)
+                missing[position] += 1
+        for done in as_completed(waits):
+            for position in waits[done]:
+                missing[position] -= 1
+                if missing[position] == 0:
+                    blocks = served[position]
+                    _, offset, size = requests[position]
+                    yield (
+                        position,
+                        done.result() if blocks is None else joined(blocks, offset, size),
+                    )
 
-    def _fetcher(self) -> ThreadPoolExecutor:
-        """The threads that fetch a batch's requests from a store: made on first use in each
-        process (a forked child cannot use its parent's threads)."""
+    def _fetchers_here(self) -> _Fetchers:
+        """This process's fetching threads (a forked child cannot use its parent's)."""
         with self._lock:
-            if self._fetchers is None or self._fetchers[0] != os.getpid():
-                pool = ThreadPoolExecutor(
-                    _CONCURRENT_READS, thread_name_prefix=f"{self.source}-fetch"
-                )
-                self._fetchers = (os.getpid(), pool)
-            return self._fetchers[1]
+            if self._fetchers is None or self._fetchers.pid != os.getpid():
+                self._fetchers = _Fetchers(self.sizes, self.source)
+            return self._fetchers
 
     def close(self) -> None:
         """Close every thread's open shards and end the fetching threads; later reads open
         and start them again."""
         with self._lock:
             fetchers, self._fetchers = self._fetchers, None
-        if fetchers is not None and fetchers[0] == os.getpid():
-            fetchers[1].shutdown()
+        if fetchers is not None and fetchers.pid == os.getpid():
+            fetchers.close()
         self._files.close()
 
     def arguments(self) -> tuple[Any, ...]:
@@ -169,6 +197,31 @@ class Shards:
             return (list(self.names), None, DEFAULT_RETRIES)
         paths = [location.path for location in self.locations]
         return (paths, self.store.user_filesystem, self.store.retries)
+
+
+class _Fetchers:
+    """One process's threads that fetch a store's requests, started on the first, and what
+    they read ahead."""
+
+    def __init__(self, sizes: Sequence[int], source: str) -> None:
+        self.pid, self.source = os.getpid(), source
+        self.ahead = ReadAhead(sizes)
+        self._lock = threading.Lock()
+        self._pool: ThreadPoolExecutor | None = None
+
+    def submit(self, read_at: Callable[[int, int, int], bytes], *request: int) -> Future[bytes]:
+        with self._lock:
+            if self._pool is None:
+                prefix = f"{self.source}-fetch"
+                self._pool = ThreadPoolExecutor(_CONCURRENT_READS, thread_name_prefix=prefix)
+            return self._pool.submit(read_at, *request)
+
+    def close(self) -> None:
+        self.ahead.clear()
+        with self._lock:
+            pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown()
 
 
 class _ThreadFiles:

@@ -1,0 +1,132 @@
+"""Read-ahead for shards in a store: a shard read in order (a third request in a row starting
+where the one before ended) has the bytes after it fetched in the background, in blocks that
+double up to 8 MiB as the run goes on (an OS reads ahead of a file the same way), and on into
+the next shard at its end, so that the next batches' records are there when their reads ask.
+Random reads fetch nothing ahead (two neighbours in a row by chance do not make a run)."""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from collections import deque
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future
+
+NEAR = 64 << 10
+"""A request starting at most this far after an earlier one's end reads on from it (the gap
+is the headers of the members between two records)."""
+_LARGEST_BLOCK = 8 << 20  # the longest request read ahead
+_HELD = 32 << 20  # the most bytes read ahead (arrived or in flight) held at once
+_RECENT = 4  # the ends of a shard's requests remembered: a few threads' chunks interleave
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Block:
+    """Bytes `[start, end)` of a shard, fetched ahead (or on their way)."""
+
+    shard: int
+    start: int
+    end: int
+    data: Future[bytes]
+
+    def part(self, start: int, end: int) -> bytes:
+        """Bytes `[start, end)` of the shard (within this block), once they have arrived."""
+        return self.data.result()[start - self.start : end - self.start]
+
+
+Fetch = Callable[[int, int, int], "Future[bytes]"]
+"""`fetch(shard, offset, size)`: those bytes of the shard, on their way."""
+
+
+class ReadAhead:
+    """The blocks read ahead of a dataset's shards, of sizes `sizes`: at most 32 MiB of them,
+    the oldest dropped first (a read that still waits on a dropped block gets its bytes all the
+    same)."""
+
+    def __init__(self, sizes: Sequence[int]) -> None:
+        self._sizes = sizes
+        self._lock = threading.Lock()
+        self._blocks: deque[Block] = deque()  # oldest first
+        self._held = 0
+        # The ends of each shard's recent requests, and whether each continued an earlier one.
+        self._ends: dict[int, deque[tuple[int, bool]]] = {}
+        self._windows: dict[int, int] = {}  # how far each shard read in order is read ahead
+
+    def request(self, shard: int, offset: int, size: int, fetch: Fetch) -> list[Block] | None:
+        """The blocks that hold the `size` bytes at `offset` of `shard`, or None when those
+        bytes are not all read ahead; when the shard is read in order, fetches what follows."""
+        end = offset + size
+        with self._lock:
+            ends = self._ends.setdefault(shard, deque(maxlen=_RECENT))
+            after = [run for previous, run in ends if 0 <= offset - previous <= NEAR]
+            ends.append((end, bool(after)))
+            blocks = self._covering(shard, offset, end) if size else None
+            if any(after):  # the third request in a row: two could meet by chance
+                self._drop_before(shard, offset)
+                window = min(_LARGEST_BLOCK, max(2 * size, 2 * self._windows.get(shard, 0)))
+                self._windows[shard] = window
+                self._ahead(shard, end, window, fetch)
+            else:
+                self._windows.pop(shard, None)
+        return blocks
+
+    def clear(self) -> None:
+        """Forget every block and every shard's run."""
+        with self._lock:
+            self._blocks.clear()
+            self._held = 0
+            self._ends.clear()
+            self._windows.clear()
+
+    def _ahead(self, shard: int, end: int, window: int, fetch: Fetch) -> None:
+        """Fetch up to `window` bytes after what is already read ahead of `shard`, unless
+        `window` bytes after `end` are already; at its end, the next shard's first ones."""
+        start = max([end, *(block.end for block in self._blocks if block.shard == shard)])
+        if start >= end + window:
+            return
+        stop = min(self._sizes[shard], start + window)
+        if stop > start:
+            self._add(shard, start, stop, fetch)
+        after, rest = shard + 1, start + window - stop
+        if (
+            stop == self._sizes[shard]
+            and rest > 0
+            and after < len(self._sizes)
+            and not any(block.shard == after for block in self._blocks)  # not yet read ahead
+        ):
+            self._ends.setdefault(after, deque(maxlen=_RECENT)).append((0, True))
+            self._add(after, 0, min(self._sizes[after], rest), fetch)
+
+    def _add(self, shard: int, start: int, stop: int, fetch: Fetch) -> None:
+        while self._blocks and self._held + stop - start > _HELD:
+            dropped = self._blocks.popleft()
+            self._held -= dropped.end - dropped.start
+        self._blocks.append(Block(shard, start, stop, fetch(shard, start, stop - start)))
+        self._held += stop - start
+
+    def _covering(self, shard: int, start: int, end: int) -> list[Block] | None:
+        chain: list[Block] = []
+        for block in sorted((b for b in self._blocks if b.shard == shard), key=_start):
+            if block.start <= start < block.end:
+                chain.append(block)
+                start = block.end
+                if start >= end:
+                    return chain
+        return None
+
+    def _drop_before(self, shard: int, offset: int) -> None:
+        """Drop the blocks of `shard` that end before `offset`: a run in order is past them."""
+        kept = deque(b for b in self._blocks if b.shard != shard or b.end > offset)
+        self._held = sum(block.end - block.start for block in kept)
+        self._blocks = kept
+
+
+def _start(block: Block) -> int:
+    return block.start
+
+
+def joined(blocks: Sequence[Block], offset: int, size: int) -> bytes:
+    """The `size` bytes at `offset` that `blocks` (consecutive, covering them) hold."""
+    end = offset + size
+    parts = [block.part(max(offset, block.start), min(end, block.end)) for block in blocks]
+    return parts[0] if len(parts) == 1 else b"".join(parts)

@@ -1,0 +1,65 @@
+"""The read-ahead of shards in a store (`loadax.sources.readahead`): what a run of requests in
+order fetches ahead, what a random one does not, and the bytes it holds."""
+
+from __future__ import annotations
+
+from concurrent.futures import Future
+
+import numpy as np
+
+from loadax.sources.readahead import ReadAhead, joined
+
+MIB = 1 << 20
+
+
+class Shard:
+    """Shards of known bytes, fetched at once: what `ReadAhead` asks for, in order."""
+
+    def __init__(self, sizes: list[int]) -> None:
+        self.data = [np.random.default_rng(n).bytes(size) for n, size in enumerate(sizes)]
+        self.fetched: list[tuple[int, int, int]] = []
+
+    def fetch(self, shard: int, offset: int, size: int) -> Future[bytes]:
+        self.fetched.append((shard, offset, size))
+        done: Future[bytes] = Future()
+        done.set_result(self.data[shard][offset : offset + size])
+        return done
+
+
+def test_a_run_in_order_is_read_ahead_in_growing_blocks_into_the_next_shard() -> None:
+    shards = Shard([40 * MIB, 3 * MIB])
+    ahead = ReadAhead([40 * MIB, 3 * MIB])
+    step, size = MIB + 1000, MIB + 300  # 700 bytes of headers between records
+    served = []
+    for offset in range(0, 40 * MIB - step, step):
+        blocks = ahead.request(0, offset, size, shards.fetch)
+        if blocks is not None:
+            assert joined(blocks, offset, size) == shards.data[0][offset : offset + size]
+            served.append(offset)
+        held = sum(size for _, _, size in shards.fetched) - offset
+        assert held <= 32 * MIB + 2 * step  # what is ahead of the reader, bounded
+    # Two requests in a row start a run: the third reads ahead, and every later one is there.
+    assert served == list(range(3 * step, 40 * MIB - step, step))
+    sizes = [size for shard, _, size in shards.fetched if shard == 0]
+    assert sizes[:3] == [2 * size, 4 * size, 8 * MIB]
+    assert max(sizes) == 8 * MIB
+    starts = [offset for shard, offset, _ in shards.fetched if shard == 0]
+    assert starts == sorted(set(starts))  # no byte twice
+    assert shards.fetched[-1][:2] == (1, 0)  # the next shard's start, before it is asked
+    assert ahead.request(1, 512, 1000, shards.fetch) is not None
+
+
+def test_random_requests_fetch_nothing_ahead() -> None:
+    shards = Shard([8 * MIB])
+    ahead = ReadAhead([8 * MIB])
+    record = 60_000
+    order = np.random.default_rng(0).permutation(8 * MIB // record)
+    for number in order.tolist():
+        assert ahead.request(0, number * record, record - 512, shards.fetch) is None
+    assert shards.fetched == []
+    # Two neighbours in a row by chance are not a run either; a third is.
+    for number in (3, 4):
+        assert ahead.request(0, number * record, record - 512, shards.fetch) is None
+    assert shards.fetched == []
+    ahead.request(0, 5 * record, record - 512, shards.fetch)
+    assert shards.fetched == [(0, 6 * record - 512, 2 * (record - 512))]
