@@ -5,8 +5,8 @@ A local member is a worker object without sockets (`LocalWorker`, reached throug
 transport), joined to the driver through the same door as a remote worker. Its pipeline identity
 is computed by the code a worker's is (`loadax.identity`), and it joins only when that is the
 identity the remote fleet agreed on (or the pinned one): local members never vote. Each member
-makes one batch at a time (a thread, or one child process); its batches travel as a worker's do,
-encoded and checked, so that placement never changes a byte.
+makes one batch at a time (on its threads, or in one child process); its batches travel as a
+worker's do, encoded and checked, so that placement never changes a byte.
 """
 
 from __future__ import annotations
@@ -115,10 +115,11 @@ class LocalWorker:
         """What its handshake answers, as a loader binds to it."""
         return Identity(self.fingerprint, self._pipeline.num_records, self._pipeline.window)
 
-    def executor(self) -> Executor[Any]:
-        """One member's: a thread, or one child process that hands out encoded batches."""
+    def executor(self, threads: int) -> Executor[Any]:
+        """One member's: `threads` threads that split each batch, or one child process that
+        hands out encoded batches."""
         if self._pickled is None:
-            return ThreadExecutor(self._pipeline, 1)
+            return ThreadExecutor(self._pipeline, threads)
         return ProcessExecutor(self._pickled, 1, encoded=True)
 
     def handshake(self, request: wire.HandshakeRequest) -> wire.HandshakeResponse:
@@ -159,10 +160,16 @@ class LocalWorker:
 
 
 class _Member:
-    """One local member as a worker object: `worker`'s pipeline on an executor of its own."""
+    """One local member as a worker object: `worker`'s pipeline on an executor of its own (of
+    `threads` threads, of kind threads)."""
 
-    def __init__(self, worker: LocalWorker) -> None:
-        self._worker, self._executor = worker, worker.executor()
+    def __init__(self, worker: LocalWorker, threads: int) -> None:
+        self._worker, self._executor = worker, worker.executor(threads)
+
+    def split(self, threads: int) -> None:
+        """Make each batch from now on on `threads` threads (the same batch on any number)."""
+        assert isinstance(self._executor, ThreadExecutor), "only a thread member splits"
+        self._executor.resize(threads)
 
     def handshake(self, request: wire.HandshakeRequest) -> wire.HandshakeResponse:
         return self._worker.handshake(request)
@@ -202,18 +209,26 @@ class LocalMembers:
             raise
 
     def resize(self, count: int) -> None:
-        """Add or remove members until there are `count`. The first one checks the identity:
-        a ValueError naming both identities when it is not the loader's."""
+        """Run `count` members (one thread or child process each); with "auto", give them
+        `count` cores: of kind threads, one member that splits each batch over them as a worker
+        does (a batch is made as soon as it can be), of kind processes, a member on each. The
+        first member checks the identity: a ValueError naming both identities when it is not
+        the loader's."""
+        one = self.spec.count == "auto" and self.spec.kind == "threads"
+        members, threads = (min(count, 1), max(count, 1)) if one else (count, 1)
         with self._lock:
-            while len(self._members) < count:
-                self._add()
-            while len(self._members) > count:
+            while len(self._members) < members:
+                self._add(threads)
+            while len(self._members) > members:
                 name, member = self._members.pop()
                 self._driver.leave(name)
                 member.close()
+            if one:
+                for _, member in self._members:
+                    member.split(threads)
 
-    def _add(self) -> None:
-        local = _Member(self._worker)
+    def _add(self, threads: int) -> None:
+        local = _Member(self._worker, threads)
         name = f"{LOCAL_PREFIX}{self._next}"
         transport = InProcessTransport(local, threads=1, name=name)
         try:

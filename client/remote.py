@@ -190,9 +190,10 @@ class RemoteDataLoader(LoaderBuilder):
         factory, from its python_path), or `pipeline`; placed by the same policy as the workers.
         They join only if it has the identity the workers agreed on (or the pinned one); they
         never choose it. While no worker answers, the loader runs from them (logged), and goes
-        back to the fleet when one does. "auto" adds members one at a time while the training
-        loop's own time between `next()` calls is not slowed by more than 5 %, and removes one
-        when it is. The batches are the same whatever the mix."""
+        back to the fleet when one does. "auto" gives them this host's cores one at a time (with
+        threads, to one member that splits each batch over them) while the training loop's own
+        time between `next()` calls grows by no more than 5 % of its whole step, and takes one
+        back when it does. The batches are the same whatever the mix."""
         copy = self._with()
         copy._local = LocalSpec(count, pipeline, kind, config)
         return copy

@@ -1,8 +1,8 @@
 """What a remote loader measures of its training loop, batch by batch: its demand
 (`loadax.client.demand`), and with `local_members("auto")` whether its own step is slowed: local
-members are added one at a time while the loop's own time between `next()` calls stays within
-`SLOWDOWN` of what it was without them, and one is removed when it does not (Pecan's
-AutoPlacement, on measured loop time). It rides on autotune's measurement
+members get one more core at a time while the loop's own time between `next()` calls grows by no
+more than `SLOWDOWN` of its whole step over what it was without them, and one core fewer when it
+does (Pecan's AutoPlacement, on measured loop time). It rides on autotune's measurement
 (`loadax.execution.autotune`): the same executor wrapper times each batch the loop waits for;
 only the rules differ."""
 
@@ -21,33 +21,43 @@ from loadax.execution.executor import Executor
 log = logging.getLogger("loadax.client")
 
 SLOWDOWN = 0.05
-"""How much slower the loop's own step may get with local members than without..."""
+"""How much of its whole step (its own time and its wait for the batch) local members may add to
+the loop's own step..."""
 NOISE_S = 0.0002
 """... beyond this much (seconds), scheduling noise: a loop whose own step is a few microseconds
 (one that only takes batches) is never said to be slowed by a member."""
-WINDOW = 16
-"""Batches measured between two decisions."""
+BASELINE = 4
+"""Batches the loop's own step is first measured over, without members: soon, so that the
+members start early in an epoch."""
+WINDOW = 8
+"""Batches measured between two later decisions."""
 
 
 @dataclasses.dataclass
 class SpareCores:
-    """The rule: from each window's loop seconds per step, how many local members to run.
-    The first window (no member) is the baseline; a member that slows the loop past it by more
-    than `SLOWDOWN` (and `NOISE_S`) is removed and the count never grows past that again.
+    """The rule: from each window's loop seconds per step, its own (`own`) and whole (`step`,
+    own and waiting), how many cores local members use. The first window (none) is the baseline;
+    a core that lengthens the loop's own step past it by more than `SLOWDOWN` of the whole step
+    (and `NOISE_S`) is taken back, and the count never grows past that again. A loop that mostly
+    waits for batches can spare the cores its own step barely uses; one that never waits is held
+    to 5 % of its own step.
 
     >>> rule = SpareCores(ceiling=4)
-    >>> [rule.decide(seconds) for seconds in (0.100, 0.101, 0.103, 0.110, 0.102, 0.101)]
+    >>> [rule.decide(own, step=own) for own in (0.100, 0.101, 0.103, 0.110, 0.102, 0.101)]
     [1, 2, 3, 2, 2, 2]
+    >>> waiting = SpareCores(ceiling=2)  # 0.2 ms of its own in a 100 ms step: 5 ms to spare
+    >>> [waiting.decide(own, step=0.1) for own in (0.0002, 0.0006, 0.004)]
+    [1, 2, 2]
     """
 
     ceiling: int
     count: int = 0
     baseline: float | None = None
 
-    def decide(self, loop_seconds: float) -> int:
+    def decide(self, own: float, step: float) -> int:
         if self.baseline is None:
-            self.baseline = loop_seconds
-        elif loop_seconds > self.baseline * (1 + SLOWDOWN) + NOISE_S:
+            self.baseline = own
+        elif own - self.baseline > SLOWDOWN * step + NOISE_S:
             self.count = self.ceiling = max(self.count - 1, 0)
             return self.count
         self.count = min(self.count + 1, self.ceiling)
@@ -81,18 +91,21 @@ class LoopTuner(Autotuner):
                 return
             self._steps += 1
             self._waiting += got - asked
-            if self._steps < WINDOW:
+            if self._steps < (WINDOW if self.rule.baseline is not None else BASELINE):
                 return
-            loop_seconds = (got - self._since - self._waiting) / self._steps
+            step = (got - self._since) / self._steps
+            own = step - self._waiting / self._steps
             self._since, self._steps, self._waiting = got, 0, 0.0
-            count = self.rule.decide(loop_seconds)
+            count = self.rule.decide(own, step)
             if count == self.workers:
                 return
             self.workers = count
         log.info(
-            "local members: %d (the loop's own step %.2f ms, %.2f ms without them)",
+            "local members: %d cores (the loop's own step %.2f ms of %.2f ms, %.2f ms without "
+            "them)",
             count,
-            1e3 * loop_seconds,
+            1e3 * own,
+            1e3 * step,
             1e3 * (self.rule.baseline or 0.0),
         )
 
@@ -112,5 +125,6 @@ class LoopExecutor(AutotunedExecutor[Any]):
 
 
 def spare_cores() -> int:
-    """The most local members "auto" runs: a core is left to the training loop."""
-    return max(usable_cores() - 1, 1)
+    """The most cores "auto" gives local members: every core this process may use; the rule
+    takes back those the loop's own step needs, as measured."""
+    return usable_cores()

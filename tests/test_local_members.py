@@ -17,7 +17,7 @@ from equivalence import digests
 from workers import pinned
 
 from loadax import DataLoader
-from loadax.client import RemoteDataLoader
+from loadax.client import RemoteDataLoader, remote_loader
 from loadax.client.local_members import LocalSpec
 from loadax.factories import ConfigError
 from loadax.server.worker import Worker
@@ -173,21 +173,27 @@ def test_the_loader_runs_from_local_members_while_the_fleet_is_down_and_returns(
             assert loader.stats().workers[target].requests > answered
 
 
-def test_auto_adds_a_local_member_once_the_loop_is_measured(
-    caplog: pytest.LogCaptureFixture,
+def test_auto_gives_its_cores_to_one_member_once_the_loop_is_measured(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    records = 400  # 100 batches: a baseline window of 16, then a member, then more windows
-    worker = Worker({"noisy": local_member_pipelines.noisy_records(records)}, threads=1)
-    pipeline = local_member_pipelines.noisy_records(records)
+    monkeypatch.setattr(remote_loader, "spare_cores", lambda: 2)  # whatever this host has
+    # 40 batches of 40 ms (4 records that sleep 10 ms): a baseline of 4, a core, a window of 8,
+    # another core. The loop only takes batches: it waits for each, as in R1.
+    records, cost_ms = 160, 10.0
+    worker = Worker({"noisy": local_member_pipelines.sleepy(records, cost_ms)}, threads=1)
+    pipeline = local_member_pipelines.sleepy(records, cost_ms)
     auto = builder([worker]).local_members("auto", pipeline=pipeline)
     with caplog.at_level(logging.INFO, logger="loadax.client"), auto.build() as loader:
         assert loader.targets == ["in-process Worker"]  # none before the loop is measured
-        got = []
-        for batch in loader:
-            time.sleep(0.001)  # the training step
-            got.append(batch)
-        assert digests(got) == digests(local_batches(records))
+        got = list(loader)
+        # The cores go to one member, which splits each batch over them as a worker does.
+        assert loader.targets == ["in-process Worker", "local 0"]
+        assert loader.stats().workers["local 0"].requests > 0
     worker.close()
+    local = DataLoader(pipeline.batcher).batch_size(BATCH).shuffle(seed=SEED).workers(8)
+    assert digests(got) == digests(local.build(pipeline.dataset))
     chosen = [r.getMessage() for r in caplog.records if r.getMessage().startswith("local members")]
-    assert chosen, "no choice logged"
-    assert chosen[0].startswith("local members: 1 "), chosen
+    assert [message.split(" (")[0] for message in chosen] == [
+        "local members: 1 cores",
+        "local members: 2 cores",
+    ], chosen
