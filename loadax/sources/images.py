@@ -322,7 +322,10 @@ def _decoded(
     image_module = _pillow(source)
     try:
         with image_module.open(io.BytesIO(data)) as image:
-            converted = image.convert(mode)
+            image.load()
+            # A copy: numpy's view of a Pillow image is read-only, and a record should not be.
+            # (`convert` to the image's own mode would copy it once more first.)
+            array = np.array(image if image.mode == mode else image.convert(mode), dtype=np.uint8)
     except image_module.UnidentifiedImageError:
         raise ValueError(
             f"{source}: cannot decode {path}: not an image format Pillow recognises"
@@ -331,8 +334,6 @@ def _decoded(
         raise ValueError(
             f"{source}: cannot decode {path}: {type(error).__name__}: {error}"
         ) from error
-    # A copy: numpy's view of a Pillow image is read-only, and a record should not be.
-    array = np.array(converted, dtype=np.uint8)
     return array[:, :, np.newaxis] if array.ndim == 2 else array
 
 
