@@ -1,14 +1,13 @@
 """The ZeroMQ transport: `ZmqTransport`, a DEALER socket to one worker.
 
 Framing is `loadax.wire.zmq_frames`. The process's I/O thread (`zmq_io`) serves the DEALER
-sockets of every transport; callers hand it requests through a queue and wake it. It receives a
-batch's payload frames into one buffer of a `BufferPool`, reused once nothing made from it is
-alive.
+sockets of every transport; callers hand it requests through a queue and wake it. It sends them
+(`zmq_send`), and receives a batch's payload frames into one buffer of a `BufferPool`
+(`zmq_receive`), reused once nothing made from it is alive.
 """
 
 from __future__ import annotations
 
-import collections
 import itertools
 import logging
 import queue
@@ -35,6 +34,7 @@ from loadax.client.transports.zmq_pending import (
     shared_batch_reply,
 )
 from loadax.client.transports.zmq_receive import ReplyReader
+from loadax.client.transports.zmq_send import RequestSender
 from loadax.errors import WorkerError
 from loadax.wire import zmq_frames
 from loadax.wire.limits import (
@@ -111,12 +111,12 @@ class ZmqTransport:
         self._pending: dict[int, Pending[Any]] = {}
         self._closed = False
         self._refused: WorkerError | None = None
-        # Owned by the I/O thread: the connection; the requests sent and neither answered nor
-        # cancelled yet; patient requests that found no connection, in order; whether the
-        # sockets are watched.
+        # Owned by the I/O thread: the connection; the requests' sending; whether the sockets
+        # are watched.
         self._connection = Connection(address, security.curve_server_key is not None)
-        self._sent: set[int] = set()
-        self._held: collections.deque[tuple[int, list[bytes]]] = collections.deque()
+        self._sender = RequestSender(
+            self._dealer, address, self._token, self._connection, self._waiting, self._fail_request
+        )
         self._watched = False
         # Set once the I/O thread has closed the sockets.
         self._sockets_closed = threading.Event()
@@ -268,61 +268,9 @@ class ZmqTransport:
             if item is None:
                 return False
             if isinstance(item, Cancel):
-                self._send_cancel(item.request_id)
-                continue
-            request_id, frames = item
-            if self._held:  # no connection yet: behind those waiting for one, or failed
-                self._unsent(request_id, frames)
-                continue
-            try:
-                self._dealer.send_multipart(frames, zmq.NOBLOCK)
-            except zmq.Again:
-                # With IMMEDIATE a DEALER refuses to queue when it has no connection (none yet,
-                # one just dropped, or a peer frozen mid-handshake).
-                self._unsent(request_id, frames)
+                self._sender.cancel(item.request_id)
             else:
-                self._sent.add(request_id)
-
-    def _send_cancel(self, request_id: int) -> None:
-        """Tell the worker that the request `request_id` is no longer waited for, if it was sent
-        and not answered (one never sent is dropped from those held, as it comes). Best
-        effort: without room to send it, the worker answers the request, a reply dropped here."""
-        if request_id not in self._sent:
-            return
-        self._sent.discard(request_id)
-        try:
-            self._dealer.send_multipart(
-                zmq_frames.cancel_frames(request_id, self._token), zmq.NOBLOCK
-            )
-        except zmq.Again:
-            log.debug("could not tell %s of the cancel of request %d", self.name, request_id)
-
-    def _unsent(self, request_id: int, frames: list[bytes]) -> None:
-        """A request that found no connection: held until there is one if it is patient (and
-        before the first connection, which a refused security handshake never makes, so that
-        its event says why), else failed with UNAVAILABLE, to be sent to another worker."""
-        with self._lock:
-            entry = self._pending.get(request_id)
-        if entry is None:
-            return  # cancelled, or failed already
-        if entry.patient or not self._connection.connected_once:
-            self._held.append((request_id, frames))
-            return
-        self._fail_request(request_id, f"{self.name} is not reachable: no connection")
-
-    def _send_held(self) -> None:
-        """Send the requests waiting for a connection, in order, while one takes them."""
-        while self._held:
-            request_id, frames = self._held[0]
-            with self._lock:
-                waiting = request_id in self._pending
-            if waiting:
-                try:
-                    self._dealer.send_multipart(frames, zmq.NOBLOCK)
-                except zmq.Again:
-                    return
-                self._sent.add(request_id)
-            self._held.popleft()
+                self._sender.send(*item)
 
     def _on_socket_events(self) -> bool:
         """Follow the DEALER's events (`zmq.EVENTS`, read last: the descriptor the I/O thread
@@ -341,9 +289,14 @@ class ZmqTransport:
 
     def _answered(self, request_id: int) -> Pending[Any] | None:
         """The request that `request_id` answers, no longer pending (None if none is)."""
-        self._sent.discard(request_id)
+        self._sender.answered(request_id)
         with self._lock:
             return self._pending.pop(request_id, None)
+
+    def _waiting(self, request_id: int) -> Pending[Any] | None:
+        """The request `request_id`, if it still waits for its reply."""
+        with self._lock:
+            return self._pending.get(request_id)
 
     def _on_monitor_events(self, monitor: zmq.Socket[bytes]) -> None:
         refused = self._connection.refusal(monitor)
@@ -351,8 +304,7 @@ class ZmqTransport:
             return
         # ZeroMQ gives up on the connection: nothing pending will ever be sent.
         log.error("%s", refused)
-        self._held.clear()
-        self._sent.clear()
+        self._sender.refused()
         with self._lock:
             self._refused = refused
             pending, self._pending = list(self._pending.values()), {}
@@ -364,12 +316,12 @@ class ZmqTransport:
         which the monitor was for: it goes (its two file descriptors with it)."""
         if self._monitor is not None:
             self._close_monitor(self._monitor)
-        self._send_held()
+        self._sender.send_held()
 
     def _on_lost(self) -> None:
         """The connection is down: the requests it carried are lost, failed to be retried.
         Those not sent yet (submitted, or held for a connection) wait for the next one."""
-        lost_ids, self._sent = self._sent, set()
+        lost_ids = self._sender.lost()
         with self._lock:
             pending = [self._pending.pop(key) for key in lost_ids if key in self._pending]
         if pending:
