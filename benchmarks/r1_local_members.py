@@ -4,7 +4,9 @@ from one `loadax-worker` on loopback (ZeroMQ, 2 threads), and from that worker w
 A rate is images / wall time from creating the iterator to the last batch of one epoch; the
 loader's build (the worker's handshake, the local members' identity) comes before. After the
 timed rounds, one more pass of each hashes every batch (XXH3 of each array's bytes): the three
-must agree. The section goes into SIZING.md (and RESULTS.md's copy).
+must agree. Beside each rate, the CPU seconds the trainer's process and the worker spent on the
+epoch; of the mixed run, what "auto" chose when and the requests each member answered. The
+section goes into SIZING.md (and RESULTS.md's copy).
 
     .venv/bin/python benchmarks/r1_local_members.py --rounds 3
 """
@@ -13,6 +15,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
+import os
 import shutil
 import statistics
 import subprocess
@@ -28,11 +32,11 @@ import numpy as np
 import xxhash
 from fleet_sim import RESULTS, write_section
 from local_worker import worker
-from profile_remote import config, r1_data
+from profile_remote import config, process_cpu, r1_data
 from r4_autoscale import SIZING
 
 from loadax import DataLoader
-from loadax.client import RemoteDataLoader
+from loadax.client import RemoteDataLoader, RemoteLoader
 
 TITLE = "R1 with local members"
 BATCH, SEED = 64, 0
@@ -50,23 +54,51 @@ def loader(system: str, address: str) -> Any:
     return remote.build()
 
 
+class Choices(logging.Handler):
+    """What `local_members("auto")` chose, each with the batches the loop had taken by then."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.taken = 0
+        self.chosen: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        message = record.getMessage()
+        if message.startswith("local members: "):
+            cores = message.removeprefix("local members: ").split(" (")[0]
+            self.chosen.append(f"{cores} at batch {self.taken + 1}")
+
+
 def one(system: str, address: str, hashed: bool) -> dict[str, Any]:
-    """One epoch of `system`: its rate, or (`hashed`) each batch's digest."""
+    """One epoch of `system`: its rate, or (`hashed`) each batch's digest; the requests each
+    member answered and what "auto" chose when."""
+    choices = Choices()
+    logger = logging.getLogger("loadax.client")
+    logger.addHandler(choices)
+    logger.setLevel(logging.INFO)
     built = loader(system, address)
     digests, images = [], 0
-    started = time.perf_counter()
+    started, cpu = time.perf_counter(), time.process_time()
     with iter(built) as batches:
         for batch in batches:
+            choices.taken += 1
             images += len(batch["label"])
             if hashed:
                 leaves = jax.tree.leaves(batch)
                 digests.append(
                     "".join(xxhash.xxh3_64_hexdigest(np.ascontiguousarray(x).data) for x in leaves)
                 )
-    seconds = time.perf_counter() - started
-    members = sorted(getattr(built, "targets", []))
+    seconds, cpu = time.perf_counter() - started, time.process_time() - cpu
+    served = built.stats().workers if isinstance(built, RemoteLoader) else {}
+    members = {name: served[name].requests for name in sorted(served)}
     built.close()
-    return {"rate": images / seconds, "digests": digests, "members": members}
+    return {
+        "rate": images / seconds,
+        "cpu": cpu,
+        "digests": digests,
+        "members": members,
+        "chosen": choices.chosen,
+    }
 
 
 def in_process(system: str, address: str, hashed: bool) -> dict[str, Any]:
@@ -96,16 +128,21 @@ def main(argv: list[str] | None = None) -> int:
     if args.one:
         print(json.dumps(one(args.one, args.address, args.hashed)))
         return 0
-    started = time.monotonic()
+    started, load = time.monotonic(), os.getloadavg()[0]
     rates: dict[str, list[float]] = {system: [] for system in SYSTEMS}
-    members: list[str] = []
+    cpus: dict[str, list[float]] = {system: [] for system in SYSTEMS}  # trainer + worker
+    members: dict[str, int] = {}
+    chosen: list[str] = []
     folder = Path(tempfile.mkdtemp(prefix="loadax-r1-"))
     with worker(config(folder, "R1", 0, "zmq"), "zmq") as served:
         for round_ in range(args.rounds):
             for system in SYSTEMS:
+                worker_cpu = process_cpu(served.pid)
                 result = in_process(system, served.address, hashed=False)
                 rates[system].append(result["rate"])
-                members = result["members"] or members
+                cpus[system].append(result["cpu"] + process_cpu(served.pid) - worker_cpu)
+                if system == SYSTEMS[2]:
+                    members, chosen = result["members"], result["chosen"]
                 print(f"round {round_ + 1}: {system}: {result['rate']:,.0f} img/s", flush=True)
         digests = {
             system: in_process(system, served.address, hashed=True)["digests"] for system in SYSTEMS
@@ -117,32 +154,45 @@ def main(argv: list[str] | None = None) -> int:
     lines = [
         f"`python benchmarks/r1_local_members.py --rounds {args.rounds}` "
         f"({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, "
-        f"{time.monotonic() - started:.0f} s, 2 shared cores): W2 at full scale (4,096 "
+        f"{time.monotonic() - started:.0f} s; 2 cores shared with other sessions, load average "
+        f"{load:.1f} at the start, {os.getloadavg()[0]:.1f} at the end): W2 at full scale (4,096 "
         f"images, batch {BATCH}), one epoch per run, each in its own process, systems in turn "
         "within each round; the worker (ZeroMQ, 2 threads) on the same machine. Target: "
         "local members + 1 worker >= the better of local-only and remote-only, identical "
         "batches.",
         "",
-        "| system | img/s (median) | min - max | ÷ the better alone |",
-        "|---|---|---|---|",
+        "| system | img/s (median) | each round | CPU s per epoch, trainer + worker "
+        "(median) | ÷ the better alone |",
+        "|---|---|---|---|---|",
     ]
     for system, values in rates.items():
         lines.append(
-            f"| {system} | {medians[system]:,.0f} | {min(values):,.0f} - {max(values):,.0f} "
-            f"| {medians[system] / best_alone:.2f} |"
+            f"| {system} | {medians[system]:,.0f} | {', '.join(f'{v:,.0f}' for v in values)} "
+            f"| {statistics.median(cpus[system]):.1f} | {medians[system] / best_alone:.2f} |"
         )
+    paired = [
+        mixed / max(local, remote) for local, remote, mixed in zip(*rates.values(), strict=True)
+    ]
     verdict = "met" if medians[SYSTEMS[2]] >= best_alone and same else "missed"
     lines += [
         "",
         f"Batches identical in all three: {'yes' if same else 'NO'} "
-        f"({len(digests[SYSTEMS[0]])} batches, XXH3 of every array). Members of the last mixed "
-        f"run: {', '.join(members)}. Target {verdict}.",
+        f"({len(digests[SYSTEMS[0]])} batches, XXH3 of every array). Requests each member "
+        f"answered in the last mixed run: "
+        f"{', '.join(f'{name} {count}' for name, count in members.items())}. Target {verdict}.",
         "",
-        "On this machine the worker, the local member and the loop share 2 cores that the "
-        "local loader alone already fills: a local member can only take work from the worker, "
-        'and "auto" adds its one member (a core is left to the loop) after a 16-batch '
-        "baseline, a quarter of the epoch. Where the trainer has cores the worker does not "
-        "use, the local members add them.",
+        "Mixed ÷ the better alone, round by round: "
+        f'{", ".join(f"{ratio:.2f}" for ratio in paired)}. What "auto" chose in the last '
+        f"mixed run: {', '.join(chosen) or 'nothing'} (cores for one local member, whose threads "
+        "split each batch as a worker's do; the first after a 4-batch baseline of the loop's "
+        "own step, then one per 8 batches while that step grows by under 5 % of the whole "
+        "step).",
+        "",
+        "On this machine the worker, the local member, the loop and the other sessions' "
+        "processes share 2 cores: the mixed run gains the CPU time that the local loader or the "
+        "worker alone leaves idle, and loses what making batches in two processes at once costs "
+        "(each process's page faults and caches). Where the trainer has cores the worker does "
+        "not use, the local members add them.",
     ]
     print("\n".join(lines))
     for path in (args.out, RESULTS):
