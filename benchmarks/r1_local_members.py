@@ -64,8 +64,8 @@ class Choices(logging.Handler):
 
     def emit(self, record: logging.LogRecord) -> None:
         message = record.getMessage()
-        if message.startswith("local members: "):
-            cores = message.removeprefix("local members: ").split(" (")[0]
+        if message.startswith("local members' cores: "):
+            cores = message.removeprefix("local members' cores: ").split(" (")[0]
             self.chosen.append(f"{cores} at batch {self.taken + 1}")
 
 
@@ -183,7 +183,7 @@ def main(argv: list[str] | None = None) -> int:
         "",
         "Mixed ÷ the better alone, round by round: "
         f'{", ".join(f"{ratio:.2f}" for ratio in paired)}. What "auto" chose in the last '
-        f"mixed run: {', '.join(chosen) or 'nothing'} (cores for one local member, whose threads "
+        f"mixed run: {', '.join(chosen) or 'nothing'} (cores of one local member, whose threads "
         "split each batch as a worker's do; the first after a 4-batch baseline of the loop's "
         "own step, then one per 8 batches while that step grows by under 5 % of the whole "
         "step).",

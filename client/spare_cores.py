@@ -101,7 +101,7 @@ class LoopTuner(Autotuner):
                 return
             self.workers = count
         log.info(
-            "local members: %d cores (the loop's own step %.2f ms of %.2f ms, %.2f ms without "
+            "local members' cores: %d (the loop's own step %.2f ms of %.2f ms, %.2f ms without "
             "them)",
             count,
             1e3 * own,

@@ -194,6 +194,6 @@ def test_auto_gives_its_cores_to_one_member_once_the_loop_is_measured(
     assert digests(got) == digests(local.build(pipeline.dataset))
     chosen = [r.getMessage() for r in caplog.records if r.getMessage().startswith("local members")]
     assert [message.split(" (")[0] for message in chosen] == [
-        "local members: 1 cores",
-        "local members: 2 cores",
+        "local members' cores: 1",
+        "local members' cores: 2",
     ], chosen
