@@ -1,8 +1,9 @@
 """Read-ahead for shards in a store: a shard read in order (a third request in a row starting
-where the one before ended) has the bytes after it fetched in the background, in blocks that
-double up to 8 MiB as the run goes on (an OS reads ahead of a file the same way), and on into
-the next shard at its end, so that the next batches' records are there when their reads ask.
-Random reads fetch nothing ahead (two neighbours in a row by chance do not make a run)."""
+where the one before ended) has the bytes after it fetched in the background, as far ahead as
+twice its request, doubling up to 16 MiB as the run goes on (an OS reads ahead of a file the
+same way), in blocks of up to 4 MiB, and on into the next shard at its end, so that the next
+batches' records are there when their reads ask. Random reads fetch nothing ahead (two
+neighbours in a row by chance do not make a run)."""
 
 from __future__ import annotations
 
@@ -15,8 +16,9 @@ from concurrent.futures import Future
 NEAR = 64 << 10
 """A request starting at most this far after an earlier one's end reads on from it (the gap
 is the headers of the members between two records)."""
-_LARGEST_BLOCK = 8 << 20  # the longest request read ahead
-_HELD = 32 << 20  # the most bytes read ahead (arrived or in flight) held at once
+_FURTHEST = 16 << 20  # the most read ahead of a run
+_LARGEST_BLOCK = 4 << 20  # the longest request read ahead: several go at once, each soon there
+_HELD = 32 << 20  # the most bytes read ahead (arrived or in flight) held at once, all runs
 _RECENT = 4  # the ends of a shard's requests remembered: a few threads' chunks interleave
 
 
@@ -63,7 +65,7 @@ class ReadAhead:
             blocks = self._covering(shard, offset, end) if size else None
             if any(after):  # the third request in a row: two could meet by chance
                 self._drop_before(shard, offset)
-                window = min(_LARGEST_BLOCK, max(2 * size, 2 * self._windows.get(shard, 0)))
+                window = min(_FURTHEST, max(2 * size, 2 * self._windows.get(shard, 0)))
                 self._windows[shard] = window
                 self._ahead(shard, end, window, fetch)
             else:
@@ -79,15 +81,15 @@ class ReadAhead:
             self._windows.clear()
 
     def _ahead(self, shard: int, end: int, window: int, fetch: Fetch) -> None:
-        """Fetch up to `window` bytes after what is already read ahead of `shard`, unless
-        `window` bytes after `end` are already; at its end, the next shard's first ones."""
+        """Have the `window` bytes after `end` of `shard` read ahead, fetching once half of them
+        are not; past its end, the next shard's first ones."""
         start = max([end, *(block.end for block in self._blocks if block.shard == shard)])
-        if start >= end + window:
+        if start >= end + window // 2:
             return
-        stop = min(self._sizes[shard], start + window)
+        stop = min(self._sizes[shard], end + window)
         if stop > start:
             self._add(shard, start, stop, fetch)
-        after, rest = shard + 1, start + window - stop
+        after, rest = shard + 1, end + window - stop
         if (
             stop == self._sizes[shard]
             and rest > 0
@@ -98,11 +100,14 @@ class ReadAhead:
             self._add(after, 0, min(self._sizes[after], rest), fetch)
 
     def _add(self, shard: int, start: int, stop: int, fetch: Fetch) -> None:
-        while self._blocks and self._held + stop - start > _HELD:
-            dropped = self._blocks.popleft()
-            self._held -= dropped.end - dropped.start
-        self._blocks.append(Block(shard, start, stop, fetch(shard, start, stop - start)))
-        self._held += stop - start
+        """Fetch bytes `[start, stop)` of `shard` in blocks of at most 4 MiB."""
+        for first in range(start, stop, _LARGEST_BLOCK):
+            last = min(stop, first + _LARGEST_BLOCK)
+            while self._blocks and self._held + last - first > _HELD:
+                dropped = self._blocks.popleft()
+                self._held -= dropped.end - dropped.start
+            self._blocks.append(Block(shard, first, last, fetch(shard, first, last - first)))
+            self._held += last - first
 
     def _covering(self, shard: int, start: int, end: int) -> list[Block] | None:
         chain: list[Block] = []
