@@ -6,6 +6,7 @@ from __future__ import annotations
 from concurrent.futures import Future
 
 import numpy as np
+import pytest
 
 from loadax.sources.readahead import ReadAhead, joined
 
@@ -62,3 +63,25 @@ def test_random_requests_fetch_nothing_ahead() -> None:
     assert shards.fetched == []
     ahead.request(0, 5 * record, record - 512, shards.fetch)
     assert shards.fetched == [(0, 6 * record - 512, 2 * (record - 512))]
+
+
+def test_a_block_that_failed_fails_its_reader_and_is_fetched_again() -> None:
+    shards = Shard([8 * MIB])
+    ahead = ReadAhead([8 * MIB])
+    failing: list[Future[bytes]] = []
+
+    def fetch_failing(shard: int, offset: int, size: int) -> Future[bytes]:
+        failing.append(Future())
+        return failing[-1]
+
+    for number in range(3):
+        ahead.request(0, number * 1000, 1000, fetch_failing)  # the third reads ahead
+    blocks = ahead.request(0, 3000, 1000, shards.fetch)
+    assert blocks is not None
+    failing[0].set_exception(OSError("the store is away"))
+    with pytest.raises(OSError, match="the store is away"):
+        joined(blocks, 3000, 1000)
+    assert ahead.request(0, 4000, 1000, shards.fetch) is None  # read for itself
+    blocks = ahead.request(0, 5000, 1000, shards.fetch)  # and ahead again
+    assert blocks is not None
+    assert joined(blocks, 5000, 1000) == shards.data[0][5000:6000]

@@ -31,6 +31,11 @@ class Block:
     end: int
     data: Future[bytes]
 
+    @property
+    def failed(self) -> bool:
+        """Whether fetching the block failed (or was cancelled)."""
+        return self.data.done() and (self.data.cancelled() or self.data.exception() is not None)
+
     def part(self, start: int, end: int) -> bytes:
         """Bytes `[start, end)` of the shard (within this block), once they have arrived."""
         return self.data.result()[start - self.start : end - self.start]
@@ -110,6 +115,10 @@ class ReadAhead:
             self._held += last - first
 
     def _covering(self, shard: int, start: int, end: int) -> list[Block] | None:
+        failed = [block for block in self._blocks if block.failed]
+        for block in failed:  # its reader raised the error; a later one reads for itself
+            self._blocks.remove(block)
+            self._held -= block.end - block.start
         chain: list[Block] = []
         for block in sorted((b for b in self._blocks if b.shard == shard), key=_start):
             if block.start <= start < block.end:
