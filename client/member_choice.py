@@ -13,14 +13,15 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from loadax.client.affinity import affinity
-from loadax.client.member_health import MemberHealth
+from loadax.client.member_health import LATENCY_SAMPLES, MemberHealth
 
 ALIKE = 0.25
 """Members expected to answer within this share of the soonest are alike: the load is spread
 over them."""
 AFFINITY_SLOWER = 4.0
 """A request with a digest passes over a member expected to answer this many times slower than
-the fastest with room (a straggler, or one its queue slows), whatever the digest prefers."""
+the fastest with room (a straggler, or one its queue slows, once its latency is settled, or
+one whose oldest attempt outstanding is that old), whatever the digest prefers."""
 
 
 def choose(
@@ -31,7 +32,13 @@ def choose(
     known = [member.fresh_latency(now) for member in members]
     typical = min((latency for latency in known if latency is not None), default=0.0)
     if digest:  # requests that ask alike meet: the preferred of those with room
-        latencies = [member.expected_latency(now, typical) for member in members]
+        # A member's own latency counts once it has answered `LATENCY_SAMPLES` times: a slow
+        # first answer (its cold start, seen by this client only) does not send a digest away
+        # from the member where the other clients' requests for it meet.
+        latencies = [
+            member.expected_latency(now, typical, own=member.answers >= LATENCY_SAMPLES)
+            for member in members
+        ]
         fast = [
             member
             for member, latency in zip(members, latencies, strict=True)

@@ -53,10 +53,11 @@ class MemberHealth:
             return self.latency
         return None
 
-    def expected_latency(self, now: float, typical: float) -> float:
-        """Its recent latency (`typical` without one), but at least the age of its oldest
-        attempt outstanding: a member slow to answer is known to be slow before it answers."""
-        latency = self.fresh_latency(now)
+    def expected_latency(self, now: float, typical: float, own: bool = True) -> float:
+        """Its recent latency (`typical` without one, or when not `own`), but at least the age
+        of its oldest attempt outstanding: a member slow to answer is known to be slow before
+        it answers."""
+        latency = self.fresh_latency(now) if own else None
         latency = typical if latency is None else latency
         return max(latency, now - min(self.sent.values())) if self.sent else latency
 

@@ -10,6 +10,7 @@ from collections import Counter
 import loadax.client.affinity
 from loadax.client.fleet_events import Answered, Joined, Send, Submit
 from loadax.client.fleet_options import FleetOptions
+from loadax.client.member_health import LATENCY_SAMPLES
 from loadax.client.policy import Policy
 
 MEMBERS = ("a", "b", "c", "d")
@@ -68,3 +69,33 @@ def test_without_affinity_requests_carry_no_digest_and_spread_by_use() -> None:
         order.append(send.member)
         policy.decide(Answered(send.attempt), now=0.0)
     assert Counter(order) == Counter(dict.fromkeys(MEMBERS, 2))
+
+
+def preferring(member: str, after: int) -> int:
+    """The first step after `after` whose digest ranks `member` first of `MEMBERS`."""
+    return next(
+        step
+        for step in range(after + 1, after + 1000)
+        if min(MEMBERS, key=lambda name: loadax.client.affinity.affinity(digest(step), name))
+        == member
+    )
+
+
+def test_a_slow_first_answer_does_not_send_a_digest_away_but_a_settled_slow_member_is() -> None:
+    policy = client()
+    now = 0.0
+    sent = [policy.decide(Submit(request, 1000 + request), now)[0] for request in range(1, 5)]
+    assert all(isinstance(send, Send) for send in sent)
+    assert {send.member for send in sent} == set(MEMBERS)  # without digests: by load
+    for send in sorted(sent, key=lambda send: send.member == "a"):
+        # "a" is cold: its first answer takes 5x the others'.
+        policy.decide(Answered(send.attempt), 0.08 if send.member == "a" else 0.016)
+    now, step = 0.1, 0
+    for request in range(5, 5 + LATENCY_SAMPLES - 1):
+        step = preferring("a", step)
+        send = placed(policy, request, step, now)
+        assert send.member == "a"  # where every other client's request for this batch goes
+        now += 0.08  # "a" stays that slow
+        policy.decide(Answered(send.attempt), now)
+    # Its latency settled (LATENCY_SAMPLES answers), 5x the others': load wins over affinity.
+    assert placed(policy, 100, preferring("a", step), now).member != "a"
