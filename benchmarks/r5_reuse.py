@@ -1,6 +1,7 @@
 """R5 reuse (issue 28): each batch computed once, between jobs and across epochs.
 
-(a) 4 jobs in processes of their own, the same pipeline and plan, started 0-2 s apart with
+(a) 4 jobs in processes of their own (each imported before the first job begins: a job starts
+when it builds its loader), the same pipeline and plan, started 0-2 s apart with
 different step times, on 2 `loadax-worker` processes running a CPU-heavy pipeline (W3's FFT, on
 smaller arrays): the workers' CPU ÷ one job's alone, and each job's rate ÷ its rate alone;
 (b) the same with a seed per job (nothing to share): the workers' CPU ÷ the four jobs' alone;
@@ -153,13 +154,28 @@ def run_jobs(
     """`jobs` (seed, step ms, start s) at once: the workers' CPU seconds and each job's report."""
     targets = ",".join(address for address, _ in fleet)
     before = sum(cpu_seconds(pid) for _, pid in fleet)
-    began, processes = time.perf_counter(), []
-    for seed, step_ms, start in jobs:
-        time.sleep(max(0.0, began + start - time.perf_counter()))
+    processes = []
+    for seed, step_ms, _ in jobs:  # started and imported before the first begins
         command = [sys.executable, __file__, "job", targets, str(seed), str(step_ms), str(steps)]
         processes.append(
-            subprocess.Popen(command, stdout=subprocess.PIPE, text=True, env=child_env())
+            subprocess.Popen(
+                command,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                text=True,
+                env=child_env(),
+            )
         )
+    for process in processes:
+        assert process.stdout is not None
+        if process.stdout.readline().strip() != "ready":
+            raise RuntimeError(f"an R5 job (pid {process.pid}) did not start")
+    began = time.perf_counter()
+    for process, (_, _, start) in zip(processes, jobs, strict=True):
+        time.sleep(max(0.0, began + start - time.perf_counter()))
+        assert process.stdin is not None
+        process.stdin.write("go\n")
+        process.stdin.flush()
     reports = [json.loads(process.communicate()[0].splitlines()[-1]) for process in processes]
     return sum(cpu_seconds(pid) for _, pid in fleet) - before, reports
 
@@ -294,6 +310,8 @@ def render(rounds: list[dict[str, Any]], steps: int, wall_s: float) -> list[str]
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "job":
         targets, seed, step_ms, steps = sys.argv[2:6]
+        print("ready", flush=True)  # imported: a job's start is its loader's build
+        sys.stdin.readline()
         report = job(targets.split(","), int(seed), float(step_ms), int(steps))
         print(json.dumps(report))
     else:
