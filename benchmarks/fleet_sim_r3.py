@@ -155,7 +155,15 @@ def diagnoses(report: dict[str, Any]) -> list[str]:
             "an arc take a tenth of their share. Tried and not kept: arcs that reach past slow "
             "members (their share lands on the next member of each arc: spread 1.44-1.50), "
             "and wider arcs (16: 1.22-1.29, 24: 1.16, but each straggler in an arc costs its "
-            "trainer a hedge's wait: delivered 0.92-0.89).",
+            "trainer a hedge's wait: delivered 0.92-0.89). At e956931 the busiest worker "
+            "(1.38) sits among 4 stragglers within 17 places of the ring, where arcs of 9 hold "
+            "2-3 each; the other non-straggling workers spread 0.25 / 0.80 / 1.08 / 1.22 / "
+            "1.27 (1st / 10th / 50th / 90th / 99th percentile). Tried then and not kept: a "
+            "member's latency decaying towards the fastest's in 1 s (percentiles 0.89 / 0.98 / "
+            "1.02 / 1.15 / 1.23, but the busiest stays at 1.39 and the stragglers take 2.3x "
+            "the requests: least trainer 0.86); members over 3x the median latency taking no "
+            "width, as failing ones (1.43); arcs at least 16 or 24 wide (1.42 / 1.44, "
+            "delivered 0.93 / 0.90).",
         ]
     return lines
 
