@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import weakref
 from typing import Any
 
@@ -14,6 +15,10 @@ from loadax import Batcher, DataLoader, stack
 from loadax.buffers import BufferPool
 from loadax.collate import batcher
 from loadax.collate.batcher import POOLED_FROM_BYTES, SharedStack
+from loadax.execution.pipeline import Pipeline
+from loadax.execution.threads import ThreadExecutor
+from loadax.plan.planner import Plan
+from loadax.plan.work import StepWork
 
 
 def test_stacks_python_ints() -> None:
@@ -300,3 +305,25 @@ def test_large_leaves_of_python_objects_are_stacked_as_numpy_keeps_them(
     assert [batch["words"].shape for batch in batches] == [(2, len(words))] * 2
     assert batches[1]["words"][1, 7] == "w7"
     assert pool.taken == 0
+
+
+def test_a_threaded_batch_gives_its_buffer_back_once_dropped_without_the_garbage_collector(
+    pool: CountingPool,
+) -> None:
+    # A reference cycle through the chunks' callbacks kept each batch until the collector ran,
+    # so that every batch was stacked into a fresh buffer (faulted in page by page): R1's worker
+    # made 57 of its 130 batches in new buffers, and held up to 23 at once.
+    dataset = [large_record(index) for index in range(LARGE_ROWS * 4)]
+    executor = ThreadExecutor(Pipeline(dataset, Batcher()), threads=2)
+    plan = Plan(len(dataset), LARGE_ROWS, shuffle=False)
+    gc.disable()
+    try:
+        for step in range(4):
+            batch = executor.submit(plan, StepWork(step)).result()
+            np.testing.assert_array_equal(batch["x"], expected_x(step))
+            del batch
+            assert len(pool.buffers) == 1, f"step {step}: {len(pool.buffers)} buffers alive"
+    finally:
+        gc.enable()
+        executor.release(wait=True)
+    assert pool.taken == 4

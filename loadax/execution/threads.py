@@ -7,6 +7,7 @@ helps with every batch; the thread that reads the last chunk finishes (collates)
 from __future__ import annotations
 
 import contextlib
+import functools
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future, InvalidStateError, ThreadPoolExecutor
@@ -98,8 +99,11 @@ class _ChunkedBatch(Generic[B]):
         self._chunk_tasks = [
             pool.submit(self._read_chunk, position, *chunk) for position, chunk in enumerate(chunks)
         ]
+        # Not a method of this object: a task's callbacks outlive it, and a cycle through them
+        # would keep the batch (and the pooled buffers of its leaves) until the garbage collector
+        # ran, so that every batch stacked into a fresh buffer, faulted in page by page.
         for task in self._chunk_tasks:
-            task.add_done_callback(self._chunk_done)
+            task.add_done_callback(functools.partial(_cancel_if_cancelled, self._batch))
 
     def result(self, timeout: float | None = None) -> B:
         return self._batch.result(timeout)
@@ -109,10 +113,6 @@ class _ChunkedBatch(Generic[B]):
             task.cancel()
         # Whoever waits on a dropped batch gets CancelledError instead of waiting forever.
         self._batch.cancel()
-
-    def _chunk_done(self, task: Future[None]) -> None:
-        if task.cancelled():  # the pool shut down before it ran: the batch is never finished
-            self._batch.cancel()
 
     def _read_chunk(self, position: int, indices: IndexArray, epochs: IndexArray) -> None:
         if self._batch.done():  # another chunk failed already
@@ -130,6 +130,7 @@ class _ChunkedBatch(Generic[B]):
             if self._chunks_left or self._batch.done():
                 return
         records = [record for part in self._parts for record in part]
+        self._parts = []  # freed once collated, not kept while the batch is waited for
         try:
             batch = self._finish(records)
         except BaseException as error:
@@ -144,3 +145,10 @@ class _ChunkedBatch(Generic[B]):
                 self._batch.set_result(batch)
             else:
                 self._batch.set_exception(error)
+
+
+def _cancel_if_cancelled(batch: Future[Any], task: Future[None]) -> None:
+    """A chunk's `task` that the pool's shutdown cancelled before it ran: its `batch` is never
+    finished, so it is cancelled."""
+    if task.cancelled():
+        batch.cancel()
