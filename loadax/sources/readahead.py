@@ -12,6 +12,7 @@ import threading
 from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
+from operator import attrgetter
 
 NEAR = 64 << 10
 """A request starting at most this far after an earlier one's end reads on from it (the gap
@@ -120,7 +121,7 @@ class ReadAhead:
             self._blocks.remove(block)
             self._held -= block.end - block.start
         chain: list[Block] = []
-        for block in sorted((b for b in self._blocks if b.shard == shard), key=_start):
+        for block in sorted((b for b in self._blocks if b.shard == shard), key=attrgetter("start")):
             if block.start <= start < block.end:
                 chain.append(block)
                 start = block.end
@@ -133,10 +134,6 @@ class ReadAhead:
         kept = deque(b for b in self._blocks if b.shard != shard or b.end > offset)
         self._held = sum(block.end - block.start for block in kept)
         self._blocks = kept
-
-
-def _start(block: Block) -> int:
-    return block.start
 
 
 def joined(blocks: Sequence[Block], offset: int, size: int) -> bytes:
