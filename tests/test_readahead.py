@@ -85,3 +85,17 @@ def test_a_block_that_failed_fails_its_reader_and_is_fetched_again() -> None:
     blocks = ahead.request(0, 5000, 1000, shards.fetch)  # and ahead again
     assert blocks is not None
     assert joined(blocks, 5000, 1000) == shards.data[0][5000:6000]
+
+
+def test_the_runs_of_the_shards_asked_least_recently_are_forgotten() -> None:
+    shards = Shard([1000] * 1100)
+    ahead = ReadAhead([1000] * 1100)
+    for number in range(2):  # shard 0: two requests in a row
+        ahead.request(0, number * 100, 100, shards.fetch)
+    for shard in range(1, 1025):  # 1,024 other shards asked since: shard 0 is forgotten
+        ahead.request(shard, 0, 100, shards.fetch)
+    ahead.request(0, 200, 100, shards.fetch)  # would be the third in a row
+    assert shards.fetched == []
+    ahead.request(0, 300, 100, shards.fetch)
+    ahead.request(0, 400, 100, shards.fetch)
+    assert shards.fetched == [(0, 500, 200)]

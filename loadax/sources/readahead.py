@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import threading
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from operator import attrgetter
@@ -21,6 +21,7 @@ _FURTHEST = 16 << 20  # the most read ahead of a run
 _LARGEST_BLOCK = 4 << 20  # the longest request read ahead: several go at once, each soon there
 _HELD = 32 << 20  # the most bytes read ahead (arrived or in flight) held at once, all runs
 _RECENT = 4  # the ends of a shard's requests remembered: a few threads' chunks interleave
+_SHARDS = 1024  # the shards whose requests are remembered, the most recently asked
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -57,7 +58,7 @@ class ReadAhead:
         self._blocks: deque[Block] = deque()  # oldest first
         self._held = 0
         # The ends of each shard's recent requests, and whether each continued an earlier one.
-        self._ends: dict[int, deque[tuple[int, bool]]] = {}
+        self._ends: OrderedDict[int, deque[tuple[int, bool]]] = OrderedDict()
         self._windows: dict[int, int] = {}  # how far each shard read in order is read ahead
 
     def request(self, shard: int, offset: int, size: int, fetch: Fetch) -> list[Block] | None:
@@ -65,7 +66,7 @@ class ReadAhead:
         bytes are not all read ahead; when the shard is read in order, fetches what follows."""
         end = offset + size
         with self._lock:
-            ends = self._ends.setdefault(shard, deque(maxlen=_RECENT))
+            ends = self._recent(shard)
             after = [run for previous, run in ends if 0 <= offset - previous <= NEAR]
             ends.append((end, bool(after)))
             blocks = self._covering(shard, offset, end) if size else None
@@ -102,8 +103,17 @@ class ReadAhead:
             and after < len(self._sizes)
             and not any(block.shard == after for block in self._blocks)  # not yet read ahead
         ):
-            self._ends.setdefault(after, deque(maxlen=_RECENT)).append((0, True))
+            self._recent(after).append((0, True))
             self._add(after, 0, min(self._sizes[after], rest), fetch)
+
+    def _recent(self, shard: int) -> deque[tuple[int, bool]]:
+        """The ends of `shard`'s recent requests (forgetting the shard asked least recently)."""
+        ends = self._ends.setdefault(shard, deque(maxlen=_RECENT))
+        self._ends.move_to_end(shard)
+        if len(self._ends) > _SHARDS:
+            forgotten, _ = self._ends.popitem(last=False)
+            self._windows.pop(forgotten, None)
+        return ends
 
     def _add(self, shard: int, start: int, stop: int, fetch: Fetch) -> None:
         """Fetch bytes `[start, stop)` of `shard` in blocks of at most 4 MiB."""
