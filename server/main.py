@@ -24,6 +24,7 @@ from loadax.server.check import check_report, security_lines
 from loadax.server.config import LOG_FORMATS, WorkerConfig, load_config
 from loadax.server.config_checks import ConfigError
 from loadax.server.grpc_server import GrpcServer
+from loadax.server.heap import keep_freed_memory
 from loadax.server.metrics import WorkerMetrics
 from loadax.server.worker import Worker
 from loadax.server.zmq_server import ZmqServer
@@ -62,6 +63,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             processes=args.processes,
         )
         _format_logs(logs, args.log_format or config.log_format)
+        keep_freed_memory()  # this process serves batches; see loadax.server.heap
         worker = Worker.from_config(config)
     except ConfigError as error:
         if args.json:

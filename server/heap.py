@@ -1,0 +1,38 @@
+"""The worker process's C heap: memory freed by one batch kept for the next, not handed back.
+
+A batch's records are arrays of a few hundred KiB to a few MiB (R1: 64 crops of 600 KiB, and the
+rows read for them), allocated by the loading threads and freed together once the batch is
+stacked. glibc trims a heap whose free top exceeds its trim threshold (twice the largest block it
+has mapped and freed, a few MiB), so each batch's records gave their memory back to the kernel
+and the next batch's faulted it in again, page by page: a third of an R1 worker's CPU
+(`asm_exc_page_fault` 33 % of its samples, the C heap's `madvise` 4 %; the local loader's process
+8 % in the same runs). A worker is a process of its own serving batch after batch, so it keeps
+what it freed: its heaps stay at their peak, the records of the batches loading at once, which
+the memory budget leaves room for (`Worker`).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import platform
+
+MMAP_THRESHOLD = 32 << 20
+"""Blocks below this come from the heap, not from a mapping of their own (glibc's own ceiling for
+the threshold it adjusts itself; setting the trim threshold stops that adjustment)."""
+TRIM_THRESHOLD = 256 << 20
+"""How much free memory a heap keeps at its top before glibc gives it back. A thread's heap is at
+most 64 MiB, so the loading threads' heaps are never trimmed; the main heap is, above this."""
+_M_TRIM_THRESHOLD = -1
+_M_MMAP_THRESHOLD = -3
+
+
+def keep_freed_memory() -> bool:
+    """Set this process's glibc heap to keep freed memory (`MMAP_THRESHOLD`, `TRIM_THRESHOLD`):
+    whether it did (False on a C library other than glibc, which has its own policy)."""
+    if platform.libc_ver()[0] != "glibc":
+        return False
+    mallopt = ctypes.CDLL(None).mallopt
+    mallopt.argtypes, mallopt.restype = (ctypes.c_int, ctypes.c_int), ctypes.c_int
+    return bool(
+        mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD) and mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD)
+    )
