@@ -73,6 +73,18 @@ class Aperture:
         """Requests answered per second, smoothed (None until first measured)."""
         return self._rate
 
+    def depth(self, members: Mapping[str, MemberHealth], now: float) -> int:
+        """How many requests to keep outstanding: `in_flight_per_worker` per member of the arc
+        (of `members`, those connected) that is up, within its limit; at least 1, so that
+        requests still find out when none is."""
+        per_member = self.options.in_flight_per_worker
+        total = 0
+        for name in self.active:
+            member = members.get(name)
+            if member is not None and member.quarantined is None and member.down_until <= now:
+                total += min(member.limit, per_member)
+        return max(total, 1)
+
     def due(self, now: float) -> bool:
         """Whether `reshape` is due: the membership changed, or `RESHAPE_EVERY` passed."""
         return self._changed or now >= self._reshaped + RESHAPE_EVERY

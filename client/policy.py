@@ -38,11 +38,8 @@ a byte. The rules:
 
 from __future__ import annotations
 
-import dataclasses
 import heapq
-import itertools
 import logging
-from collections import deque
 from collections.abc import Iterable
 from typing import Any
 
@@ -51,7 +48,6 @@ from loadax.client.aperture import Aperture
 from loadax.client.fleet_events import (
     Action,
     Answered,
-    Cancel,
     Disconnect,
     Event,
     Fail,
@@ -61,7 +57,6 @@ from loadax.client.fleet_events import (
     Listed,
     Note,
     Resolve,
-    Send,
     Submit,
     Tick,
     Unreachable,
@@ -70,6 +65,7 @@ from loadax.client.fleet_events import (
 from loadax.client.fleet_options import FleetOptions
 from loadax.client.member_choice import choose
 from loadax.client.member_health import FleetLatency, MemberHealth
+from loadax.client.outstanding import Attempt, Outstanding, Request
 from loadax.client.subset import Seat
 from loadax.client.tails import HEDGED_FRONT, ExtraShare, thresholds
 from loadax.client.verdicts import Verdict, serves_another, verdict
@@ -82,26 +78,6 @@ DEFAULT_LIMIT = 16
 """The most requests a member is sent at once when it did not announce its own limit."""
 TICK = 0.02
 """Seconds between ticks while requests are outstanding."""
-
-
-@dataclasses.dataclass(eq=False)
-class _Attempt:
-    request: _Request
-    member: MemberHealth
-    sent: float
-    given_up: bool = False  # judged hung: it may still answer, and wins if first
-
-
-@dataclasses.dataclass(eq=False)
-class _Request:
-    id: int
-    step: int
-    started: float = 0.0  # when it was admitted
-    attempts: dict[str, int] = dataclasses.field(default_factory=dict)  # member -> attempt
-    failing_since: float | None = None
-    poisoned: list[str] = dataclasses.field(default_factory=list)  # members that said poison
-    code_failed: list[str] = dataclasses.field(default_factory=list)  # ... whose pipeline raised
-    digest: bytes = b""  # what it asks for: requests that ask alike meet at one member
 
 
 class Policy:
@@ -122,10 +98,7 @@ class Policy:
         self.seat = seat or Seat()
         self._members: dict[str, MemberHealth] = {}  # connected
         self._aperture = Aperture(options, self.seat)
-        self._waiting: deque[_Request] = deque()  # submitted, beyond the depth
-        self._admitted: dict[int, _Request] = {}  # outstanding, in step order
-        self._attempts: dict[int, _Attempt] = {}
-        self._ids = itertools.count(1)
+        self._requests = Outstanding()
         self._latency = FleetLatency()
         self._extra = ExtraShare()
         self._answered_at = 0.0  # when the fleet last answered, joined or was last idle
@@ -151,20 +124,13 @@ class Policy:
         return dict(self._aperture.active)
 
     def depth(self, now: float) -> int:
-        """How many requests to keep outstanding: `in_flight_per_worker` per member of the
-        aperture that is up, within its limit (at least 1, so that requests still find out when
-        none is)."""
-        per_member = self.options.in_flight_per_worker
-        total = 0
-        for name in self._aperture.active:
-            member = self._members.get(name)
-            if member is not None and member.quarantined is None and member.down_until <= now:
-                total += min(member.limit, per_member)
-        return max(total, 1)
+        """How many requests to keep outstanding (`Aperture.depth`)."""
+        return self._aperture.depth(self._members, now)
 
     def wake_at(self, now: float) -> float | None:
         """When the policy next wants a `Tick` (None: not until another event)."""
-        return now + TICK if self._admitted or self._waiting else None
+        busy = self._requests.admitted or self._requests.waiting
+        return now + TICK if busy else None
 
     def member_stats(self) -> dict[str, WorkerStats]:
         return {name: member.stats() for name, member in self._members.items()}
@@ -175,9 +141,10 @@ class Policy:
         """Apply `event`, which happened at `now`; what the driver must do about it."""
         self._actions, self._now = [], now
         if isinstance(event, Submit):
-            self._waiting.append(_Request(event.request, event.step, digest=event.digest))
+            self._requests.waiting.append(Request(event.request, event.step, digest=event.digest))
         elif isinstance(event, Withdraw):
-            self._withdraw(event.request)
+            if (admitted := self._requests.withdraw(event.request)) is not None:
+                self._finish(admitted, None)
         elif isinstance(event, Answered | Failed):
             self._settle(event, now)
         elif isinstance(event, Tick):
@@ -200,44 +167,24 @@ class Policy:
     # Requests.
 
     def _admit(self, now: float) -> None:
-        if not self._waiting:
+        requests = self._requests
+        if not requests.waiting:
             return  # nothing to admit: the depth (a look at every member) is not needed
-        if not self._admitted:  # idle until now: silence counts from here
+        if not requests.admitted:  # idle until now: silence counts from here
             self._answered_at = max(self._answered_at, now)
         depth = self.depth(now)
-        while self._waiting and len(self._admitted) < depth:
-            request = self._waiting.popleft()
-            request.started = now
-            self._admitted[request.id] = request
-            self._dispatch(request, now)
+        while requests.waiting and len(requests.admitted) < depth:
+            self._dispatch(requests.admit(now), now)
 
-    def _withdraw(self, request_id: int) -> None:
-        for waiting in self._waiting:
-            if waiting.id == request_id:
-                self._waiting.remove(waiting)
-                return
-        admitted = self._admitted.get(request_id)
-        if admitted is not None:
-            self._finish(admitted, None)
-
-    def _finish(self, request: _Request, outcome: Resolve | Fail | None) -> None:
+    def _finish(self, request: Request, outcome: Resolve | Fail | None) -> None:
         """`request` is over (`outcome` None: withdrawn); its other attempts are cancelled."""
-        del self._admitted[request.id]
-        for attempt_id in request.attempts.values():
-            attempt = self._attempts.pop(attempt_id, None)
-            if attempt is not None:
-                self._abandon(attempt_id, attempt)
+        self._actions += self._requests.finish(request, self._now)
         if outcome is not None:
             self._actions.append(outcome)
             if isinstance(outcome, Resolve):
                 self._aperture.resolved()
 
-    def _abandon(self, attempt_id: int, attempt: _Attempt) -> None:
-        """An attempt no longer needed: cancelled; its member is at least as slow as its age."""
-        attempt.member.abandoned(attempt_id, self._now)
-        self._actions.append(Cancel(attempt_id))
-
-    def _dispatch(self, request: _Request, now: float, extra: bool = False) -> None:
+    def _dispatch(self, request: Request, now: float, extra: bool = False) -> None:
         """Send an attempt to the best member free for it; an `extra` one only within the share
         of extra attempts."""
         if self._gave_up(request, now):
@@ -257,13 +204,9 @@ class Policy:
             return  # the next tick tries again
         if extra:
             self._extra.spend()
-        attempt_id = next(self._ids)
-        self._attempts[attempt_id] = _Attempt(request, member, now)
-        request.attempts[member.name] = attempt_id
-        member.send(attempt_id, now)
-        self._actions.append(Send(attempt_id, request.id, member.name))
+        self._actions.append(self._requests.send(request, member, now))
 
-    def _choose(self, busy: set[str], now: float, request: _Request) -> MemberHealth | None:
+    def _choose(self, busy: set[str], now: float, request: Request) -> MemberHealth | None:
         """The member chosen (`member_choice.choose`) of those of the aperture not in `busy`
         with room; of any connected member when none of the aperture is."""
         shares = self._aperture.active
@@ -279,7 +222,7 @@ class Policy:
             return None
         return choose(members, shares, now, request.digest)
 
-    def _gave_up(self, request: _Request, now: float) -> bool:
+    def _gave_up(self, request: Request, now: float) -> bool:
         """Fail every request once the fleet has answered nothing for `no_worker_timeout`;
         `request` once every member has been failing it that long (and every other request
         with it when every member is failing now: the fleet serves nothing)."""
@@ -299,19 +242,15 @@ class Policy:
 
     def _fail_all(self, error: WorkerError) -> None:
         """Fail every request outstanding or waiting with `error`: the fleet cannot serve."""
-        for admitted in list(self._admitted.values()):
-            self._finish(admitted, Fail(admitted.id, error))
-        self._actions += [Fail(waiting.id, error) for waiting in self._waiting]
-        self._waiting.clear()
+        self._actions += self._requests.fail_all(error, self._now)
 
     # Answers.
 
     def _settle(self, event: Answered | Failed, now: float) -> None:
-        attempt = self._attempts.pop(event.attempt, None)
+        attempt = self._requests.settle(event.attempt)
         if attempt is None:
             return  # cancelled, or its member left: the request does not wait for it
         request, member = attempt.request, attempt.member
-        del request.attempts[member.name]
         if isinstance(event, Answered):
             self._answered_at = now
             self._aperture.answered(member.name)
@@ -329,7 +268,7 @@ class Policy:
         self._failed_attempt(request, attempt, event.error, now)
 
     def _failed_attempt(
-        self, request: _Request, attempt: _Attempt, error: BaseException, now: float
+        self, request: Request, attempt: Attempt, error: BaseException, now: float
     ) -> None:
         member = attempt.member
         judged = verdict(error)
@@ -340,7 +279,7 @@ class Policy:
             request.code_failed.append(member.name)
             if len(request.code_failed) > 1 or not set(self._members) - {member.name}:
                 self._finish(request, Fail(request.id, error.rebuild(member.name)))
-            elif all(self._attempts[other].given_up for other in request.attempts.values()):
+            elif self._requests.none_live(request):
                 self._dispatch(request, now)  # to another member, to confirm
             return
         self._note_failure(request, now)
@@ -364,10 +303,10 @@ class Policy:
             member.pressed(str(error), now)
         elif not attempt.given_up:  # a given-up attempt was counted when given up
             member.back_off(str(error), now)
-        if all(self._attempts[other].given_up for other in request.attempts.values()):
+        if self._requests.none_live(request):
             self._dispatch(request, now)  # at once: only this member is kept off
 
-    def _note_failure(self, request: _Request, now: float) -> None:
+    def _note_failure(self, request: Request, now: float) -> None:
         if request.failing_since is None:
             request.failing_since = now
 
@@ -404,12 +343,8 @@ class Policy:
         member = self._members.pop(name, None)
         if member is None:
             return
-        for attempt_id in list(member.sent):
-            attempt = self._attempts.pop(attempt_id)
-            request = attempt.request
-            del request.attempts[name]
-            if all(self._attempts[other].given_up for other in request.attempts.values()):
-                self._dispatch(request, now)
+        for request in self._requests.left(member):
+            self._dispatch(request, now)
 
     # Time.
 
@@ -417,7 +352,7 @@ class Policy:
         self._extra.earn(now, self._aperture.rate)
         self._actions += self._failing.due(
             now,
-            bool(self._admitted),
+            bool(self._requests.admitted),
             now - self._answered_at,
             self.options.no_worker_timeout,
             self._members.values(),
@@ -425,17 +360,17 @@ class Policy:
         hung, hedge = thresholds(self._latency, self.options)
         # Requests go out in step order: the oldest ones outstanding block the in-order delivery
         # of the others, and are the only ones worth hedging.
-        requests = list(self._admitted.values())
+        requests = list(self._requests.admitted.values())
         front = heapq.nsmallest(HEDGED_FRONT, requests, key=lambda request: request.started)
         for request in requests:
-            if request.id in self._admitted:
+            if request.id in self._requests.admitted:
                 self._check(request, now, hung, hedge if request in front else None)
 
-    def _check(self, request: _Request, now: float, hung: float, hedge: float | None) -> None:
+    def _check(self, request: Request, now: float, hung: float, hedge: float | None) -> None:
         """Give up hung attempts, re-issue or hedge the request, or fail it."""
         if self._gave_up(request, now):
             return
-        attempts = [self._attempts[attempt] for attempt in request.attempts.values()]
+        attempts = self._requests.live(request)
         for attempt in attempts:
             if not attempt.given_up and now - attempt.sent >= hung:
                 attempt.given_up = True
