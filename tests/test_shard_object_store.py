@@ -3,6 +3,7 @@ same files read locally, by ranged reads once indexed, in threads, processes and
 
 from __future__ import annotations
 
+import tarfile
 import threading
 from pathlib import Path
 from typing import Any
@@ -12,7 +13,7 @@ import pyarrow.fs as pafs  # type: ignore[import-untyped]
 import pytest
 from helpers import assert_batches_equal
 from moto_server import BUCKET, Moto
-from shard_files import SAMPLES, write_tar_shards, write_tfrecords
+from shard_files import SAMPLES, add, write_tar_shards, write_tfrecords
 from test_object_store import CountingHandler
 
 from loadax import Batcher, DataLoader, Pipeline
@@ -136,3 +137,20 @@ def test_shards_read_in_order_are_read_ahead_and_others_by_record(
     loader = DataLoader(Batcher(list)).batch_size(3).workers(2)
     batches = [without_url(batch) for batch in loader.build(in_order)]
     assert batches == [without_url(batch) for batch in loader.build(expected)]
+
+
+def test_samples_within_a_mebibyte_in_a_bucket_are_one_request(moto: Moto, tmp_path: Path) -> None:
+    path = tmp_path / "spread.tar"
+    with tarfile.open(path, "w") as archive:
+        for key, size in (("a", 10), ("b", 300_000), ("c", 10), ("d", 2_000_000), ("e", 10)):
+            add(archive, f"{key}.bin", bytes([len(key)]) * size)
+    pafs.copy_files(
+        str(path), f"{BUCKET}/spread/{path.name}", destination_filesystem=moto.filesystem()
+    )
+    counting = pafs.PyFileSystem(CountingHandler(moto.filesystem()))
+    samples = TarShardDataset(f"{BUCKET}/spread/*.tar", filesystem=counting, index_dir=tmp_path)
+    CountingHandler.reads.clear()
+    assert [sample["__key__"] for sample in samples.read(np.array([0, 2, 4]), 0)] == ["a", "c", "e"]
+    # a and c are 300 kB apart: one request through b; e lies 2 MB further: one of its own.
+    starts, ends = samples._spans[0]
+    assert sorted(CountingHandler.reads) == [10, ends[2] - starts[0]]

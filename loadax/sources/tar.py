@@ -64,8 +64,9 @@ class TarShardDataset(ShardedDataset[dict[str, Any]]):
     grouped into samples, is cached in `index_dir` (by default `~/.cache/loadax/indexes`) as a
     `.npz` file, keyed by the shard's path or URL and checked against its size and modification
     time; a stale or damaged index is built again. Reading a sample is then one ranged read of its
-    members' bytes; samples close together in a shard (within 64 KiB) are read in one request, so a
-    batch read in order costs a few requests per shard, and a batch's requests to a store go out
+    members' bytes; samples close together in a shard (within 64 KiB, or 1 MiB in a store, where a
+    request's latency would cost more than reading through) are read in one request, so a batch
+    read in order costs a few requests per shard, and a batch's requests to a store go out
     together, up to 16 at a time, each sample decoded as its bytes arrive. A shard read in order
     from a store is read ahead (`loadax.sources.readahead`): the next batches' bytes are on their
     way while this one's are decoded. Compressed shards (`.tar.gz`) cannot be read by range and are

@@ -45,10 +45,10 @@ class TFRecordDataset(ShardedDataset[Any]):
     and the index (each record's offset and length) is cached in `index_dir` (by default
     `~/.cache/loadax/indexes`) as a `.npz` file checked against the file's size and modification
     time, and built again when stale or damaged. Reading a record is one ranged read (records within
-    64 KiB of each other in one request; a batch's requests to a store go out together, up to 16 at
-    a time; a file read in order is read ahead), and every read checks the record's length and data
-    against their CRCs: a corrupt record fails as a bad record naming its file and offset.
-    Compressed (GZIP, ZLIB) files cannot be read by range and are refused.
+    64 KiB of each other in one request, 1 MiB in a store; a batch's requests to a store go out
+    together, up to 16 at a time; a file read in order is read ahead), and every read checks the
+    record's length and data against their CRCs: a corrupt record fails as a bad record naming its
+    file and offset. Compressed (GZIP, ZLIB) files cannot be read by range and are refused.
 
     >>> import tempfile
     >>> from tfrecord import TFRecordWriter
