@@ -5,9 +5,10 @@ comparison.
 
 After `--warmup` batches it measures the rest: GB/s, the client's and the workers' CPU seconds
 per GB (user + system, the workers' children included) and the client's minor page faults per
-GB. With `--perf client|worker` it also records that process (the first worker) with `perf
-record -g` over the same span and prints the symbols that took the most of its samples (perf must
-be installed).
+GB; then the CPU per GB of a raw TCP send (`raw_send_cpu`), for issue 26's target of a worker:
+the local loader's CPU per GB plus 1.5 x that. With `--perf client|worker` it also records that
+process (the first worker) with `perf record -g` over the same span and prints the symbols that
+took the most of its samples (perf must be installed).
 
     .venv/bin/python benchmarks/profile_remote.py T1 zmq --perf client
     .venv/bin/python benchmarks/profile_remote.py R1 zmq --perf worker
@@ -22,8 +23,10 @@ import json
 import os
 import resource
 import signal
+import socket
 import subprocess
 import tempfile
+import threading
 import time
 from collections.abc import Iterable, Iterator
 from contextlib import ExitStack, contextmanager, nullcontext
@@ -40,6 +43,8 @@ from loadax.client import RemoteDataLoader
 
 PREFETCH = 4
 TOP_SYMBOLS = 15
+RAW_SEND_BYTES = 8 << 20
+RAW_SEND_TOTAL = 1 << 30
 
 
 def config(directory: Path, name: str, batches: int, transport: str) -> Path:
@@ -90,6 +95,33 @@ def top_symbols(data: Path) -> str:
         [*report, "--sort", "comm,dso,sym"], capture_output=True, text=True, check=True
     )
     return "\n".join(shown.stdout.splitlines()[:TOP_SYMBOLS])
+
+
+def raw_send_cpu() -> float:
+    """CPU seconds per GB of the floor of a send: `sendall` of one reused 8 MiB buffer over
+    loopback TCP to a thread that receives into a reused buffer (as T1's raw TCP), the sending
+    thread's own CPU (`RUSAGE_THREAD`), measured in the run it is compared with."""
+    listener = socket.create_server(("127.0.0.1", 0))
+
+    def receive() -> None:
+        connection, _ = listener.accept()
+        buffer = memoryview(bytearray(RAW_SEND_BYTES))
+        with connection:
+            while connection.recv_into(buffer):
+                pass
+
+    receiver = threading.Thread(target=receive)
+    receiver.start()
+    payload = memoryview(bytearray(RAW_SEND_BYTES))
+    with socket.create_connection(listener.getsockname()) as connection:
+        before = resource.getrusage(resource.RUSAGE_THREAD)
+        for _ in range(RAW_SEND_TOTAL // RAW_SEND_BYTES):
+            connection.sendall(payload)
+        after = resource.getrusage(resource.RUSAGE_THREAD)
+    receiver.join()
+    listener.close()
+    seconds = after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime
+    return seconds / (RAW_SEND_TOTAL / 1e9)
 
 
 def measure(
@@ -180,6 +212,7 @@ def main() -> None:
                 "workers": args.workers,
                 "shared_memory": args.system != "local" and not args.sockets,
                 **result,
+                "raw TCP send CPU s/GB": round(raw_send_cpu(), 3),
             }
         )
     )
