@@ -135,6 +135,13 @@ class Store:
         return float(gets), cpu
 
 
+def import_cpu(modules: str) -> float:
+    """The CPU seconds a new Python process takes to import `modules` (and start)."""
+    before = _children_cpu()
+    subprocess.run([sys.executable, "-c", f"import {modules}"], check=True, cwd=BENCHMARKS)
+    return _children_cpu() - before
+
+
 def _children_cpu() -> float:
     """The CPU seconds of this process's finished children (each run and what it ran)."""
     used = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -248,7 +255,8 @@ def main() -> None:
         resume = exact_resume(at, index_dir, args.threads, stop=max(1, args.images // BATCH // 2))
         megabytes = sum(path.stat().st_size for path in paths) / 1e6
     load = (load_before, os.getloadavg()[0])
-    write_report(args, runs, indexed, megabytes, resume, ranged, load)
+    imports = (import_cpu("loadax"), import_cpu("webdataset, PIL.Image, numpy"))
+    write_report(args, runs, indexed, megabytes, resume, ranged, load, imports)
     print(RESULTS.read_text())
 
 
@@ -260,6 +268,7 @@ def write_report(
     resume: str,
     ranged: tuple[float, float],
     load: tuple[float, float],
+    imports: tuple[float, float],
 ) -> None:
     def rate(name: str) -> float:
         return float(statistics.median(run["images"] / run["seconds"] for run in runs[name]))
@@ -319,8 +328,9 @@ def write_report(
         f"Where the time goes: moto, a Python server on the same 2 cores, copies the whole "
         f"object for each ranged GET: {ranged[0]:.1f} ms for one image's range (150 kB) of a "
         f"{megabytes / args.shards:.0f} MB shard, {ranged[1]:.1f} ms of a 1 MiB object. An "
-        f"exact shuffle asks for each image apart ({median(s3[0], 'gets'):.0f} GETs an "
-        f"epoch): {median(s3[0], 'store_cpu_s'):.1f} s of the store's CPU "
+        f"exact shuffle asks for nearly each image apart (only images within 1 MiB of each "
+        f"other in a read share a request): {median(s3[0], 'gets'):.0f} GETs an epoch, "
+        f"{median(s3[0], 'store_cpu_s'):.1f} s of the store's CPU "
         f"({median(s3[0], 'store_cpu_s') / median(s3[0], 'gets') * 1e3:.1f} ms a GET), taken "
         "from the readers' 2 cores, where an in-order epoch, its shards read ahead (up to "
         "16 MiB, in blocks of up to 4 MiB) while earlier batches decode, costs "
@@ -329,7 +339,9 @@ def write_report(
         f"streams {median(peer, 'store_cpu_s'):.1f} s. Decoding, cropping and stacking are the "
         "same work in every system; loadax spreads them over its threads, which pays only "
         "where a core is free: the machine's load average was "
-        f"{load[0]:.1f} before and {load[1]:.1f} after (other work on it).",
+        f"{load[0]:.1f} before and {load[1]:.1f} after (other work on it). Of the reader CPU, "
+        f"importing loadax (JAX with it) takes {imports[0]:.1f} s, webdataset "
+        f"{imports[1]:.1f} s.",
     ]
     RESULTS.write_text("\n".join(lines) + "\n")
 
