@@ -167,7 +167,9 @@ class RequestPath:
 
         def build() -> EncodedBatch:
             with self._slots.taken(held.client, self._rows(request), request.step, wanted):
-                return self._worker.load_batch(request, limit)
+                # A payload for the client's memory file is checksummed as it is written there.
+                checksummed = not self._same_host.writes(request)
+                return self._worker.load_batch(request, limit, checksummed=checksummed)
 
         # Requests with one digest share one computation, which takes one client's turn.
         batch = self._worker.share_cache.serve(request, build, wanted)
@@ -175,7 +177,7 @@ class RequestPath:
             batch.release()
             room = f"the {limit} a reply may hold"
             raise too_large(f"the batch of step {request.step}", batch.size, room)
-        return self._same_host.place(request, batch.checksummed_for(request))
+        return self._same_host.place(request, batch).checksummed_for(request)
 
     def _rows(self, request: wire.BatchRequest) -> int:
         """The rows `request` asks for, as its client's turns count them: its rows, else the

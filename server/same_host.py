@@ -7,7 +7,8 @@ from __future__ import annotations
 import dataclasses
 import logging
 
-from loadax.wire.payloads import EncodedBatch
+from loadax.wire.checksum import new_hasher
+from loadax.wire.payloads import EncodedBatch, answer_checksum
 from loadax.wire.shared_memory import SharedMemoryError, can_open, host_id, write_payload
 from loadax.wire.v1 import worker_pb2 as wire
 
@@ -35,15 +36,27 @@ class SameHost:
         )
         return response
 
+    def writes(self, request: wire.BatchRequest) -> bool:
+        """Whether the payload answering `request` is to be written into its client's memory
+        file (which `place` tries)."""
+        return self._enabled and request.HasField("shared_memory")
+
     def place(self, request: wire.BatchRequest, batch: EncodedBatch) -> EncodedBatch:
         """`batch`, written into the memory file `request` names if it names one (then its
-        reply carries no payload), else as it is. A file that cannot be written (its client
-        gone, or this worker not allowed to) leaves the batch to be sent as usual."""
-        if not (self._enabled and request.HasField("shared_memory")):
+        reply carries no payload), else as it is. Its checksum, if it has none of the kind that
+        answers `request` yet, is computed as it is written. A file that cannot be written (its
+        client gone, or this worker not allowed to) leaves the batch to be sent as usual."""
+        if not self.writes(request):
             return batch
+        kind = answer_checksum(request)
+        fresh = batch.checksum is None or batch.checksum_kind != kind
+        hasher = new_hasher(kind) if fresh else None
         try:
-            size = write_payload(request.shared_memory, batch.frames)
+            size = write_payload(request.shared_memory, batch.frames, hasher)
         except SharedMemoryError as error:
             log.debug("sending the batch of step %d instead: %s", request.step, error)
             return batch
-        return dataclasses.replace(batch, frames=(), shared_size=size)
+        checksum = batch.checksum if hasher is None else hasher.value()
+        return dataclasses.replace(
+            batch, frames=(), shared_size=size, checksum=checksum, checksum_kind=kind
+        )

@@ -204,10 +204,15 @@ class Worker:
         )
 
     def load_batch(
-        self, request: wire.BatchRequest, max_reply_bytes: int | None = None
+        self,
+        request: wire.BatchRequest,
+        max_reply_bytes: int | None = None,
+        *,
+        checksummed: bool = True,
     ) -> EncodedBatch:
         """Identity check, the work from the wire, admission (the memory budget), loading; the
-        answer's header names the request and carries the payload's checksum. A batch of more
+        answer's header names the request and carries the payload's checksum (unless not
+        `checksummed`: then whoever sends it computes it, `EncodedBatch.checksum`). A batch of more
         than `max_reply_bytes` (what the transport's reply may hold; None: no limit) or than the
         memory budget is refused (INVALID_ARGUMENT), before it is built when its size is known
         from the bytes per row seen."""
@@ -237,7 +242,8 @@ class Worker:
             raise too_large(work, estimate, room)
         release = self._budget.reserve(kind, work)
         try:
-            batch = EncodedBatch.answering(request, expected, self._load(request, plan, work))
+            frames = self._load(request, plan, work)
+            batch = EncodedBatch.answering(request, expected, frames, checksummed=checksummed)
             self._budget.learn(kind, batch.size)
             if batch.size > limit:
                 raise too_large(work, batch.size, room)

@@ -17,8 +17,9 @@ import numpy as np
 from loadax.errors import WorkerError
 from loadax.server import main
 from loadax.server.worker import Worker
+from loadax.wire.checksum import payload_checksum
 from loadax.wire.codec import decode_frames, encode_frames
-from loadax.wire.payloads import EncodedBatch
+from loadax.wire.payloads import EncodedBatch, answer_checksum
 from loadax.wire.v1 import worker_pb2 as wire
 
 Tamper = Callable[[Worker, wire.BatchRequest, EncodedBatch], EncodedBatch]
@@ -51,9 +52,11 @@ def an_extra_leaf(worker: Worker, request: wire.BatchRequest, made: EncodedBatch
 def shifted_labels(worker: Worker, request: wire.BatchRequest, made: EncodedBatch) -> EncodedBatch:
     batch = _batch(made)
     shifted = encode_frames({**batch, "label": batch["label"] + 1})
-    return EncodedBatch(
-        made.step, shifted, made.fingerprint, made.request_digest, made.checksum, made.checksum_kind
-    )
+    # The true batch's checksum, whether or not the worker had computed it yet (a payload for
+    # the client's memory file is checksummed as it is written).
+    kind = answer_checksum(request)
+    checksum = payload_checksum(made.frames, kind)
+    return EncodedBatch(made.step, shifted, made.fingerprint, made.request_digest, checksum, kind)
 
 
 def another_step(worker: Worker, request: wire.BatchRequest, made: EncodedBatch) -> EncodedBatch:
@@ -82,11 +85,16 @@ TAMPERS: dict[str, Tamper] = {
 _honest = Worker.load_batch
 
 
-def tampering(tamper: Tamper) -> Callable[[Worker, wire.BatchRequest, int | None], EncodedBatch]:
+def tampering(tamper: Tamper) -> Callable[..., EncodedBatch]:
     def load_batch(
-        worker: Worker, request: wire.BatchRequest, max_reply_bytes: int | None = None
+        worker: Worker,
+        request: wire.BatchRequest,
+        max_reply_bytes: int | None = None,
+        *,
+        checksummed: bool = True,
     ) -> EncodedBatch:
-        return tamper(worker, request, _honest(worker, request, max_reply_bytes))
+        made = _honest(worker, request, max_reply_bytes, checksummed=checksummed)
+        return tamper(worker, request, made)
 
     return load_batch
 

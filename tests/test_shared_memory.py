@@ -29,6 +29,7 @@ from loadax.client.transports.memory_files import Lease, MemoryFile, MemoryFiles
 from loadax.server.config import ConfigError, load_config
 from loadax.server.same_host import SameHost
 from loadax.wire import shared_memory
+from loadax.wire.checksum import payload_checksum
 from loadax.wire.codec import encode_frames
 from loadax.wire.payloads import EncodedBatch
 from loadax.wire.v1 import worker_pb2 as wire
@@ -162,6 +163,31 @@ def test_a_file_whose_request_was_not_answered_is_never_written_into_a_later_bat
     assert bytes(batch) == b"".join(frames)
     lease.settle()
     files.close()
+
+
+@pytest.mark.parametrize("kind", [wire.CHECKSUM_XXH3_64, wire.CHECKSUM_WEIGHTED_SUM])
+def test_a_payload_not_yet_checksummed_is_checksummed_as_it_is_written(kind: int) -> None:
+    file = MemoryFile()
+    frames = encode_frames({"x": np.arange(300_000, dtype=np.int64), "y": np.ones(7)})
+    request = wire.BatchRequest(step=2, checksum=kind, shared_memory=file.wire)
+    built = EncodedBatch.answering(request, "f", frames, checksummed=False)
+    assert built.checksum is None
+    with pytest.raises(ValueError, match="checksum of the batch of step 2 was never computed"):
+        _ = built.header
+    placed = SameHost(enabled=True).place(request, built)
+    joined = b"".join(frames)
+    assert placed.frames == ()
+    assert placed.shared_size == len(joined)
+    assert (placed.checksum, placed.checksum_kind) == (payload_checksum(frames, kind), kind)
+    assert os.pread(file.wire.fd, len(joined), 0) == joined
+    # A file that cannot be written leaves it to be sent, checksummed then.
+    elsewhere = wire.BatchRequest(
+        step=2, checksum=kind, shared_memory=wire.SharedMemory(pid=2**31, fd=3, name=file.wire.name)
+    )
+    sent = SameHost(enabled=True).place(elsewhere, built).checksummed_for(elsewhere)
+    assert sent.frames == frames
+    assert sent.checksum == placed.checksum
+    file.close()
 
 
 def test_a_file_that_is_not_the_one_named_is_refused_and_the_batch_sent_instead() -> None:

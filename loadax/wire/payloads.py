@@ -75,9 +75,11 @@ class EncodedBatch:
     """The batch (or stream window) a request asked for, as `loadax.wire.codec.encode_frames` gives
     it (the arrays' frames are views of the batch's arrays, not copies), with what its header says:
     the pipeline identity that made it, the digest of the request it answers and its checksum
-    (of the kind `checksum_kind`). `shared_size` is set instead of `frames` when the payload was
-    written into the client's memory file (`loadax.wire.shared_memory`): its size. `reuse` says
-    whether it was computed for this request or for another with its digest.
+    (of the kind `checksum_kind`; None until computed: a payload bound for the client's memory
+    file is checksummed as it is written there, while each piece is in the CPU's cache).
+    `shared_size` is set instead of `frames` when the payload was written into the client's
+    memory file (`loadax.wire.shared_memory`): its size. `reuse` says whether it was computed for
+    this request or for another with its digest.
 
     `release` frees what the worker holds for it (its share of the memory budget): the transport
     calls it once the reply has left, or was dropped; calls after the first do nothing."""
@@ -86,7 +88,7 @@ class EncodedBatch:
     frames: Sequence[bytes | memoryview]
     fingerprint: str = ""
     request_digest: bytes = b""
-    checksum: int = 0
+    checksum: int | None = 0
     checksum_kind: wire.Checksum = wire.CHECKSUM_WEIGHTED_SUM
     shared_size: int | None = None
     reuse: wire.Reuse = wire.REUSE_COMPUTED
@@ -94,20 +96,27 @@ class EncodedBatch:
 
     @classmethod
     def answering(
-        cls, request: wire.BatchRequest, fingerprint: str, frames: Sequence[bytes | memoryview]
+        cls,
+        request: wire.BatchRequest,
+        fingerprint: str,
+        frames: Sequence[bytes | memoryview],
+        *,
+        checksummed: bool = True,
     ) -> EncodedBatch:
         """The answer to `request` that `frames` encode, made by the pipeline `fingerprint`,
-        with the checksum the request asks for if this process has it."""
+        with the checksum the request asks for if this process has it (not yet computed unless
+        `checksummed`)."""
         kind = answer_checksum(request)
-        checksum = payload_checksum(frames, kind)
+        checksum = payload_checksum(frames, kind) if checksummed else None
         return cls(request.step, frames, fingerprint, request_digest(request), checksum, kind)
 
     def checksummed_for(self, request: wire.BatchRequest) -> EncodedBatch:
         """This batch with the checksum that answers `request` (`answer_checksum`): computed
         again if it has another, as a batch built for one client's request may be served to
-        another's (a worker's shared replies) that asks for another kind."""
+        another's (a worker's shared replies) that asks for another kind, or computed now if it
+        was not yet."""
         kind = answer_checksum(request)
-        if kind == self.checksum_kind:
+        if kind == self.checksum_kind and self.checksum is not None:
             return self
         checksum = payload_checksum(self.frames, kind)
         return dataclasses.replace(self, checksum=checksum, checksum_kind=kind)
@@ -127,6 +136,8 @@ class EncodedBatch:
     @property
     def header(self) -> wire.BatchResponse:
         """The reply's header: a `BatchResponse` without its payload."""
+        if self.checksum is None:
+            raise ValueError(f"the checksum of the batch of step {self.step} was never computed")
         return wire.BatchResponse(
             step=self.step,
             fingerprint=self.fingerprint,

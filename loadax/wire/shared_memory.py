@@ -24,6 +24,7 @@ import re
 from collections.abc import Sequence
 from pathlib import Path
 
+from loadax.wire.checksum import Hasher
 from loadax.wire.v1 import worker_pb2 as wire
 
 PREFIX = "loadax-"
@@ -84,18 +85,25 @@ def can_open(memory: wire.SharedMemory) -> bool:
     return True
 
 
-def write_payload(memory: wire.SharedMemory, frames: Sequence[bytes | memoryview]) -> int:
+def write_payload(
+    memory: wire.SharedMemory, frames: Sequence[bytes | memoryview], hasher: Hasher | None = None
+) -> int:
     """Write `frames`, one after the other, into the client's memory file `memory` from its
-    start: how many bytes. A `SharedMemoryError` if it cannot be opened or written (e.g. its
-    client is gone)."""
+    start, each piece given to `hasher` too (if any) just before it is written, while it is in
+    the CPU's cache: how many bytes. A `SharedMemoryError` if it cannot be opened or written
+    (e.g. its client is gone)."""
     fd = open_client_file(memory)
     try:
         offset = 0
         for frame in frames:
             view = memoryview(frame).cast("B")
-            while view:  # a write may take less than it is given
-                written = os.pwrite(fd, view[:PIECE_BYTES], offset)
-                view, offset = view[written:], offset + written
+            for start in range(0, len(view), PIECE_BYTES):
+                piece = view[start : start + PIECE_BYTES]
+                if hasher is not None:
+                    hasher.update(piece)
+                while piece:  # a write may take less than it is given
+                    written = os.pwrite(fd, piece, offset)
+                    piece, offset = piece[written:], offset + written
         return offset
     except OSError as error:
         raise SharedMemoryError(f"cannot write {PREFIX}{memory.name}: {error.strerror}") from None
