@@ -7,7 +7,7 @@ has mapped and freed, a few MiB), so each batch's records gave their memory back
 and the next batch's faulted it in again, page by page: a third of an R1 worker's CPU
 (`asm_exc_page_fault` 33 % of its samples, the C heap's `madvise` 4 %; the local loader's process
 8 % in the same runs). A worker is a process of its own serving batch after batch, so it keeps
-what it freed: its heaps stay at their peak, the records of the batches loading at once, which
+what it freed: its heap stays at its peak, the records of the batches loading at once, which
 the memory budget leaves room for (`Worker`).
 """
 
@@ -22,17 +22,28 @@ the threshold it adjusts itself; setting the trim threshold stops that adjustmen
 TRIM_THRESHOLD = 256 << 20
 """How much free memory a heap keeps at its top before glibc gives it back. A thread's heap is at
 most 64 MiB, so the loading threads' heaps are never trimmed; the main heap is, above this."""
+ARENAS = 1
+"""The heaps the loading threads share: one, so that what one thread freed serves the next
+thread's batch, and the heap kept stays the peak of the batches loading at once. A heap per
+thread (glibc's default: up to 8 per core) would each keep its own peak: 16 clients on 16
+loading threads raised the worker's peak RSS by 62 MiB with a heap each, 15 MiB with one
+(`tests/test_load.py`), at the same CPU per GB (R1 over ZeroMQ: 0.94-1.03 s/GB against
+0.88-1.20 with the default)."""
 _M_TRIM_THRESHOLD = -1
 _M_MMAP_THRESHOLD = -3
+_M_ARENA_MAX = -8
 
 
 def keep_freed_memory() -> bool:
-    """Set this process's glibc heap to keep freed memory (`MMAP_THRESHOLD`, `TRIM_THRESHOLD`):
-    whether it did (False on a C library other than glibc, which has its own policy)."""
+    """Set this process's glibc heap to keep freed memory (`MMAP_THRESHOLD`, `TRIM_THRESHOLD`,
+    in `ARENAS` heaps): whether it did (False on a C library other than glibc, which has its
+    own policy)."""
     if platform.libc_ver()[0] != "glibc":
         return False
     mallopt = ctypes.CDLL(None).mallopt
     mallopt.argtypes, mallopt.restype = (ctypes.c_int, ctypes.c_int), ctypes.c_int
     return bool(
-        mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD) and mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD)
+        mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD)
+        and mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD)
+        and mallopt(_M_ARENA_MAX, ARENAS)
     )
