@@ -1,7 +1,7 @@
 """Where a remote loader's CPU goes, in steady state: `--workers` `loadax-worker`s (default 1; 2
-threads each) on loopback serving T1 (pre-built batches of 8 or 64 MiB) or R1 (W2's images) to a
-`RemoteDataLoader` (prefetch 4) in this process, or R1 from the local loader (2 threads) for
-comparison.
+threads each) on loopback serving T1 (pre-built batches of 8 or 64 MiB), R1 (W2's images) or W3
+(its CPU-heavy FFTs) to a `RemoteDataLoader` (prefetch 4) in this process, or R1 or W3 from the
+local loader (2 threads) for comparison.
 
 After `--warmup` batches it measures the rest: GB/s, the client's and the workers' CPU seconds
 per GB (user + system, the workers' children included) and the client's minor page faults per
@@ -13,6 +13,7 @@ took the most of its samples (perf must be installed).
     .venv/bin/python benchmarks/profile_remote.py T1 zmq --perf client
     .venv/bin/python benchmarks/profile_remote.py R1 zmq --perf worker
     .venv/bin/python benchmarks/profile_remote.py R1 local
+    .venv/bin/python benchmarks/profile_remote.py W3 zmq --epochs 1
     .venv/bin/python benchmarks/profile_remote.py T1 zmq --sockets   # without the same-host path
 """
 
@@ -42,15 +43,18 @@ import loadax
 from loadax.client import RemoteDataLoader
 
 PREFETCH = 4
+PIPELINES = {"R1": bench_pipelines.w2, "W3": bench_pipelines.w3}
+"""The workloads that run a pipeline (the others send pre-built batches), by their factories."""
 TOP_SYMBOLS = 15
 RAW_SEND_BYTES = 8 << 20
 RAW_SEND_TOTAL = 1 << 30
 
 
 def config(directory: Path, name: str, batches: int, transport: str) -> Path:
-    """A worker config serving `name`'s pipeline (R1: the full-scale W2 file, written once)."""
-    if name == "R1":
-        pipeline = f'factory = "bench_pipelines:w2"\nargs = {{ path = "{r1_data()}" }}'
+    """A worker config serving `name`'s pipeline (R1, W3: their full-scale files, written once)."""
+    if name in PIPELINES:
+        factory = PIPELINES[name].__name__
+        pipeline = f'factory = "bench_pipelines:{factory}"\nargs = {{ path = "{data(name)}" }}'
     else:
         args = f"batches = {batches}, batch_bytes = {T1_BATCH_BYTES[name]}"
         pipeline = f'factory = "bench_pipelines:t1"\nargs = {{ {args} }}'
@@ -62,11 +66,16 @@ def config(directory: Path, name: str, batches: int, transport: str) -> Path:
     return path
 
 
-def r1_data() -> Path:
-    """The full-scale W2 file that R1 reads, written once (as run.py does)."""
-    spec = workload("R1", "full", HERE.parent / ".bench" / "data")
+def data(name: str) -> Path:
+    """The full-scale file that R1 (W2's) or W3 reads, written once (as run.py does)."""
+    spec = workload(name, "full", HERE.parent / ".bench" / "data")
     prepare(spec)
     return spec.data_file()
+
+
+def r1_data() -> Path:
+    """The full-scale W2 file that R1 reads."""
+    return data("R1")
 
 
 def process_cpu(pid: int) -> float:
@@ -152,10 +161,10 @@ def measure(
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("workload", choices=["T1", "T1-64M", "R1"])
+    parser.add_argument("workload", choices=["T1", "T1-64M", *PIPELINES])
     parser.add_argument("system", choices=["zmq", "grpc", "local"])
     parser.add_argument("--batches", type=int, default=0, help="T1's (default: about 4 GB)")
-    parser.add_argument("--epochs", type=int, default=3, help="R1's")
+    parser.add_argument("--epochs", type=int, default=3, help="R1's or W3's")
     parser.add_argument("--workers", type=int, default=1)
     parser.add_argument("--warmup", type=int, default=4)
     parser.add_argument("--perf", choices=["client", "worker"])
@@ -166,17 +175,18 @@ def main() -> None:
         help="batches over the sockets, as from other hosts (no same-host shared memory)",
     )
     args = parser.parse_args()
-    if args.system == "local" and args.workload != "R1":
-        parser.error("the local loader is measured on R1 only")
+    if args.system == "local" and args.workload not in PIPELINES:
+        parser.error("the local loader is measured on R1 and W3 only")
     if args.system == "local" and (args.perf == "worker" or args.workers != 1):
         parser.error("the local loader has no worker")
     batches = args.batches or (4 << 30) // T1_BATCH_BYTES.get(args.workload, 1)
+    batch_size = workload(args.workload, "full", Path()).batch_size
     with tempfile.TemporaryDirectory() as directory:
         if args.system == "local":
-            pipeline = bench_pipelines.w2(str(r1_data()))
+            pipeline = PIPELINES[args.workload](str(data(args.workload)))
             loader = (
                 loadax.DataLoader(pipeline.batcher)
-                .batch_size(64)
+                .batch_size(batch_size)
                 .workers(2)
                 .prefetch(PREFETCH)
                 .num_epochs(args.epochs)
@@ -196,8 +206,8 @@ def main() -> None:
                     .prefetch(PREFETCH)
                     .shared_memory(not args.sockets)
                 )
-                if args.workload == "R1":
-                    builder = builder.batch_size(64).num_epochs(args.epochs)
+                if args.workload in PIPELINES:
+                    builder = builder.batch_size(batch_size).num_epochs(args.epochs)
                 else:
                     builder = builder.batch_size(1)
                 pids = [one.pid for one in served]
