@@ -76,7 +76,7 @@ class EncodedBatch:
     it (the arrays' frames are views of the batch's arrays, not copies), with what its header says:
     the pipeline identity that made it, the digest of the request it answers and its checksum
     (of the kind `checksum_kind`; None until computed: a payload bound for the client's memory
-    file is checksummed as it is written there, while each piece is in the CPU's cache).
+    file is checksummed as it is written there, each piece read from memory once for both).
     `shared_size` is set instead of `frames` when the payload was written into the client's
     memory file (`loadax.wire.shared_memory`): its size. `reuse` says whether it was computed for
     this request or for another with its digest.

@@ -89,9 +89,9 @@ def write_payload(
     memory: wire.SharedMemory, frames: Sequence[bytes | memoryview], hasher: Hasher | None = None
 ) -> int:
     """Write `frames`, one after the other, into the client's memory file `memory` from its
-    start, each piece given to `hasher` too (if any) just before it is written, while it is in
-    the CPU's cache: how many bytes. A `SharedMemoryError` if it cannot be opened or written
-    (e.g. its client is gone)."""
+    start, each piece given to `hasher` too (if any) just before it is written, so that the
+    write finds it in the CPU's cache: how many bytes. A `SharedMemoryError` if it cannot be
+    opened or written (e.g. its client is gone)."""
     fd = open_client_file(memory)
     try:
         offset = 0
