@@ -130,7 +130,6 @@ class _ChunkedBatch(Generic[B]):
             if self._chunks_left or self._batch.done():
                 return
         records = [record for part in self._parts for record in part]
-        self._parts = []  # freed once collated, not kept while the batch is waited for
         try:
             batch = self._finish(records)
         except BaseException as error:
