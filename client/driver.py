@@ -238,7 +238,7 @@ class Driver:
         if isinstance(item, _Submitted):
             made = item.make()
             self._requests[item.request] = (made, item.batch)
-            digest = request_digest(made) if self.options.affinity else b""
+            digest = request_digest(made) if self.options.affinity is True else b""
             return Submit(item.request, item.step, digest)
         if isinstance(item, _Change):
             if isinstance(item.item, Left):

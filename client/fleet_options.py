@@ -29,7 +29,8 @@ class FleetOptions:
     - `shared_memory`: whether workers on this host write batches into this process's memory
       rather than send them (`loadax.wire.shared_memory`).
     - `affinity`: whether placement breaks ties of load by each request's digest
-      (`loadax.client.affinity`), so that clients asking for the same batches meet on a worker.
+      (`loadax.client.affinity`), so that clients asking for the same batches meet on a worker;
+      "auto": for the processes of a job that own the same rows (`RemoteLoader` decides).
     """
 
     request_timeout: float = 60.0
@@ -47,7 +48,7 @@ class FleetOptions:
     quarantine_initial: float = 1.0
     quarantine_max: float = 4.0
     shared_memory: bool = True
-    affinity: bool = False
+    affinity: bool | Literal["auto"] = "auto"
 
     def __post_init__(self) -> None:
         for name in (
@@ -69,6 +70,7 @@ class FleetOptions:
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be an int >= 1, got {value!r}")
         require_int("poison_retries", self.poison_retries, minimum=0)
-        for name in ("shared_memory", "affinity"):
-            if not isinstance(getattr(self, name), bool):
-                raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
+        if not isinstance(self.shared_memory, bool):
+            raise ValueError(f"shared_memory must be True or False, got {self.shared_memory!r}")
+        if not isinstance(self.affinity, bool) and self.affinity != "auto":
+            raise ValueError(f"affinity must be True, False or 'auto', got {self.affinity!r}")

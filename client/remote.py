@@ -144,7 +144,9 @@ class RemoteDataLoader(LoaderBuilder):
         and plan, a job's processes that own the same rows) meet on one worker, which computes
         each batch once. Load still wins; the cost is a less even spread of a lone job's
         requests (the fleet simulator's busiest worker at 1.5-1.6x the mean, not 1.3x; with
-        stragglers about 3 % of requests hedged, not 0.6 %). Default False."""
+        stragglers about 3 % of requests hedged, not 0.6 %). Default: on for a loader whose
+        mesh has processes that own the same rows (a data axis replicated across processes),
+        off otherwise: a sweep's jobs turn it on."""
         return self._with_failover(affinity=enabled)
 
     def quarantine(self, initial: float, longest: float) -> Self:

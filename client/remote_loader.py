@@ -70,7 +70,12 @@ class RemoteLoader(Loader[Any]):
         buffers = BufferPool()  # the members' batches are received into these
         files = MemoryFiles()  # or written into these, by members on this host
         processes = mesh_processes(options.mesh)
-        seat = job_seat(pipeline, row_groups(options.mesh, options.data_axis))
+        groups = row_groups(options.mesh, options.data_axis)
+        if failover.affinity == "auto":  # on where this job's own processes ask alike
+            failover = dataclasses.replace(
+                failover, affinity=any(len(group) > 1 for group in groups)
+            )
+        seat = job_seat(pipeline, groups)
         # The handshake checks the plan's parameters: length buckets stay with the client.
         unbucketed = dataclasses.replace(options, buckets=None)
         self._membership = membership = Membership(

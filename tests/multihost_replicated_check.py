@@ -40,7 +40,7 @@ def run(args: argparse.Namespace) -> None:
     mesh = Mesh(devices_by_process().T, ("data", "model"))
     remote = RemoteDataLoader(args.targets.split(","), pipeline="images")
     # A hedge asks a second worker on purpose: none here, so that each computation counts.
-    remote = planned(remote).affinity(True).hedge_after(None).prefetch(1)
+    remote = planned(remote).hedge_after(None).prefetch(1)  # affinity: on by default here
     loader = remote.shard(mesh, "data").build()
     strategy = loader.sharding_strategy
     with loader, iter(loader) as iterator:

@@ -7,6 +7,8 @@ import doctest
 import hashlib
 from collections import Counter
 
+import pytest
+
 import loadax.client.affinity
 from loadax.client.fleet_events import Answered, Joined, Send, Submit
 from loadax.client.fleet_options import FleetOptions
@@ -99,3 +101,9 @@ def test_a_slow_first_answer_does_not_send_a_digest_away_but_a_settled_slow_memb
         policy.decide(Answered(send.attempt), now)
     # Its latency settled (LATENCY_SAMPLES answers), 5x the others': load wins over affinity.
     assert placed(policy, 100, preferring("a", step), now).member != "a"
+
+
+def test_affinity_is_true_false_or_auto() -> None:
+    assert FleetOptions().affinity == "auto"  # a loader turns it on for replicated rows
+    with pytest.raises(ValueError, match="affinity must be True, False or 'auto', got 'yes'"):
+        FleetOptions(affinity="yes")  # type: ignore[arg-type]
