@@ -238,7 +238,11 @@ def test_work_its_closing_cancels_is_answered_unavailable_not_logged_as_internal
     assert started.wait(WAIT_S)  # step 0 holds the one loading thread; step 1 waits its turn
     second = threading.Thread(target=load, args=(1,))
     second.start()
-    time.sleep(0.2)  # deliberate: step 1 is queued behind step 0 before the worker closes
+    # Step 1 waits in the loading pool's queue (white box: no event says so) before it closes.
+    pool = worker._executors["held"]._pool  # type: ignore[attr-defined]
+    deadline = time.monotonic() + WAIT_S
+    while pool._work_queue.qsize() == 0 and time.monotonic() < deadline:
+        time.sleep(0.01)  # a poll: nothing to wait on
     closing = threading.Thread(target=worker.close)
     closing.start()
     second.join(WAIT_S)
