@@ -586,7 +586,11 @@ class _BrokenWorker:
         return wire.HandshakeResponse(pipeline=request.pipeline, num_records=1)
 
     def load_batch(
-        self, request: wire.BatchRequest, max_reply_bytes: int | None = None
+        self,
+        request: wire.BatchRequest,
+        max_reply_bytes: int | None = None,
+        *,
+        checksummed: bool = True,
     ) -> wire.BatchResponse:
         raise KeyError("a bug in the worker")
 
