@@ -20,8 +20,8 @@ from helpers import assert_batches_equal
 from moto_server import BUCKET, Moto, SeededMoto
 
 from loadax import Batcher, DataLoader, NumpyDataset, RecordError, RetryPolicy, StorageError
-from loadax.sources.filesystems import Location, explained
 from loadax.sources.parquet import ParquetDataset
+from loadax.sources.storage_errors import Location, explained
 
 RECORDS = 40
 QUICK = RetryPolicy(attempts=100, initial_s=0.05, longest_s=0.2, total_s=20.0)

@@ -30,7 +30,8 @@ from loadax.identity.code_walk import Walker
 from loadax.identity.digests import hashed
 from loadax.plan.permutation import IndexArray
 from loadax.reuse import ReuseCounts, ReuseStats
-from loadax.sources.filesystems import Location, Store, is_url, store_of
+from loadax.sources.filesystems import Store, is_url, store_of
+from loadax.sources.storage_errors import Location
 from loadax.validation import require_int
 
 MAGIC = b"LDXCACHE1"

@@ -13,8 +13,9 @@ import numpy as np
 
 from loadax.dataset.ops import DatasetBase
 from loadax.plan.permutation import IndexArray
-from loadax.sources.filesystems import Location, Store, path_in_store, store_of
+from loadax.sources.filesystems import Store, path_in_store, store_of
 from loadax.sources.retries import DEFAULT_RETRIES, RetryPolicy
+from loadax.sources.storage_errors import Location
 from loadax.validation import require_bool
 
 MODES = ("RGB", "RGBA", "L")

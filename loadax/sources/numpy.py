@@ -13,9 +13,10 @@ import numpy as np
 
 from loadax.dataset.ops import DatasetBase
 from loadax.plan.permutation import IndexArray
-from loadax.sources.filesystems import Location, Store, store_of
+from loadax.sources.filesystems import Store, store_of
 from loadax.sources.handles import HandlePool
 from loadax.sources.retries import DEFAULT_RETRIES, RetryPolicy
+from loadax.sources.storage_errors import Location
 from loadax.validation import require_bool
 
 _HEADER_READ = 1 << 16  # bytes of an object read for its header: all of almost every header

@@ -17,10 +17,11 @@ import pyarrow.parquet as pq  # type: ignore[import-untyped]
 from loadax.dataset.ops import DatasetBase
 from loadax.plan.permutation import IndexArray
 from loadax.sources.columns import check_columns, choose_columns
-from loadax.sources.filesystems import Location, Store, store_of
+from loadax.sources.filesystems import Store, store_of
 from loadax.sources.handles import HandlePool
 from loadax.sources.paths import listed_paths
 from loadax.sources.retries import DEFAULT_RETRIES, RetryPolicy
+from loadax.sources.storage_errors import Location
 
 _CACHED_GROUPS = 2  # decoded row groups kept per reading thread
 _OPEN_FILES = 8  # open files kept per reading thread

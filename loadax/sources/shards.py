@@ -22,11 +22,12 @@ from typing import Any, BinaryIO, cast
 
 import numpy as np
 
-from loadax.sources.filesystems import Location, Store, store_of
+from loadax.sources.filesystems import Store, store_of
 from loadax.sources.handles import HandlePool
 from loadax.sources.paths import listed_paths
 from loadax.sources.readahead import ReadAhead, joined
 from loadax.sources.retries import DEFAULT_RETRIES, RetryPolicy
+from loadax.sources.storage_errors import Location
 
 Index = dict[str, np.ndarray[Any, Any]]
 """A shard's index: named arrays, saved as a `.npz` (never a pickle)."""
