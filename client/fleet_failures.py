@@ -1,6 +1,7 @@
-"""What the policy tells of a fleet that cannot serve: the errors the training loop gets and
-the warning while every member fails, each naming every member and the first line of its last
-error, bounded whatever the members said."""
+"""What the policy tells of a fleet that cannot serve: when a request is given up
+(`given_up`), the errors the training loop gets and the warning while every member fails, each
+naming every member and the first line of its last error, bounded whatever the members said,
+and the log of a member entering quarantine (`entering`)."""
 
 from __future__ import annotations
 
@@ -34,6 +35,33 @@ def failing(step: int, limit: float, members: Iterable[MemberHealth]) -> WorkerE
         f"every worker failed step {step} for {limit:g} s (no_worker_timeout); "
         f"workers: {describe(members)}",
     )
+
+
+def given_up(
+    step: int,
+    silent_s: float,
+    failing_s: float | None,
+    limit: float,
+    members: Collection[MemberHealth],
+) -> tuple[WorkerError, bool] | None:
+    """How a request for `step` fails, and whether every request fails with it; None: not yet.
+    Every request once the fleet has answered nothing for `limit` seconds
+    (`no_worker_timeout`, `silent_s` so far); this one once every member has been failing it
+    that long (`failing_s`, None: none is), and every other with it when every member is
+    failing now (the fleet serves nothing)."""
+    if silent_s >= limit:
+        return silent(step, limit, members), True
+    if failing_s is None or failing_s < limit:
+        return None
+    return failing(step, limit, members), all(member.failing for member in members)
+
+
+def entering(member: MemberHealth, quarantined: str | None) -> list[Note]:
+    """The log of `member` entering quarantine (`quarantined`: what to say; None: it did not)."""
+    if quarantined is None:
+        return []
+    facts = fields(event="quarantined", target=member.name, error=member.last_error)
+    return [Note(logging.WARNING, quarantined, facts)]
 
 
 def serving_another(members: Iterable[MemberHealth]) -> WorkerError:

@@ -67,7 +67,7 @@ from loadax.client.member_choice import choose
 from loadax.client.member_health import FleetLatency, MemberHealth
 from loadax.client.outstanding import Attempt, Outstanding, Request
 from loadax.client.subset import Seat
-from loadax.client.tails import HEDGED_FRONT, ExtraShare, thresholds
+from loadax.client.tails import HEDGED_FRONT, ExtraShare, overdue, resend, thresholds
 from loadax.client.verdicts import Verdict, serves_another, verdict
 from loadax.errors import WorkerError
 from loadax.iterators.stats import WorkerStats
@@ -223,18 +223,16 @@ class Policy:
         return choose(members, shares, now, request.digest)
 
     def _gave_up(self, request: Request, now: float) -> bool:
-        """Fail every request once the fleet has answered nothing for `no_worker_timeout`;
-        `request` once every member has been failing it that long (and every other request
-        with it when every member is failing now: the fleet serves nothing)."""
-        limit = self.options.no_worker_timeout
-        members = self._members.values()
-        if now - self._answered_at >= limit:
-            self._fail_all(fleet_failures.silent(request.step, limit, members))
-            return True
-        if request.failing_since is None or now - request.failing_since < limit:
+        """Whether `request` failed, alone or with every other (`fleet_failures.given_up`)."""
+        silent_s, limit = now - self._answered_at, self.options.no_worker_timeout
+        failing_s = None if request.failing_since is None else now - request.failing_since
+        verdict = fleet_failures.given_up(
+            request.step, silent_s, failing_s, limit, self._members.values()
+        )
+        if verdict is None:
             return False
-        error = fleet_failures.failing(request.step, limit, members)
-        if all(member.failing for member in members):
+        error, every = verdict
+        if every:
             self._fail_all(error)
         else:
             self._finish(request, Fail(request.id, error))
@@ -295,7 +293,7 @@ class Policy:
             )
         if judged is Verdict.QUARANTINE:
             entered = member.quarantine(str(error), now, wrong=serves_another(error))
-            self._note_entering(member, entered)
+            self._actions += fleet_failures.entering(member, entered)
             if all(other.wrong for other in self._members.values()):
                 self._fail_all(fleet_failures.serving_another(self._members.values()))
                 return
@@ -371,38 +369,20 @@ class Policy:
         if self._gave_up(request, now):
             return
         attempts = self._requests.live(request)
-        for attempt in attempts:
-            if not attempt.given_up and now - attempt.sent >= hung:
-                attempt.given_up = True
-                self._note_failure(request, now)
-                if attempt.member.answers:  # a cold member is slow to start: not held against it
-                    age = now - attempt.sent
-                    error = f"no answer within {hung:.3g} s (after {age:.3g} s)"
-                    self._note_entering(attempt.member, attempt.member.hung(error, now))
-        live = [attempt for attempt in attempts if not attempt.given_up]
-        if not live:
-            # Freely after failures, when a hung attempt's member is quarantined, or at
-            # `request_timeout`; else as an extra attempt.
-            timeout = self.options.request_timeout
-            free = any(
-                attempt.member.quarantined is not None or now - attempt.sent >= timeout
-                for attempt in attempts
-            )
-            self._dispatch(request, now, extra=bool(attempts) and not free)
-        elif hedge is not None and now - max(attempt.sent for attempt in live) >= hedge:
-            self._dispatch(request, now, extra=True)
+        for attempt in overdue(attempts, now, hung):
+            attempt.given_up = True
+            self._note_failure(request, now)
+            if attempt.member.answers:  # a cold member is slow to start: not held against it
+                age = now - attempt.sent
+                error = f"no answer within {hung:.3g} s (after {age:.3g} s)"
+                entered = attempt.member.hung(error, now)
+                self._actions += fleet_failures.entering(attempt.member, entered)
+        extra = resend(attempts, now, hedge, self.options.request_timeout)
+        if extra is not None:
+            self._dispatch(request, now, extra=extra)
 
     def _note(self, level: int, message: str, facts: dict[str, Value]) -> None:
         self._actions.append(Note(level, message, facts))
-
-    def _note_entering(self, member: MemberHealth, quarantined: str | None) -> None:
-        """Log `member` entering quarantine (`quarantined`: what to say; None: it did not)."""
-        if quarantined is not None:
-            self._note(
-                logging.WARNING,
-                quarantined,
-                fields(event="quarantined", target=member.name, error=member.last_error),
-            )
 
 
 def replay(

@@ -11,8 +11,11 @@ are answered, so that a loop held up by slow requests (which admits none) still 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from loadax.client.fleet_options import FleetOptions
 from loadax.client.member_health import FleetLatency
+from loadax.client.outstanding import Attempt
 
 HEDGE_FACTOR = 1.5
 """A request this many times the fleet's p95 latency old is also sent to another member."""
@@ -38,6 +41,30 @@ def thresholds(latency: FleetLatency, options: FleetOptions) -> tuple[float, flo
     if hedge == "auto":
         return hung, None if p95 is None else HEDGE_FACTOR * p95
     return hung, hedge
+
+
+def overdue(attempts: Sequence[Attempt], now: float, hung: float) -> list[Attempt]:
+    """Those of a request's `attempts` not given up yet that are `hung` seconds old: hung."""
+    return [attempt for attempt in attempts if not attempt.given_up and now - attempt.sent >= hung]
+
+
+def resend(
+    attempts: Sequence[Attempt], now: float, hedge: float | None, timeout: float
+) -> bool | None:
+    """Whether a request with `attempts` out (hung ones given up) goes to another member now:
+    None: not now; False: freely (it has none, its hung attempts' members are quarantined, or
+    `timeout`, `request_timeout`, passed); True: as an extra attempt (its hung attempts are
+    re-issued, or its newest live one is `hedge` old)."""
+    live = [attempt for attempt in attempts if not attempt.given_up]
+    if not live:
+        free = any(
+            attempt.member.quarantined is not None or now - attempt.sent >= timeout
+            for attempt in attempts
+        )
+        return bool(attempts) and not free
+    if hedge is not None and now - max(attempt.sent for attempt in live) >= hedge:
+        return True
+    return None
 
 
 class ExtraShare:
