@@ -11,6 +11,7 @@ from jax.sharding import Mesh
 from loadax.delivery.sharding import DataAxis, ShardingStrategy
 from loadax.execution.autotune import DEFAULT_MEMORY_BUDGET_MB
 from loadax.execution.record_errors import RecordErrors
+from loadax.plan.blocks import BlockShuffle
 from loadax.plan.buckets import LengthBuckets, LengthsOf
 from loadax.plan.permutation import IndexArray
 from loadax.plan.planner import Plan
@@ -34,6 +35,7 @@ class LoaderOptions:
     batch_size: int | None = None
     shuffle: bool = False
     seed: int = 0
+    blocks: BlockShuffle | None = None  # shuffle(block_size=, window=)
     num_epochs: int | None = 1
     drop_remainder: bool = False
     concurrency: int = DEFAULT_CONCURRENCY  # loading threads or processes; 0: the calling thread
@@ -97,7 +99,10 @@ class LoaderOptions:
         if self.buckets is not None:
             calls.append(f"bucket_by_length(<{type(self.buckets).__name__}>)")
         if self.shuffle:
-            calls.append(f"shuffle(seed={self.seed})")
+            blocks, windowed = self.blocks, ""
+            if blocks is not None:
+                windowed = f", block_size={blocks.block_size}, window={blocks.window}"
+            calls.append(f"shuffle(seed={self.seed}{windowed})")
         if self.num_epochs != 1:
             calls.append(f"num_epochs({self.num_epochs})")
         if self.drop_remainder:
@@ -145,4 +150,5 @@ class LoaderOptions:
             drop_remainder=self.drop_remainder,
             batch_size_changes=self.batch_size_changes,
             buckets=buckets,
+            blocks=self.blocks,
         )

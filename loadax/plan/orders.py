@@ -12,6 +12,7 @@ import abc
 import dataclasses
 from typing import Any, Generic, TypeVar
 
+from loadax.plan.blocks import BlockShuffle
 from loadax.plan.permutation import IndexArray, KeyPurpose, derive_key, permute
 
 Cursor = int | tuple[int, ...]
@@ -64,7 +65,8 @@ class EpochOrder(abc.ABC, Generic[C]):
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class PlainOrder(EpochOrder[int]):
-    """Every record once per epoch, in index order or (`shuffle`) a keyed permutation of it.
+    """Every record once per epoch, in index order or (`shuffle`) a keyed permutation of it
+    (with `blocks`, a block shuffle's).
 
     >>> from loadax.plan.orders import PlainOrder
     >>> import numpy as np
@@ -77,6 +79,7 @@ class PlainOrder(EpochOrder[int]):
     seed: int
     shuffle: bool
     drop_remainder: bool
+    blocks: BlockShuffle | None = None
 
     @property
     def zero(self) -> int:
@@ -92,9 +95,14 @@ class PlainOrder(EpochOrder[int]):
     def records(
         self, epoch: int, cursor: int, size: int, step: int, positions: IndexArray
     ) -> IndexArray:
-        positions = positions + (cursor + step * size)
+        return self.shuffled(positions + (cursor + step * size), epoch)
+
+    def shuffled(self, positions: IndexArray, epoch: int) -> IndexArray:
+        """The records at `positions` of `epoch`'s order."""
         if not self.shuffle:
             return positions
+        if self.blocks is not None:
+            return self.blocks.records(positions, self.num_records, self.seed, epoch)
         key = derive_key(KeyPurpose.PLAN_SHUFFLE, self.seed, epoch)
         return permute(positions, self.num_records, key)
 

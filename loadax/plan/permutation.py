@@ -28,6 +28,9 @@ class KeyPurpose(enum.IntEnum):
     MIX = 4
     BUCKET_SHUFFLE = 5
     BUCKET_ORDER = 6
+    BLOCK_ORDER = 7
+    WINDOW_SHUFFLE = 8
+    BLOCK_TAIL = 9
 
 
 def derive_key(purpose: KeyPurpose, seed: int, epoch: int, *more: int) -> npt.NDArray[np.uint64]:

@@ -11,15 +11,16 @@ from __future__ import annotations
 import bisect
 import dataclasses
 import itertools
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import numpy.typing as npt
 
+from loadax.plan.blocks import BlockShuffle
 from loadax.plan.buckets import LengthBuckets
 from loadax.plan.orders import EpochOrder, PlainOrder
-from loadax.plan.permutation import IndexArray, KeyPurpose, derive_key, permute
-from loadax.plan.segments import Position, Segment, segments
+from loadax.plan.permutation import IndexArray
+from loadax.plan.segments import Position, Segment, checked_changes, segments
 from loadax.validation import require_bool, require_int
 
 PLAN_VERSION = 1
@@ -41,8 +42,9 @@ class Plan:
     `batch_size_changes` ((step, size) pairs) change the batch size from those steps on: the
     epoch under way continues from its first record not yet delivered, so every record comes
     once per epoch across a change. `buckets` (`LengthBuckets`) make every batch's records come
-    from one length bucket. A plan resumed with a new batch size (`resumed`) starts at
-    `first_step`, at `first_position` of its epoch; it has no steps before.
+    from one length bucket; `blocks` (`BlockShuffle`) make `shuffle` shuffle blocks of records
+    and the records within windows of them. A plan resumed with a new batch size (`resumed`)
+    starts at `first_step`, at `first_position` of its epoch; it has no steps before.
 
     >>> plan = Plan(num_records=10, batch_size=4, batch_size_changes=((1, 2),))
     >>> [plan.indices(step).tolist() for step in range(plan.num_steps)]
@@ -59,6 +61,7 @@ class Plan:
     buckets: LengthBuckets | None = None
     first_step: int = 0
     first_position: Position | None = None
+    blocks: BlockShuffle | None = None
     # Derived once: every step asks for them.
     _order: EpochOrder[Any] = dataclasses.field(init=False, repr=False, compare=False)
     _segments: tuple[Segment, ...] = dataclasses.field(init=False, repr=False, compare=False)
@@ -81,9 +84,16 @@ class Plan:
         require_bool("drop_remainder", self.drop_remainder)
         changes = checked_changes(self.batch_size_changes, self.first_step)
         object.__setattr__(self, "batch_size_changes", changes)
+        if self.blocks is not None and (not self.shuffle or self.buckets is not None):
+            raise ValueError(
+                "blocks (a block shuffle) need shuffle=True and no length buckets, got "
+                f"shuffle={self.shuffle} and buckets={self.buckets!r}"
+            )
         order: EpochOrder[Any]
         if self.buckets is None:
-            order = PlainOrder(self.num_records, self.seed, self.shuffle, self.drop_remainder)
+            order = PlainOrder(
+                self.num_records, self.seed, self.shuffle, self.drop_remainder, self.blocks
+            )
         else:
             order = self.buckets.order(
                 self.num_records, self.seed, self.shuffle, self.drop_remainder
@@ -311,11 +321,10 @@ class Plan:
         epochs, offsets = np.divmod(positions, self.num_records)
         if not self.shuffle:
             return offsets, epochs
-        indices = np.empty_like(offsets)
+        indices, order = np.empty_like(offsets), cast(PlainOrder, self._order)
         for epoch in np.unique(epochs).tolist():
             chosen = epochs == epoch
-            key = derive_key(KeyPurpose.PLAN_SHUFFLE, self.seed, epoch)
-            indices[chosen] = permute(offsets[chosen], self.num_records, key)
+            indices[chosen] = order.shuffled(offsets[chosen], epoch)
         return indices, epochs
 
     def describe(self) -> dict[str, Any]:
@@ -331,6 +340,8 @@ class Plan:
             described["batch_size_changes"] = [list(change) for change in self.batch_size_changes]
         if self.buckets is not None:
             described["buckets"] = self.buckets.describe()
+        if self.blocks is not None:
+            described["blocks"] = self.blocks.describe()
         if self.first_position is not None:
             described["start"] = {"step": self.first_step, **self.first_position.describe()}
         return described
@@ -360,23 +371,6 @@ class Plan:
             if start < following.first:
                 return start
         return parts[-1].epoch_start(epoch)
-
-
-def checked_changes(changes: Any, first_step: int) -> tuple[tuple[int, int], ...]:
-    """Batch size changes as (step, size) int pairs at ascending steps after `first_step`,
-    or a ValueError naming the first that is not."""
-    checked: list[tuple[int, int]] = []
-    previous = first_step
-    for change in changes:
-        if not isinstance(change, tuple | list) or len(change) != 2:
-            raise ValueError(
-                f"a batch size change must be a (step, batch_size) pair, got {change!r}"
-            )
-        step = require_int("a batch size change's step", change[0], minimum=previous + 1)
-        size = require_int("a batch size change's batch_size", change[1], minimum=1)
-        checked.append((step, size))
-        previous = step
-    return tuple(checked)
 
 
 _PLAIN = ("num_records", "batch_size", "seed", "shuffle", "num_epochs", "drop_remainder")

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from loadax.plan.orders import Cursor, EpochOrder
+from loadax.validation import require_int
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -86,3 +87,20 @@ def segments(
         if not per_epoch:
             break
     return tuple(result)
+
+
+def checked_changes(changes: Any, first_step: int) -> tuple[tuple[int, int], ...]:
+    """Batch size changes as (step, size) int pairs at ascending steps after `first_step`,
+    or a ValueError naming the first that is not."""
+    checked: list[tuple[int, int]] = []
+    previous = first_step
+    for change in changes:
+        if not isinstance(change, tuple | list) or len(change) != 2:
+            raise ValueError(
+                f"a batch size change must be a (step, batch_size) pair, got {change!r}"
+            )
+        step = require_int("a batch size change's step", change[0], minimum=previous + 1)
+        size = require_int("a batch size change's batch_size", change[1], minimum=1)
+        checked.append((step, size))
+        previous = step
+    return tuple(checked)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import abc
 import dataclasses
-from typing import ClassVar
+from typing import ClassVar, cast
 
 import numpy as np
 
@@ -96,6 +96,35 @@ class StepWork(Work):
         indices, epoch = self.batch(plan)
         rows = row_positions(self.rows, plan.batch_length(self.step))
         return ListedWork(self.step, rows, indices, epoch)
+
+    def windows(self, plan: Plan) -> list[tuple[IndexArray, IndexArray]]:
+        """The records of the block shuffle's windows that the step's batch reads, and of the
+        window after them, as `BlockShuffle.window_ranges` gives them (none without `blocks`):
+        what a source may fetch ahead.
+
+        >>> from loadax import Plan
+        >>> from loadax.plan.blocks import BlockShuffle
+        >>> plan = Plan(16, 4, shuffle=True, num_epochs=2, blocks=BlockShuffle(4, 2))
+        >>> [(starts.tolist(), stops.tolist()) for starts, stops in StepWork(1).windows(plan)]
+        [([0, 8], [4, 12]), ([4, 12], [8, 16])]
+        """
+        blocks = plan.blocks
+        if blocks is None:
+            return []
+        position = plan.position(self.step)
+        epoch, first = position.epoch, int(cast(int, position.cursor))
+        last = first + plan.batch_length(self.step) - 1
+        ends = np.array([first, last], dtype=np.int64)
+        windows = blocks.windows(plan.num_records, plan.seed, epoch, ends).tolist()
+        wanted = [(epoch, window) for window in range(windows[0], windows[1] + 2)]
+        if wanted[-1][1] == blocks.window_count(plan.num_records):  # the next epoch's first
+            wanted[-1] = (epoch + 1, 0)
+            if plan.num_epochs is not None and epoch + 1 >= plan.num_epochs:
+                wanted.pop()
+        return [
+            blocks.window_ranges(plan.num_records, plan.seed, epoch, window)
+            for epoch, window in wanted
+        ]
 
     def __str__(self) -> str:
         return f"the batch of step {self.step}"

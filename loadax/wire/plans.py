@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 
 from loadax.errors import WorkerError
+from loadax.plan.blocks import BlockShuffle
 from loadax.plan.permutation import IndexArray
 from loadax.plan.planner import Plan
 from loadax.plan.segments import Position
@@ -46,6 +47,10 @@ def plan_to_wire(plan: Plan) -> wire.Plan:
                 delivered=plan.first_position.cursor,  # type: ignore[arg-type]  # a plain plan's
             )
         )
+    if plan.blocks is not None:
+        message.blocks.CopyFrom(
+            wire.BlockShuffle(block_size=plan.blocks.block_size, window=plan.blocks.window)
+        )
     return message
 
 
@@ -53,6 +58,7 @@ def plan_from_wire(message: wire.Plan, num_records: int | None = None) -> Plan:
     """The plan of a request; `num_records` overrides the message's (handshakes leave it 0)."""
     try:
         start = message.start if message.HasField("start") else None
+        blocks = message.blocks if message.HasField("blocks") else None
         return Plan(
             num_records=message.num_records if num_records is None else num_records,
             batch_size=message.batch_size,
@@ -65,6 +71,7 @@ def plan_from_wire(message: wire.Plan, num_records: int | None = None) -> Plan:
             ),
             first_step=0 if start is None else start.step,
             first_position=None if start is None else Position(start.epoch, start.delivered),
+            blocks=None if blocks is None else BlockShuffle(blocks.block_size, blocks.window),
         )
     except ValueError as error:
         raise WorkerError("INVALID_ARGUMENT", f"invalid plan: {error}") from error
@@ -146,6 +153,8 @@ def request_digest(request: wire.BatchRequest) -> bytes:
         fields.append(
             [start.step, start.epoch, start.delivered] if plan.HasField("start") else None
         )
+    if plan.HasField("blocks"):  # absent: the digests of before; a worker blind to it differs
+        fields.append(["blocks", plan.blocks.block_size, plan.blocks.window])
     listed = request.records if request.HasField("records") else None
     if listed is not None:  # absent: the digests of before, which a worker without it computes
         fields.append(["records", listed.epoch, len(listed.indices)])

@@ -24,7 +24,7 @@ REUSE_CACHED: Reuse
 REUSE_COALESCED: Reuse
 
 class Plan(_message.Message):
-    __slots__ = ("num_records", "batch_size", "seed", "shuffle", "num_epochs", "drop_remainder", "batch_size_changes", "start")
+    __slots__ = ("num_records", "batch_size", "seed", "shuffle", "num_epochs", "drop_remainder", "batch_size_changes", "start", "blocks")
     NUM_RECORDS_FIELD_NUMBER: _ClassVar[int]
     BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
     SEED_FIELD_NUMBER: _ClassVar[int]
@@ -33,6 +33,7 @@ class Plan(_message.Message):
     DROP_REMAINDER_FIELD_NUMBER: _ClassVar[int]
     BATCH_SIZE_CHANGES_FIELD_NUMBER: _ClassVar[int]
     START_FIELD_NUMBER: _ClassVar[int]
+    BLOCKS_FIELD_NUMBER: _ClassVar[int]
     num_records: int
     batch_size: int
     seed: int
@@ -41,7 +42,16 @@ class Plan(_message.Message):
     drop_remainder: bool
     batch_size_changes: _containers.RepeatedCompositeFieldContainer[BatchSizeChange]
     start: PlanStart
-    def __init__(self, num_records: _Optional[int] = ..., batch_size: _Optional[int] = ..., seed: _Optional[int] = ..., shuffle: _Optional[bool] = ..., num_epochs: _Optional[int] = ..., drop_remainder: _Optional[bool] = ..., batch_size_changes: _Optional[_Iterable[_Union[BatchSizeChange, _Mapping]]] = ..., start: _Optional[_Union[PlanStart, _Mapping]] = ...) -> None: ...
+    blocks: BlockShuffle
+    def __init__(self, num_records: _Optional[int] = ..., batch_size: _Optional[int] = ..., seed: _Optional[int] = ..., shuffle: _Optional[bool] = ..., num_epochs: _Optional[int] = ..., drop_remainder: _Optional[bool] = ..., batch_size_changes: _Optional[_Iterable[_Union[BatchSizeChange, _Mapping]]] = ..., start: _Optional[_Union[PlanStart, _Mapping]] = ..., blocks: _Optional[_Union[BlockShuffle, _Mapping]] = ...) -> None: ...
+
+class BlockShuffle(_message.Message):
+    __slots__ = ("block_size", "window")
+    BLOCK_SIZE_FIELD_NUMBER: _ClassVar[int]
+    WINDOW_FIELD_NUMBER: _ClassVar[int]
+    block_size: int
+    window: int
+    def __init__(self, block_size: _Optional[int] = ..., window: _Optional[int] = ...) -> None: ...
 
 class BatchSizeChange(_message.Message):
     __slots__ = ("step", "batch_size")
