@@ -99,3 +99,43 @@ def test_the_runs_of_the_shards_asked_least_recently_are_forgotten() -> None:
     ahead.request(0, 300, 100, shards.fetch)
     ahead.request(0, 400, 100, shards.fetch)
     assert shards.fetched == [(0, 500, 200)]
+
+
+def test_an_expected_window_is_fetched_once_and_serves_its_reads_in_any_order() -> None:
+    shards = Shard([6 * MIB, 3 * MIB])
+    ahead = ReadAhead([6 * MIB, 3 * MIB])
+    window = [(0, 1000, 6 * MIB), (1, 0, 2 * MIB)]
+    ahead.expect(window, shards.fetch)
+    ahead.expect(window, shards.fetch)  # held already: nothing fetched again
+    assert shards.fetched == [
+        (0, 1000, 4 * MIB),
+        (0, 1000 + 4 * MIB, 2 * MIB - 1000),
+        (1, 0, 2 * MIB),
+    ]
+    for offset in [*range(1000, 6 * MIB - 70_000, 70_000)][::-1]:  # in order backwards: no run
+        blocks = ahead.request(0, offset, 70_000, shards.fetch)
+        assert blocks is not None
+        assert joined(blocks, offset, 70_000) == shards.data[0][offset : offset + 70_000]
+    assert ahead.request(1, 2 * MIB - 10, 20, shards.fetch) is None  # past the window
+    assert len(shards.fetched) == 3
+
+
+def test_expected_windows_hold_at_most_256_mib_the_least_recent_dropped() -> None:
+    fetched: list[tuple[int, int, int]] = []
+
+    def fetch(shard: int, offset: int, size: int) -> Future[bytes]:
+        fetched.append((shard, offset, size))
+        return Future()  # on its way
+
+    ahead = ReadAhead([100 * MIB] * 4)
+    windows = [[(shard, 0, 100 * MIB)] for shard in range(4)]
+    for window in (windows[0], windows[1], windows[0], windows[2]):  # 1 least recent: dropped
+        ahead.expect(window, fetch)
+    assert [ahead.request(shard, 0, 10, fetch) is not None for shard in range(3)] == [
+        True,
+        False,
+        True,
+    ]
+    count = len(fetched)
+    ahead.expect([(3, 0, 100 * MIB), (1, 0, 100 * MIB), (2, 0, 57 * MIB)], fetch)  # too large
+    assert len(fetched) == count

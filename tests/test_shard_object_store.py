@@ -154,3 +154,22 @@ def test_samples_within_a_mebibyte_in_a_bucket_are_one_request(moto: Moto, tmp_p
     # a and c are 300 kB apart: one request through b; e lies 2 MB further: one of its own.
     starts, ends = samples._spans[0]
     assert sorted(CountingHandler.reads) == [10, ends[2] - starts[0]]
+
+
+def test_a_block_shuffle_fetches_each_window_of_a_bucket_once_in_large_requests(
+    moto: Moto, local: Path, tmp_path: Path
+) -> None:
+    url, options = f"{BUCKET}/shards/*.tar", {"decode": False, "index_dir": tmp_path}
+    TarShardDataset(url, filesystem=moto.filesystem(), **options)  # indexes them
+    counting = pafs.PyFileSystem(CountingHandler(moto.filesystem()))
+    samples = TarShardDataset(url, filesystem=counting, **options)
+    # Each shard a block, each block a window: the first step expects both windows.
+    builder = DataLoader(Batcher(list)).batch_size(3).shuffle(seed=2, block_size=SAMPLES, window=1)
+    loader = builder.workers(2).build(samples)
+    CountingHandler.reads.clear()  # of the loader's probe of a record when it was built
+    batches = [without_url(batch) for batch in loader]
+    samples.close()
+    expected = builder.build(TarShardDataset(local / "*.tar", **options))
+    assert batches == [without_url(batch) for batch in expected]
+    spans = [int(ends.max() - starts.min()) for starts, ends in samples._spans]
+    assert sorted(CountingHandler.reads) == sorted(spans)  # one request a shard, not a sample

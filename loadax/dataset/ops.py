@@ -194,6 +194,8 @@ class MappedDataset(DatasetBase[U]):
     ['1', '2', '3']
     """
 
+    reads_same_indices = True
+
     def __init__(self, dataset: Dataset[T], fn: Callable[[T], U]) -> None:
         if not callable(fn):
             raise ValueError(f"fn must be callable, got {fn!r}")
@@ -224,6 +226,7 @@ class RandomMappedDataset(DatasetBase[U]):
     """
 
     keyed_by_epoch = True
+    reads_same_indices = True
 
     def __init__(
         self,

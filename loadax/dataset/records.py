@@ -57,6 +57,8 @@ class Records(Dataset[T], abc.ABC):
 
     keyed_by_epoch: ClassVar[bool] = False
     """True for the ops whose records depend on the epoch itself (shuffles, random maps)."""
+    reads_same_indices: ClassVar[bool] = False
+    """True for the ops whose record i is made of their dataset's record i (maps)."""
 
     @abc.abstractmethod
     def __len__(self) -> int: ...
@@ -73,6 +75,14 @@ class Records(Dataset[T], abc.ABC):
 
     def __iter__(self) -> Iterator[T]:
         return (self[index] for index in range(len(self)))
+
+    def will_read(self, starts: IndexArray, stops: IndexArray) -> None:
+        """Records `[starts[i], stops[i])` will be read soon, in any order (a block shuffle's
+        window): a source that reads better in large requests may fetch them now. A map passes
+        it on to its dataset; other datasets ignore it."""
+        if self.reads_same_indices:
+            for parent in self._parents():
+                will_read(parent, starts, stops)
 
     def _parents(self) -> tuple[Dataset[Any], ...]:
         """The datasets this one reads its records from (none for a source)."""
@@ -91,6 +101,13 @@ class Records(Dataset[T], abc.ABC):
         if not 0 <= position < size:
             raise IndexError(f"index {index} is out of range for {type(self).__name__} of {size}")
         return position
+
+
+def will_read(dataset: object, starts: IndexArray, stops: IndexArray) -> None:
+    """Tell `dataset` that records `[starts[i], stops[i])` will be read soon
+    (`Records.will_read`); a dataset that is no loadax dataset is not told."""
+    if isinstance(dataset, Records):
+        dataset.will_read(starts, stops)
 
 
 def varies_by_epoch(dataset: object) -> bool:

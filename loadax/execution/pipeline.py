@@ -15,7 +15,7 @@ from typing_extensions import TypeVar
 
 from loadax.collate.batcher import Batcher, stack
 from loadax.dataset.protocol import Dataset, ReadsRows, as_dataset, dataset_length, reads_rows
-from loadax.dataset.records import read_records
+from loadax.dataset.records import read_records, will_read
 from loadax.dataset.stream import Stream
 from loadax.errors import RecordError, StorageError
 from loadax.plan.permutation import IndexArray
@@ -106,8 +106,12 @@ class Pipeline(Generic[T, B]):
         return self.finish(self.read_at(indices, epochs), indices, epochs, work)
 
     def positions(self, plan: Plan, work: Work) -> tuple[IndexArray, IndexArray]:
-        """The record indices `work` reads, in order, and the epoch of each."""
+        """The record indices `work` reads, in order, and the epoch of each; for a step of a
+        block shuffle, the dataset is told the windows it reads and the next one."""
         self.require_kind(work)
+        if isinstance(work, StepWork):
+            for starts, stops in work.windows(plan):
+                will_read(self.records, starts, stops)
         return work.records(plan, self.window)
 
     def read(self, indices: IndexArray, epoch: int) -> list[Any]:

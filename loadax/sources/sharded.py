@@ -114,6 +114,24 @@ class ShardedDataset(DatasetBase[T], abc.ABC):
                 )
         return cast(list[T], records)
 
+    def will_read(self, starts: IndexArray, stops: IndexArray) -> None:
+        """From a store, fetch the bytes of records `[starts[i], stops[i])` (a block shuffle's
+        window) in large reads, to serve their reads (`Shards.expect`); a local file is read
+        ahead by the OS."""
+        if self.shards.store is None:
+            return
+        spans: list[tuple[int, int, int]] = []  # (shard, start, end) in bytes
+        for start, stop in zip(starts.tolist(), stops.tolist(), strict=True):
+            first = int(np.searchsorted(self._ends, start, side="right"))
+            last = int(np.searchsorted(self._ends, stop - 1, side="right"))
+            for shard in range(first, last + 1):
+                offset = int(self._starts[shard])
+                numbers = np.arange(max(start, offset), min(stop, int(self._ends[shard])))
+                begins, ends = self.spans(shard, numbers - offset)
+                if begins.size and ends.max() > begins.min():
+                    spans.append((shard, int(begins.min()), int(ends.max())))
+        self.shards.expect(spans)
+
     def close(self) -> None:
         """Close every thread's open shards and end the fetching threads; later reads open
         and start them again."""

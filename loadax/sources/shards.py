@@ -175,6 +175,13 @@ class Shards:
                         done.result() if blocks is None else joined(blocks, offset, size),
                     )
 
+    def expect(self, spans: Sequence[tuple[int, int, int]]) -> None:
+        """The byte spans `(shard, start, end)` of a store's shards that reads will soon ask
+        for, in any order: fetched now in large reads, and held to serve them
+        (`ReadAhead.expect`)."""
+        fetchers = self._fetchers_here()
+        fetchers.ahead.expect(spans, partial(fetchers.submit, self.read_at))
+
     def _fetchers_here(self) -> _Fetchers:
         """This process's fetching threads (a forked child cannot use its parent's)."""
         with self._lock:
