@@ -19,12 +19,12 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
+from loadax.execution.heap import keep_freed_memory
 from loadax.logfields import fields, of_record
 from loadax.server.check import check_report, security_lines
 from loadax.server.config import LOG_FORMATS, WorkerConfig, load_config
 from loadax.server.config_checks import ConfigError
 from loadax.server.grpc_server import GrpcServer
-from loadax.server.heap import keep_freed_memory
 from loadax.server.metrics import WorkerMetrics
 from loadax.server.worker import Worker
 from loadax.server.zmq_server import ZmqServer
@@ -63,7 +63,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             processes=args.processes,
         )
         _format_logs(logs, args.log_format or config.log_format)
-        keep_freed_memory()  # this process serves batches; see loadax.server.heap
+        keep_freed_memory()  # this process serves batches; see loadax.execution.heap
         worker = Worker.from_config(config)
     except ConfigError as error:
         if args.json:

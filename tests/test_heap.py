@@ -1,11 +1,11 @@
-"""The worker process's C heap keeps what it freed (loadax.server.heap)."""
+"""A loading process's C heap keeps what it freed (loadax.execution.heap)."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
 
-from loadax.server import heap
+from loadax.execution import heap
 
 # Rounds of 300 blocks of 100 KB, each round freed before the next: each round's page faults.
 # The module is loaded from its file, so that the process starts without importing jax.

@@ -13,6 +13,7 @@ from typing_extensions import TypeVar
 
 from loadax.execution.autotune import AutotunedExecutor, Autotuner, Limits, usable_cores
 from loadax.execution.executor import Executor
+from loadax.execution.heap import keep_freed_memory
 from loadax.execution.inline import InlineExecutor
 from loadax.execution.pickled import PickledPipeline
 from loadax.execution.pipeline import Pipeline
@@ -41,6 +42,8 @@ class LocalExecutors(Generic[B]):
             if options.loading_kind == "processes"
             else None
         )
+        if self.processes is None:  # this process loads: it keeps what a batch freed
+            keep_freed_memory(arenas=None)
         # Each process loads whole batches: keep every one of them busy.
         default = (
             DEFAULT_PREFETCH if self.processes is None else max(DEFAULT_PREFETCH, self._workers)

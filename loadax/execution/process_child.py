@@ -19,6 +19,7 @@ from typing import Any
 import jax
 
 from loadax.errors import RecordError
+from loadax.execution.heap import keep_freed_memory
 from loadax.execution.process_errors import ChildRaised
 from loadax.plan.planner import Plan
 from loadax.plan.work import Work
@@ -82,6 +83,7 @@ def serve(connection: Connection, pipeline_data: bytes) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the trainer's to handle
     # A transform that uses JAX must not take the trainer's accelerators (nor their memory).
     jax.config.update("jax_platforms", "cpu")  # type: ignore[no-untyped-call]
+    keep_freed_memory()  # it loads batch after batch, as a worker does
     try:
         pipeline = pickle.loads(pipeline_data)
     except Exception:
