@@ -34,6 +34,7 @@ from loadax.client.fleet_events import (
     Joined,
     Left,
     Listed,
+    LocalCores,
     Note,
     Resolve,
     Send,
@@ -139,6 +140,10 @@ class Driver:
     def leave(self, name: str) -> None:
         """Stop using member `name`; what it held is re-issued to the others."""
         self._change(Left(name))
+
+    def local_cores(self, cores: int, usable: int) -> None:
+        """The local members hold `cores` of this host's `usable` ones (`client.host_cores`)."""
+        self._events.put(LocalCores(cores, usable))
 
     def enlist(self, name: str) -> None:
         """Member `name` is in the fleet: the policy connects it when its aperture reaches it
@@ -248,7 +253,7 @@ class Driver:
                 item.item.transport.close()
                 return None
             self._members[item.item.name] = item.item
-            return Joined(item.item.name, item.item.limit)
+            return Joined(item.item.name, item.item.limit, item.item.same_host)
         if isinstance(item, Answered | Failed):
             self._attempts.pop(item.attempt, None)
             answered = isinstance(item, Answered)

@@ -55,10 +55,11 @@ class Tick:
 @dataclasses.dataclass(frozen=True, slots=True)
 class Joined:
     """Member `member` serves the loader's identity and takes `limit` requests at once (0: it
-    did not say)."""
+    did not say); `same_host`: a worker on the trainer's host (found at the handshake)."""
 
     member: str
     limit: int = 0
+    same_host: bool = False
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -83,7 +84,17 @@ class Unreachable:
     error: str
 
 
-Event = Submit | Withdraw | Answered | Failed | Tick | Joined | Left | Listed | Unreachable
+@dataclasses.dataclass(frozen=True, slots=True)
+class LocalCores:
+    """The local members hold `cores` of the `usable` cores of the trainer's host."""
+
+    cores: int
+    usable: int
+
+
+Event = (
+    Submit | Withdraw | Answered | Failed | Tick | Joined | Left | Listed | Unreachable | LocalCores
+)
 
 # Actions: what the driver carries out.
 

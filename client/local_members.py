@@ -5,8 +5,11 @@ A local member is a worker object without sockets (`LocalWorker`, reached throug
 transport), joined to the driver through the same door as a remote worker. Its pipeline identity
 is computed by the code a worker's is (`loadax.identity`), and it joins only when that is the
 identity the remote fleet agreed on (or the pinned one): local members never vote. Each member
-makes one batch at a time (on its threads, or in one child process); its batches travel as a
-worker's do, encoded and checked, so that placement never changes a byte.
+makes `LOCAL_DEPTH` batches at once (on its threads, or in one child process). Its batches are
+encoded and decoded as a worker's are, so that placement never changes a byte, but never
+checksummed: they are made and used in this process (`_LocalTransport`). The cores they hold
+are reported to the policy, which passes over a worker on this host while they hold them all
+(`loadax.client.host_cores`), unless `same_host="worker"`.
 """
 
 from __future__ import annotations
@@ -21,7 +24,9 @@ from loadax.client.driver import Driver
 from loadax.client.fleet_watch import LOCAL_PREFIX
 from loadax.client.identity import require
 from loadax.client.member import Identity, ask
+from loadax.client.spare_cores import spare_cores
 from loadax.client.transports.in_process import InProcessTransport
+from loadax.client.transports.reply import Reply
 from loadax.errors import RecordError, WorkerError
 from loadax.execution.executor import Executor
 from loadax.execution.pickled import PickledPipeline
@@ -34,26 +39,30 @@ from loadax.identity.probes import probe_batches
 from loadax.wire.codec import encode_frames
 from loadax.wire.failures import PipelineFailed, RecordFailed
 from loadax.wire.payloads import EncodedBatch
-from loadax.wire.plans import plan_from_wire, work_from_wire
+from loadax.wire.plans import plan_from_wire, request_digest, work_from_wire
 from loadax.wire.v1 import worker_pb2 as wire
 
 KINDS = ("threads", "processes")
+SAME_HOST = ("fallback", "worker")
 LOCAL_DEPTH = 2
-"""Requests a local member is sent at once: one being made while the next waits."""
+"""Requests a local member is sent, and makes, at once: the next batch's records are read as the
+last of the previous one's are (as the local loader's executor does), not after a barrier."""
 
 Kind = Literal["threads", "processes"]
+SameHost = Literal["fallback", "worker"]
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class LocalSpec:
     """What `local_members` asked for: `count` members (or "auto") running `pipeline`, or the
     loader's pipeline of the worker config at `config`, on `kind` (a thread, or a child process,
-    each)."""
+    each); a worker on this host kept as their fallback, or used as any worker (`same_host`)."""
 
     count: int | Literal["auto"]
     pipeline: Pipeline[Any, Any] | None = None
     kind: Kind = "threads"
     config: str | Path | None = None
+    same_host: SameHost = "fallback"
 
     def __post_init__(self) -> None:
         if self.count != "auto" and (
@@ -80,6 +89,10 @@ class LocalSpec:
         if self.kind not in KINDS:
             raise ValueError(
                 f"local_members kind must be 'threads' or 'processes', got {self.kind!r}"
+            )
+        if self.same_host not in SAME_HOST:
+            raise ValueError(
+                f"local_members same_host must be 'fallback' or 'worker', got {self.same_host!r}"
             )
 
 
@@ -140,8 +153,9 @@ class LocalWorker:
         )
 
     def answer(self, executor: Executor[Any], request: wire.BatchRequest) -> EncodedBatch:
-        """The answer to `request`, made on `executor`: the failure a worker would answer when
-        a record or the pipeline's code fails."""
+        """The answer to `request`, made on `executor`, without a checksum (0: it is handed over
+        in this process, `_LocalTransport`); the failure a worker would answer when a record or
+        the pipeline's code fails."""
         if request.fingerprint != self.fingerprint:
             raise WorkerError(
                 "FAILED_PRECONDITION",
@@ -156,7 +170,17 @@ class LocalWorker:
         except Exception as error:
             raise PipelineFailed.of(error, request.step) from error
         frames = [made] if self._pickled is not None else encode_frames(made)
-        return EncodedBatch.answering(request, self.fingerprint, frames)
+        return EncodedBatch(request.step, frames, self.fingerprint, request_digest(request))
+
+
+class _LocalTransport(InProcessTransport):
+    """The in-process transport of one local member. Its batch's frames are views of arrays made
+    in this process and handed over in it: nothing could change them on the way, so they are not
+    checksummed (the reply's checksum is its header's); its other checks stand."""
+
+    def _load(self, request: wire.BatchRequest) -> Reply:
+        answer = self._worker.load_batch(request)
+        return Reply(answer.header, answer.frames, answer.checksum)
 
 
 class _Member:
@@ -213,7 +237,7 @@ class LocalMembers:
         `count` cores: of kind threads, one member that splits each batch over them as a worker
         does (a batch is made as soon as it can be), of kind processes, a member on each. The
         first member checks the identity: a ValueError naming both identities when it is not
-        the loader's."""
+        the loader's. The policy is told the cores they hold (unless `same_host="worker"`)."""
         one = self.spec.count == "auto" and self.spec.kind == "threads"
         members, threads = (min(count, 1), max(count, 1)) if one else (count, 1)
         with self._lock:
@@ -226,11 +250,13 @@ class LocalMembers:
             if one:
                 for _, member in self._members:
                     member.split(threads)
+            if self.spec.same_host == "fallback":
+                self._driver.local_cores(len(self._members) * threads, spare_cores())
 
     def _add(self, threads: int) -> None:
         local = _Member(self._worker, threads)
         name = f"{LOCAL_PREFIX}{self._next}"
-        transport = InProcessTransport(local, threads=1, name=name)
+        transport = _LocalTransport(local, threads=LOCAL_DEPTH, name=name)
         try:
             member = ask(transport, self._handshake, timeout=0)
             require(member, self._identity, self._name)

@@ -43,14 +43,16 @@ class Identity:
 @dataclasses.dataclass(frozen=True, eq=False, slots=True)
 class Member:
     """A worker reached by `transport`, whose replies `replies` verifies against the schema of
-    its handshake; the identity it serves (None: `refusal` says why it cannot serve) and the
-    most requests it takes from this client at once (`limit`, 0: it did not say)."""
+    its handshake; the identity it serves (None: `refusal` says why it cannot serve), the
+    most requests it takes from this client at once (`limit`, 0: it did not say) and whether it
+    runs on this host (`same_host`: it took the handshake's shared-memory probe)."""
 
     transport: Transport
     replies: ReplyDecoder
     identity: Identity | None
     refusal: WorkerError | None = None
     limit: int = 0
+    same_host: bool = False
 
     @classmethod
     def refused(cls, transport: Transport, refusal: WorkerError) -> Member:
@@ -89,4 +91,5 @@ def ask(transport: Transport, request: wire.HandshakeRequest, timeout: float) ->
         )
         return Member(transport, replies, None, refusal)
     identity = Identity.of(response)
-    return Member(transport, replies, identity, limit=response.max_in_flight_per_client)
+    limit, same_host = response.max_in_flight_per_client, response.shared_memory
+    return Member(transport, replies, identity, limit=limit, same_host=same_host)

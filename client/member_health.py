@@ -21,10 +21,14 @@ _STALE_AFTER = 10.0  # seconds without an answer after which a member's latency 
 
 class MemberHealth:
     """One member as the policy sees it: its attempts outstanding, recent latency, how many
-    requests it takes now, and whether it is backing off or quarantined."""
+    requests it takes now, and whether it is backing off or quarantined; `same_host`: a worker
+    on the trainer's host."""
 
-    def __init__(self, name: str, announced: int, options: FleetOptions) -> None:
+    def __init__(
+        self, name: str, announced: int, options: FleetOptions, same_host: bool = False
+    ) -> None:
         self.name, self.announced, self._options = name, announced, options
+        self.same_host = same_host
         self.limit = announced  # lowered by back-pressure, regrown by answers
         self.sent: dict[int, float] = {}  # attempt -> when
         self.latency: float | None = None  # EWMA of its answers, raised by abandoned attempts

@@ -6,9 +6,9 @@ code runs under the loader's driver, in tests on a virtual clock and in simulati
 a pure function of (pipeline, plan, step, rows), so placement may follow load without changing
 a byte. The rules:
 
-- Subset: requests go to the members of the client's aperture (`loadax.client.aperture`): an
-  arc of the ring of members sized to the client's demand and share of the fleet, whose members
-  are connected while in it. When no member of the arc is free, any connected member is used.
+- Subset: requests go to the members of the client's aperture (`loadax.client.aperture`), an
+  arc of the fleet's ring sized to its demand and share, connected while in it; when no member
+  of the arc is free, any connected member. Same-host workers may be passed over (`host_cores`).
 - Depth: requests are admitted in order while fewer than `in_flight_per_worker` per member of
   the aperture that is up (within its limit) are outstanding, at least one.
 - Each attempt goes to the member chosen by `loadax.client.member_choice` (expected to answer
@@ -55,6 +55,7 @@ from loadax.client.fleet_events import (
     Joined,
     Left,
     Listed,
+    LocalCores,
     Note,
     Resolve,
     Submit,
@@ -63,6 +64,7 @@ from loadax.client.fleet_events import (
     Withdraw,
 )
 from loadax.client.fleet_options import FleetOptions
+from loadax.client.host_cores import HostCores
 from loadax.client.member_choice import choose
 from loadax.client.member_health import FleetLatency, MemberHealth
 from loadax.client.outstanding import Attempt, Outstanding, Request
@@ -98,6 +100,7 @@ class Policy:
         self.seat = seat or Seat()
         self._members: dict[str, MemberHealth] = {}  # connected
         self._aperture = Aperture(options, self.seat)
+        self._host = HostCores()
         self._requests = Outstanding()
         self._latency = FleetLatency()
         self._extra = ExtraShare()
@@ -125,7 +128,7 @@ class Policy:
 
     def depth(self, now: float) -> int:
         """How many requests to keep outstanding (`Aperture.depth`)."""
-        return self._aperture.depth(self._members, now)
+        return self._aperture.depth(self._host.in_use(self._members, now), now)
 
     def wake_at(self, now: float) -> float | None:
         """When the policy next wants a `Tick` (None: not until another event)."""
@@ -158,6 +161,8 @@ class Policy:
             self._unreached(event, now)
         elif isinstance(event, Left):
             self._leave(event.member, now)
+        elif isinstance(event, LocalCores):
+            self._actions += self._host.held(event.cores, event.usable, self._members)
         # Not at each member listed: a fleet is listed one member at a time.
         if self._aperture.due(now) and not isinstance(event, Listed):
             self._reshape(now)
@@ -208,7 +213,8 @@ class Policy:
 
     def _choose(self, busy: set[str], now: float, request: Request) -> MemberHealth | None:
         """The member chosen (`member_choice.choose`) of those of the aperture not in `busy`
-        with room; of any connected member when none of the aperture is."""
+        with room; of any connected member when none of the aperture is (`HostCores.kept_off`)."""
+        busy = busy | self._host.kept_off(self._members, busy, now)
         shares = self._aperture.active
         members = [
             member
@@ -318,7 +324,7 @@ class Policy:
         if not self._members:
             self._answered_at = now
         announced = event.limit or DEFAULT_LIMIT
-        self._members[name] = MemberHealth(name, announced, self.options)
+        self._members[name] = MemberHealth(name, announced, self.options, event.same_host)
 
     def _unreached(self, event: Unreachable, now: float) -> None:
         """A connect failed: the member stays listed, tried again after a back-off."""

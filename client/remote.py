@@ -21,7 +21,7 @@ from typing import Any, Literal, Self
 
 from loadax.client.demand import DEFAULT_STALL_TARGET, DEFAULT_WINDOW_S, DemandMeter
 from loadax.client.fleet_options import FleetOptions
-from loadax.client.local_members import Kind, LocalSpec
+from loadax.client.local_members import Kind, LocalSpec, SameHost
 from loadax.client.names import Resolver, resolve_host
 from loadax.client.remote_loader import RemoteLoader
 from loadax.client.security import ClientSecurity
@@ -186,6 +186,7 @@ class RemoteDataLoader(LoaderBuilder):
         config: str | Path | None = None,
         pipeline: Pipeline[Any, Any] | None = None,
         kind: Kind = "threads",
+        same_host: SameHost = "fallback",
     ) -> Self:
         """Also make batches on this host: `count` members (a thread or a child process each,
         `kind`) running the loader's pipeline as the worker config at `config` builds it (its
@@ -195,9 +196,16 @@ class RemoteDataLoader(LoaderBuilder):
         back to the fleet when one does. "auto" gives them this host's cores one at a time (with
         threads, to one member that splits each batch over them) while the training loop's own
         time between `next()` calls grows by no more than 5 % of its whole step, and takes one
-        back when it does. The batches are the same whatever the mix."""
+        back when it does. The batches are the same whatever the mix.
+
+        A worker on this host (found at the handshake, with shared memory on) spends more of
+        the host's CPU on a batch than a local member, which needs no encoding for a socket or
+        memory file, no copy and no checksum: while the local members hold every core this
+        process may use, it is passed over, and it is the fallback (used again when they hold
+        fewer, e.g. given back for a slowed loop, or none can take requests). `same_host=
+        "worker"` uses it as any worker: a sidecar with cores of its own."""
         copy = self._with()
-        copy._local = LocalSpec(count, pipeline, kind, config)
+        copy._local = LocalSpec(count, pipeline, kind, config, same_host)
         return copy
 
     def sizing(

@@ -129,6 +129,8 @@ def test_bad_local_member_settings_are_named() -> None:
         LocalSpec(1, pipeline, config="worker.toml")
     with pytest.raises(ValueError, match=r"a pipeline .* or the worker config .* not both"):
         LocalSpec(1)
+    with pytest.raises(ValueError, match="same_host must be 'fallback' or 'worker', got 'no'"):
+        LocalSpec(1, pipeline, same_host="no")  # type: ignore[arg-type]
 
 
 def test_a_config_without_the_loaders_pipeline_is_named(tmp_path: Path) -> None:
@@ -147,7 +149,8 @@ def test_the_loader_runs_from_local_members_while_the_fleet_is_down_and_returns(
     with pinned(tmp_path, "grpc") as fleet, caplog.at_level(logging.INFO, logger="loadax.client"):
         target = fleet.start(served(records))
         config = worker_config(tmp_path, records)  # the loader's pipeline, built here
-        local = builder([target]).local_members(1, config=config)
+        # The worker is on this host: used as any worker, not as the member's fallback.
+        local = builder([target]).local_members(1, config=config, same_host="worker")
         with local.build() as loader:
             expected = local_batches(records)
             batches = iter(loader)

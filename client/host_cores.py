@@ -1,0 +1,99 @@
+"""Who makes batches on the trainer's host: its local members, and workers on the same host (a
+worker whose handshake took the shared-memory probe, `loadax.wire.shared_memory`). Both use the
+host's cores, but a local member's batch costs the host the least CPU: made where it is used, it
+is not encoded for a socket or a memory file, copied or checksummed. So while the local members
+hold every usable core of the host and one of them can take requests, a same-host worker is
+passed over: sent no request the others can take, counted in no depth. It stays the fallback:
+used again as soon as the local members hold fewer cores (given back, e.g. for a slowed training
+loop) or none of them can take requests (failing, quarantined, gone), and for a request that no
+other member can take (its attempt there is outstanding, or failed).
+
+Pure state, told by the policy what the local members hold (`LocalCores`, which
+`loadax.client.local_members` reports); which members are same-host workers is theirs to say
+(`MemberHealth.same_host`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Mapping
+
+from loadax.client.fleet_events import Note
+from loadax.client.fleet_watch import is_local
+from loadax.client.member_health import MemberHealth
+from loadax.logfields import fields
+
+
+@dataclasses.dataclass
+class HostCores:
+    """The trainer host's cores the local members hold (`cores`) of those this process may use
+    (`usable`), and the same-host workers passed over for it (see the module).
+
+    >>> from loadax.client.fleet_options import FleetOptions
+    >>> members = {
+    ...     "local 0": MemberHealth("local 0", 2, FleetOptions()),
+    ...     "w": MemberHealth("w", 2, FleetOptions(), same_host=True),
+    ... }
+    >>> host = HostCores(cores=1, usable=2)
+    >>> list(host.in_use(members, now=0.0))
+    ['local 0', 'w']
+    >>> [note.message for note in host.held(cores=2, usable=2, members=members)]
+    ['w, on this host, passed over: local members hold 2 of its 2 cores']
+    >>> list(host.in_use(members, now=0.0)), host.kept_off(members, busy=set(), now=0.0)
+    (['local 0'], frozenset({'w'}))
+    >>> host.kept_off(members, busy={"local 0"}, now=0.0)  # no one else can take it
+    frozenset()
+    >>> members["local 0"].down_until = 1.0  # backing off: the worker is the fallback
+    >>> list(host.in_use(members, now=0.0))
+    ['local 0', 'w']
+    """
+
+    cores: int = 0
+    usable: int = 0
+
+    def held(self, cores: int, usable: int, members: Mapping[str, MemberHealth]) -> list[Note]:
+        """The local members hold `cores` of the host's `usable` ones; what to log of the
+        same-host workers among `members` (connected) when they hold every core, or no more."""
+        was = self.holds
+        self.cores, self.usable = cores, usable
+        workers = sorted(name for name, member in members.items() if member.same_host)
+        if not workers or was == self.holds:
+            return []
+        named, held = ", ".join(workers), f"local members hold {cores} of its {usable} cores"
+        if self.holds:
+            message, event = f"{named}, on this host, passed over: {held}", "same_host_passed_over"
+        else:
+            message, event = f"{named}, on this host, used again: {held}", "same_host_used"
+        return [Note(logging.INFO, message, fields(event=event, worker=workers))]
+
+    @property
+    def holds(self) -> bool:
+        """Whether the local members hold every usable core of the host."""
+        return self.cores >= max(self.usable, 1)
+
+    def passed_over(self, members: Mapping[str, MemberHealth], now: float) -> frozenset[str]:
+        """Those of `members` (connected) passed over at `now`: the same-host workers, while
+        the local members hold every usable core and one of them can take requests."""
+        if not self.holds:
+            return frozenset()
+        ready = any(
+            is_local(name) and member.quarantined is None and member.down_until <= now
+            for name, member in members.items()
+        )
+        if not ready:
+            return frozenset()
+        return frozenset(name for name, member in members.items() if member.same_host)
+
+    def in_use(self, members: Mapping[str, MemberHealth], now: float) -> Mapping[str, MemberHealth]:
+        """`members` but those passed over: those the depth counts."""
+        passed = self.passed_over(members, now)
+        return {name: m for name, m in members.items() if name not in passed}
+
+    def kept_off(
+        self, members: Mapping[str, MemberHealth], busy: set[str], now: float
+    ) -> frozenset[str]:
+        """Those of `members` that a request whose attempts or failures are at `busy` is not
+        sent to: those passed over, unless no other member could take it."""
+        passed = self.passed_over(members, now)
+        return frozenset() if members.keys() <= busy | passed else passed

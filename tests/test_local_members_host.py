@@ -1,0 +1,155 @@
+"""A worker on the trainer's host beside local members (`loadax.client.host_cores`): passed over
+while the local members hold every usable core and can take requests, the fallback otherwise;
+the batches are the local loader's whatever served them. The rule on the policy's virtual clock,
+then with a real worker process and `local_members("auto")`."""
+
+from __future__ import annotations
+
+import doctest
+import logging
+import time
+
+import local_member_pipelines
+import pytest
+from equivalence import digests
+
+from loadax import DataLoader
+from loadax.client import RemoteDataLoader, host_cores, local_members, remote_loader, spare_cores
+from loadax.client.fleet_events import Answered, Event, Failed, Joined, Left, LocalCores, Send
+from loadax.client.fleet_events import Submit as Asked
+from loadax.client.fleet_options import FleetOptions
+from loadax.client.policy import Policy
+from loadax.errors import WorkerError
+from loadax.server.worker import Worker
+from loadax.server.zmq_server import ZmqServer
+from loadax.wire.failures import PipelineFailed
+
+WORKER, LOCAL = "zmq://127.0.0.1:5555", "local 0"
+
+
+class Host:
+    """A policy with a same-host worker and one local member that takes 2 requests at once."""
+
+    def __init__(self, cores: int, usable: int) -> None:
+        self.policy, self.now, self._requests = Policy(FleetOptions()), 0.0, 0
+        self.tell(Joined(WORKER, limit=4, same_host=True))
+        self.tell(Joined(LOCAL, limit=2))
+        self.tell(LocalCores(cores, usable))
+
+    def tell(self, event: Event) -> list[Send]:
+        self.now += 0.001
+        return [
+            action for action in self.policy.decide(event, self.now) if isinstance(action, Send)
+        ]
+
+    def ask(self, count: int) -> list[Send]:
+        sends = []
+        for _ in range(count):
+            self._requests += 1
+            sends += self.tell(Asked(self._requests, step=self._requests))
+        return sends
+
+
+def test_the_policy_passes_over_a_same_host_worker_only_while_local_members_hold_every_core() -> (
+    None
+):
+    held = Host(cores=2, usable=2)
+    sends = held.ask(6)
+    assert [send.member for send in sends] == [LOCAL, LOCAL]  # the depth is the member's alone
+    assert held.policy.depth(held.now) == 2
+    # It answers: the next waiting request goes to it, never to the worker.
+    assert [send.member for send in held.tell(Answered(sends[0].attempt))] == [LOCAL]
+    # It fails an attempt and backs off: the worker is its fallback at once.
+    failed = held.tell(Failed(sends[1].attempt, WorkerError("UNAVAILABLE", "reset")))
+    assert {send.member for send in failed} == {WORKER}
+    # A core given back (e.g. for a slowed loop): both share the load.
+    fewer = Host(cores=1, usable=2)
+    assert {send.member for send in fewer.ask(6)} == {LOCAL, WORKER}
+    # The local member gone: the worker serves.
+    gone = Host(cores=2, usable=2)
+    gone.tell(Left(LOCAL))
+    assert {send.member for send in gone.ask(2)} == {WORKER}
+
+
+def test_a_request_only_the_passed_over_worker_can_take_goes_to_it() -> None:
+    held = Host(cores=2, usable=2)
+    (send,) = held.ask(1)
+    failed = PipelineFailed.of(ValueError("ragged"), 1)  # confirmed by another member, if any
+    assert [again.member for again in held.tell(Failed(send.attempt, failed))] == [WORKER]
+
+
+def test_the_examples_of_the_rules_run() -> None:
+    for module in (host_cores, spare_cores):
+        failed, tried = doctest.testmod(module)
+        assert tried > 0, module.__name__
+        assert failed == 0, module.__name__
+
+
+RECORDS, BATCH, SEED, COST_MS = 128, 4, 3, 3.0
+SLOWED_S = 0.03
+"""The loop's own step while the local members hold the core: far more than 5 % of its step."""
+
+
+class Cores(logging.Handler):
+    """The cores `local_members("auto")` chose, each with the batches the loop had then, and
+    what was logged of the same-host worker."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.taken = 0
+        self.chosen: list[tuple[int, int]] = []
+        self.same_host: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if str(getattr(record, "event", "")).startswith("same_host"):
+            self.same_host.append(record.event)  # type: ignore[attr-defined]
+        message = record.getMessage()
+        if message.startswith("local members' cores: "):
+            cores = int(message.removeprefix("local members' cores: ").split(" ")[0])
+            self.chosen.append((cores, self.taken))
+
+
+def test_auto_passes_over_a_same_host_worker_until_the_slowed_loop_gives_the_core_back(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    for module in (remote_loader, local_members):  # one usable core, whatever this host has
+        monkeypatch.setattr(module, "spare_cores", lambda: 1)
+    pipeline = local_member_pipelines.sleepy(RECORDS, COST_MS)
+    cores = Cores()
+    logger = logging.getLogger("loadax.client")
+    logger.addHandler(cores)
+    monkeypatch.setattr(logger, "level", logging.INFO)
+    # A worker on loopback, in this process: on this host, found at the handshake.
+    worker = Worker({"noisy": local_member_pipelines.sleepy(RECORDS, COST_MS)}, threads=2)
+    server = ZmqServer(worker, "tcp://127.0.0.1:0", threads=2)
+    address = server.start().replace("tcp://", "zmq://", 1)
+    auto = (
+        RemoteDataLoader([address], pipeline="noisy")
+        .batch_size(BATCH)
+        .shuffle(seed=SEED)
+        .hedge_after(10)  # no hedge reaches the worker while it is passed over
+        .local_members("auto", pipeline=pipeline)
+    )
+    got, asked = [], []  # the batches, and the worker's requests after each
+    try:
+        with auto.build() as loader:
+            for batch in loader:
+                got.append(batch)
+                cores.taken += 1
+                asked.append(loader.stats().workers[address].requests)
+                if [count for count, _ in cores.chosen] == [1]:
+                    time.sleep(SLOWED_S)  # the loop's own work, slowed (as measured)
+    finally:
+        logger.removeHandler(cores)
+        server.stop(grace=0)
+        worker.close()
+    assert [count for count, _ in cores.chosen] == [1, 0], cores.chosen
+    assert cores.same_host == ["same_host_passed_over", "same_host_used"]
+    (_, given), (_, back) = cores.chosen
+    # From the batch after the core was given until it was taken back, none went to the worker;
+    # then the worker served again.
+    assert back - given >= 4, cores.chosen
+    assert asked[given + 1] == asked[back - 1], (cores.chosen, asked)
+    assert asked[-1] > asked[back]
+    local = DataLoader(pipeline.batcher).batch_size(BATCH).shuffle(seed=SEED)
+    assert digests(got) == digests(local.build(pipeline.dataset))
