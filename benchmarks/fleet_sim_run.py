@@ -259,7 +259,10 @@ class Simulation:
         trainer = self.trainers[job.trainer]
         if trainer.attempts.pop(job.attempt, None) is None:
             return  # cancelled: the driver no longer listens for it
-        event = Answered(job.attempt) if error is None else Failed(job.attempt, error)
+        if error is None:
+            event: Event = Answered(job.attempt, job.load, self.world.threads)
+        else:
+            event = Failed(job.attempt, error)
         self._decide(trainer, event, now)
 
     # The workers.

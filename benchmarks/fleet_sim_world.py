@@ -12,6 +12,8 @@ import random
 from collections import deque
 from typing import Literal
 
+from loadax.wire.load import DecayingRate
+
 FaultKind = Literal["kill", "hang", "slow", "add", "remove", "rename"]
 FAULT_KINDS: tuple[FaultKind, ...] = ("kill", "hang", "slow", "add", "remove", "rename")
 
@@ -106,6 +108,7 @@ class Job:
     held: bool = False  # counted against its client's limit
     running: bool = False
     cancelled: bool = False
+    load: float = 0.0  # its worker's, per loading slot, when it was loaded (`loadax.wire.load`)
 
 
 class SimWorker:
@@ -128,6 +131,7 @@ class SimWorker:
         self._queue: deque[Job] = deque()
         self._running: dict[Job, None] = {}  # a dict: in the order they started
         self._held: dict[int, int] = {}  # trainer -> requests held (queued or loading)
+        self._arrivals = DecayingRate()  # of the requests it took in, for its replies' load
 
     def arrive(self, job: Job, now: float) -> tuple[list[tuple[float, Job]], bool]:
         """`job` reaches the worker: (the jobs it starts, with when each is done; whether it is
@@ -138,6 +142,7 @@ class SimWorker:
         self._held[job.trainer] = held + 1
         job.held = True
         self.requests += 1
+        self._arrivals.add(now)
         self._queue.append(job)
         return self._start(now), False
 
@@ -152,6 +157,7 @@ class SimWorker:
     def done(self, job: Job, now: float) -> list[tuple[float, Job]]:
         """`job` is loaded; the jobs that start in its slot."""
         del self._running[job]
+        job.load = self._arrivals.at(now) / self._threads
         self._release(job)
         return self._start(now)
 

@@ -338,8 +338,9 @@ class Driver:
             self._events.put(Failed(attempt, error))
             return
         self._answers[attempt] = batch
-        self.reuse.replied(reply.result().header)
-        self._events.put(Answered(attempt))
+        header = reply.result().header
+        self.reuse.replied(header)
+        self._events.put(Answered(attempt, header.load, header.loading_slots))
 
     def _withdrawn(self, request: int, batch: Future[Any]) -> None:
         if batch.cancelled():

@@ -34,9 +34,12 @@ class Withdraw:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Answered:
-    """Attempt `attempt` came back with a batch that passed its checks."""
+    """Attempt `attempt` came back with a batch that passed its checks; its worker's `load` per
+    loading slot and its `loading_slots` (0: not told; `loadax.wire.load`)."""
 
     attempt: int
+    load: float = 0.0
+    loading_slots: int = 0
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -1,11 +1,15 @@
-"""Which member of those free takes an attempt: the one expected to answer first, spreading the
-load over members alike; or, for a request with a digest (`affinity`), the one the digest
+"""Which member of those free takes an attempt: of those expected to answer about as soon as the
+first, the least loaded; or, for a request with a digest (`affinity`), the one the digest
 prefers, so that requests that ask alike meet where the batch is already built.
 
 Expected to answer: (outstanding + 1) x its recent latency (an EWMA, at least the age of its
-oldest attempt). Of those within `ALIKE` of the first, the one with the fewest outstanding and
-then sent the fewest for its share of the arc, so that members alike share the load evenly,
-not the one a hair faster.
+oldest attempt); a member expected to take more than `1 + ALIKE` times the soonest (a straggler,
+or one far behind) is passed over. Least loaded: the load it reported with its last answer,
+what the other clients send it, and what this client sends it now (`loadax.wire.load`), for its
+share of the arc: each client fills its members up to one level, and clients whose arcs overlap
+level the fleet between them. Latency alone could not: a member once slow to answer would be
+passed over until its latency went stale, and one that others load looks no busier than the
+rest until its queue shows.
 """
 
 from __future__ import annotations
@@ -15,9 +19,9 @@ from collections.abc import Mapping, Sequence
 from loadax.client.affinity import affinity
 from loadax.client.member_health import LATENCY_SAMPLES, MemberHealth
 
-ALIKE = 0.25
-"""Members expected to answer within this share of the soonest are alike: the load is spread
-over them."""
+ALIKE = 2.0
+"""Members expected to answer within (1 + ALIKE) x the soonest are alike: the load is spread
+over them by their load."""
 AFFINITY_SLOWER = 4.0
 """A request with a digest passes over a member expected to answer this many times slower than
 the fastest with room (a straggler, or one its queue slows, once its latency is settled, or
@@ -52,8 +56,5 @@ def choose(
     alike = [m for m, answer in zip(members, expected, strict=True) if answer <= soonest]
     return min(
         alike,
-        key=lambda member: (
-            len(member.sent),
-            member.counts.requests / shares.get(member.name, 1.0),
-        ),
+        key=lambda member: (member.load(now) / shares.get(member.name, 1.0), len(member.sent)),
     )

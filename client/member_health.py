@@ -1,5 +1,6 @@
-"""How the policy judges members: each member's latency, back-off and quarantine (`MemberHealth`)
-and the fleet's recent latency (`FleetLatency`). Pure state: time comes in as `now`."""
+"""How the policy judges members: each member's latency, load, back-off and quarantine
+(`MemberHealth`) and the fleet's recent latency (`FleetLatency`). Pure state: time comes in as
+`now`."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from collections import deque
 from loadax.client.fleet_options import FleetOptions
 from loadax.client.fleet_stats import MemberCounts
 from loadax.iterators.stats import WorkerStats
+from loadax.wire.load import DecayingRate
 
 HUNG_STRIKES = 3
 """A member whose attempts are given up this many times in a row is quarantined."""
@@ -43,6 +45,9 @@ class MemberHealth:
         self.answers = 0  # 0: cold, its attempts given up as hung are not held against it
         self.last_error = "none"
         self.counts = MemberCounts()
+        self._sending = DecayingRate()  # this client's requests to it
+        self._others = 0.0  # the other clients' load on it, as it last said
+        self._slots = 1
 
     def stats(self) -> WorkerStats:
         return self.counts.stats(self.quarantined)
@@ -65,8 +70,20 @@ class MemberHealth:
         latency = typical if latency is None else latency
         return max(latency, now - min(self.sent.values())) if self.sent else latency
 
+    def load(self, now: float) -> float:
+        """Its load per loading slot (`loadax.wire.load`) as this client expects it now: what
+        the others sent it, as it last said, and what this client sends it."""
+        return self._others + self._sending.at(now) / self._slots
+
+    def loaded(self, load: float, slots: int, now: float) -> None:
+        """It answered with its `load` per loading slot, of its `slots` (0: not told; one
+        counts then, and all the load is this client's)."""
+        self._slots = max(slots, 1)
+        self._others = max(load - self._sending.at(now) / self._slots, 0.0)
+
     def send(self, attempt: int, now: float) -> None:
         self.sent[attempt] = now
+        self._sending.add(now)
         self.counts.sent()
         if self.quarantined is not None:
             # This attempt probes it: the others keep away until it answers.

@@ -259,6 +259,7 @@ class Policy:
             self._answered_at = now
             self._aperture.answered(member.name)
             self._latency.add(now - attempt.sent)
+            member.loaded(event.load, event.loading_slots, now)
             if member.answered(event.attempt, now):
                 self._note(
                     logging.INFO,

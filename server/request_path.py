@@ -23,6 +23,7 @@ from typing import Generic, TypeVar, overload
 from loadax.errors import WorkerError
 from loadax.server.admission import Admission, Transport
 from loadax.server.ledger import Held, Ledger
+from loadax.server.load_report import LoadReport
 from loadax.server.memory import too_large
 from loadax.server.metrics import WorkerMetrics
 from loadax.server.same_host import SameHost
@@ -71,6 +72,7 @@ class RequestPath:
         )
         """The policy, for what the transport refuses before a request is parsed."""
         self._slots = _Slots(threads)
+        self._report = LoadReport(threads)
         self._same_host = SameHost(worker.shared_memory)
 
     def arrive(
@@ -132,9 +134,13 @@ class RequestPath:
         """The worker's reply to `request`, or the error to answer instead (a WorkerError as it
         is, anything else INTERNAL). A batch is held in `held`, its bytes and its share of the
         memory budget, until the transport lets `held` go. A batch request that waited for a
-        loading thread is given up (CANCELLED) if `wanted()` says its client no longer waits."""
+        loading thread is given up (CANCELLED) if `wanted()` says its client no longer waits.
+        A batch's reply carries the worker's load (`LoadReport`)."""
+        if isinstance(request, wire.BatchRequest):
+            self._report.arrived()
         reply = self.admission.answer(request, held.name, lambda: self._call(request, held, wanted))
         if isinstance(reply, EncodedBatch):
+            reply = self._report.stamp(reply)
             self.ledger.hold(held, reply.size, reply.release)
         return reply
 

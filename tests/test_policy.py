@@ -103,12 +103,26 @@ def test_each_request_goes_to_the_member_expected_to_answer_first() -> None:
     for send in sorted(first, key=lambda send: send.member != "fast"):
         made.now += 0.1 if send.member == "fast" else 0.9
         made.tell(Answered(send.attempt))
-    # With up to 6 outstanding, "fast" (0.1 s each) still beats "slow" with none (1 s) by
-    # more than ALIKE; with 7, 0.8 s is alike 1 s, and the one with fewer outstanding wins.
-    assert (7 + 1) * 0.1 * (1 + ALIKE) >= 1.0 > (6 + 1) * 0.1 * (1 + ALIKE)
-    chosen = [send.member for send in sends(made.submit(7))]
-    assert chosen == ["fast"] * 7
+    # With up to 2 outstanding, "fast" (0.1 s each) still beats "slow" with none (1 s) by
+    # more than 1 + ALIKE times; with 3, 0.4 s is alike 1 s, and the less loaded one wins.
+    assert (3 + 1) * 0.1 * (1 + ALIKE) >= 1.0 > (2 + 1) * 0.1 * (1 + ALIKE)
+    chosen = [send.member for send in sends(made.submit(3))]
+    assert chosen == ["fast"] * 3
     assert sends(made.submit())[0].member == "slow"
+
+
+@pytest.mark.parametrize("b_load", [0.0, 4.0])
+def test_a_member_other_clients_load_gets_fewer_requests(b_load: float) -> None:
+    # Both answer in 0.1 s; "b" says other clients send it 4 requests a second per slot.
+    made = fleet({"a": 16, "b": 16}, in_flight_per_worker=16)
+    first = sends(made.submit(2))
+    made.now += 0.1
+    for send in first:
+        made.tell(Answered(send.attempt, b_load if send.member == "b" else 0.0, 2))
+    chosen = [send.member for send in sends(made.submit(8))]
+    # Unloaded, the two take turns; "b" loaded, "a" takes each request it is alike for (as
+    # soon expected to answer, within 1 + ALIKE), 3 in a row before "b" and after.
+    assert chosen == (["a", "b"] * 4 if b_load == 0.0 else ["a", "a", "a", "b"] * 2)
 
 
 def test_depth_is_in_flight_per_worker_within_each_announced_limit() -> None:
@@ -417,11 +431,11 @@ def test_every_member_failing_is_warned_at_once_then_every_ten_seconds() -> None
 def test_a_cold_member_hung_is_passed_over_but_never_held_against() -> None:
     made = fleet({"warm": 1}, hedge_after=None, request_timeout=30.0)
     warm_up(made, 0.01, member="warm")  # hung at the floor: 1 s
-    made.tell(Joined("cold", 16))
+    made.tell(Joined("cold", 1))
     for cold_so_far in (True, False):
         started = made.now
         sent = {send.member: send for send in sends(made.submit(2))}
-        to_warm, to_cold = sent["warm"], sent["cold"]  # "warm" takes one at a time
+        to_warm, to_cold = sent["warm"], sent["cold"]  # each takes one at a time
         made.tell(Answered(to_warm.attempt))
         (again,) = sends(made.at(started + HUNG_FLOOR + TICK))  # passed over either way
         assert (again.request, again.member) == (to_cold.request, "warm")

@@ -501,6 +501,8 @@ def test_a_batch_decodes_to_what_the_pipeline_loads_locally(
     assert response.request_digest == request_digest(request)
     assert response.checksum == payload_checksum([response.payload])
     assert response.payload_size == len(response.payload)
+    # Its load (`loadax.wire.load`): at least this request, per slot of its 2 threads.
+    assert (response.load > 0.0, response.loading_slots) == (True, 2)
     local = {"numbers": pipelines.numbers(30), "images": pipelines.images(40, side=8)}[pipeline]
     assert_batches_equal([decode(response.payload)], [local.load(plan, step, rows)])
 

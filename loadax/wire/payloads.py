@@ -92,6 +92,8 @@ class EncodedBatch:
     checksum_kind: wire.Checksum = wire.CHECKSUM_WEIGHTED_SUM
     shared_size: int | None = None
     reuse: wire.Reuse = wire.REUSE_COMPUTED
+    load: float = 0.0  # the worker's when it answers, per loading slot (`loadax.wire.load`)
+    loading_slots: int = 0
     release: Callable[[], None] = dataclasses.field(default=lambda: None, compare=False)
 
     @classmethod
@@ -147,6 +149,8 @@ class EncodedBatch:
             checksum_kind=self.checksum_kind,
             shared_memory=self.shared_size is not None,
             reuse=self.reuse,
+            load=self.load,
+            loading_slots=self.loading_slots,
         )
 
 

@@ -176,7 +176,7 @@ class ListedRecords(_message.Message):
     def __init__(self, indices: _Optional[bytes] = ..., epoch: _Optional[int] = ...) -> None: ...
 
 class BatchResponse(_message.Message):
-    __slots__ = ("step", "payload", "fingerprint", "request_digest", "checksum", "payload_size", "segment_sizes", "checksum_kind", "shared_memory", "reuse")
+    __slots__ = ("step", "payload", "fingerprint", "request_digest", "checksum", "payload_size", "segment_sizes", "checksum_kind", "shared_memory", "reuse", "load", "loading_slots")
     STEP_FIELD_NUMBER: _ClassVar[int]
     PAYLOAD_FIELD_NUMBER: _ClassVar[int]
     FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
@@ -187,6 +187,8 @@ class BatchResponse(_message.Message):
     CHECKSUM_KIND_FIELD_NUMBER: _ClassVar[int]
     SHARED_MEMORY_FIELD_NUMBER: _ClassVar[int]
     REUSE_FIELD_NUMBER: _ClassVar[int]
+    LOAD_FIELD_NUMBER: _ClassVar[int]
+    LOADING_SLOTS_FIELD_NUMBER: _ClassVar[int]
     step: int
     payload: bytes
     fingerprint: str
@@ -197,7 +199,9 @@ class BatchResponse(_message.Message):
     checksum_kind: Checksum
     shared_memory: bool
     reuse: Reuse
-    def __init__(self, step: _Optional[int] = ..., payload: _Optional[bytes] = ..., fingerprint: _Optional[str] = ..., request_digest: _Optional[bytes] = ..., checksum: _Optional[int] = ..., payload_size: _Optional[int] = ..., segment_sizes: _Optional[_Iterable[int]] = ..., checksum_kind: _Optional[_Union[Checksum, str]] = ..., shared_memory: _Optional[bool] = ..., reuse: _Optional[_Union[Reuse, str]] = ...) -> None: ...
+    load: float
+    loading_slots: int
+    def __init__(self, step: _Optional[int] = ..., payload: _Optional[bytes] = ..., fingerprint: _Optional[str] = ..., request_digest: _Optional[bytes] = ..., checksum: _Optional[int] = ..., payload_size: _Optional[int] = ..., segment_sizes: _Optional[_Iterable[int]] = ..., checksum_kind: _Optional[_Union[Checksum, str]] = ..., shared_memory: _Optional[bool] = ..., reuse: _Optional[_Union[Reuse, str]] = ..., load: _Optional[float] = ..., loading_slots: _Optional[int] = ...) -> None: ...
 
 class InfoRequest(_message.Message):
     __slots__ = ()
