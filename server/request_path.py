@@ -171,19 +171,23 @@ class RequestPath:
         limit = self._transport.max_reply_bytes
         limit = None if limit is None else limit - _HEADER_BYTES
 
-        def build() -> EncodedBatch:
-            with self._slots.taken(held.client, self._rows(request), request.step, wanted):
-                # A payload for the client's memory file is checksummed as it is written there.
-                checksummed = not self._same_host.writes(request)
-                return self._worker.load_batch(request, limit, checksummed=checksummed)
+        with self._same_host.file(request, limit) as file:
 
-        # Requests with one digest share one computation, which takes one client's turn.
-        batch = self._worker.share_cache.serve(request, build, wanted)
-        if limit is not None and batch.size > limit:  # built for a transport that sends more
-            batch.release()
-            room = f"the {limit} a reply may hold"
-            raise too_large(f"the batch of step {request.step}", batch.size, room)
-        return self._same_host.place(request, batch).checksummed_for(request)
+            def build() -> EncodedBatch:
+                with self._slots.taken(held.client, self._rows(request), request.step, wanted):
+                    # A payload for the client's memory file is checksummed as it is written there.
+                    checksummed = file is None
+                    return self._worker.load_batch(
+                        request, limit, checksummed=checksummed, into=file
+                    )
+
+            # Requests with one digest share one computation, which takes one client's turn.
+            batch = self._worker.share_cache.serve(request, build, wanted)
+            if limit is not None and batch.size > limit:  # built for a transport that sends more
+                batch.release()
+                room = f"the {limit} a reply may hold"
+                raise too_large(f"the batch of step {request.step}", batch.size, room)
+            return self._same_host.place(request, batch, file).checksummed_for(request)
 
     def _rows(self, request: wire.BatchRequest) -> int:
         """The rows `request` asks for, as its client's turns count them: its rows, else the

@@ -8,7 +8,9 @@ batch; those that come while it is built wait for it (coalesced), those that com
 is cached get it at once (hits). The cache's bytes count in the worker's memory budget and are
 given back to a request that waits for room in it: an eviction costs a computation, never a wrong
 answer. A computation that fails is not shared, except a failure of the work itself (its pipeline
-raised, a record failed, it poisoned its loader), which every worker would answer alike.
+raised, a record failed, it poisoned its loader), which every worker would answer alike. A batch
+stacked in its client's memory file (`EncodedBatch.borrowed`) is shared and cached as a copy,
+made only when a request waits for it or the cache keeps it: that client reuses its file.
 """
 
 from __future__ import annotations
@@ -58,6 +60,7 @@ class _Building:
     done: bool = False
     built: _Built | None = None
     error: WorkerError | None = None
+    waiting: int = 0  # the requests waiting for it
 
 
 class ShareCache:
@@ -101,7 +104,9 @@ class ShareCache:
                 if building is None:
                     building = self._building[key] = _Building()
                     break  # this request builds it
+                building.waiting += 1
                 self._changed.wait_for(functools.partial(_over, building, wanted))
+                building.waiting -= 1
                 if not building.done:
                     raise WorkerError(
                         "CANCELLED", f"step {request.step} was cancelled by the client"
@@ -111,7 +116,7 @@ class ShareCache:
                 if building.built is not None:
                     self._counts.hit(building.built.size, coalesced=True)
                     return self._reply(building.built, wire.REUSE_COALESCED)
-                # Its computation failed for its own request alone: ask again.
+                # Its computation failed, or its batch is its request's alone: ask again.
         try:
             batch = build()
         except BaseException as error:
@@ -122,19 +127,25 @@ class ShareCache:
                     building.error = error
                 self._changed.notify_all()
             raise
+        shared: EncodedBatch | None = batch
+        if batch.borrowed:  # a request that comes after this decision builds its own
+            with self._lock:
+                copied = building.waiting > 0 or self.capacity >= batch.size
+            shared = batch.owned() if copied else None
         with self._lock:
             self._counts.miss()
-            built = building.built = _Built(batch, batch.release)
+            built = _Built(batch if shared is None else shared, batch.release)
+            building.built = None if shared is None else built
             del self._building[key]
             building.done = True
             self._changed.notify_all()
-            if self.capacity >= built.size:
+            if shared is not None and self.capacity >= built.size:
                 self._cache[key] = built
                 built.cached = True
                 self._size += built.size
                 while self._size > self.capacity:
                     self._drop_oldest()
-            return self._reply(built, wire.REUSE_COMPUTED)
+            return self._reply(built, wire.REUSE_COMPUTED, batch)
 
     def wake(self) -> None:
         """Requests waiting for another's computation ask their `wanted()` again."""
@@ -146,11 +157,15 @@ class ShareCache:
         with self._lock:
             return self._counts.snapshot(self._size)
 
-    def _reply(self, built: _Built, reuse: wire.Reuse) -> EncodedBatch:
-        """A reply of `built` that says how it came (`reuse`), held until its `release`."""
+    def _reply(
+        self, built: _Built, reuse: wire.Reuse, batch: EncodedBatch | None = None
+    ) -> EncodedBatch:
+        """A reply of `built` (as `batch`, its builder's, if given) that says how it came
+        (`reuse`), held until its `release`."""
         built.replies += 1
         release = at_most_once(functools.partial(self._sent, built))
-        return dataclasses.replace(built.batch, reuse=reuse, release=release)
+        reply = built.batch if batch is None else batch
+        return dataclasses.replace(reply, reuse=reuse, release=release)
 
     def _sent(self, built: _Built) -> None:
         with self._lock:

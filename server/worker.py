@@ -47,6 +47,7 @@ from loadax.wire.failures import (
 )
 from loadax.wire.payloads import EncodedBatch
 from loadax.wire.plans import compatible_versions, plan_from_wire, work_from_wire
+from loadax.wire.shared_memory import ClientFile
 from loadax.wire.v1 import worker_pb2 as wire
 
 log = logging.getLogger(__name__)
@@ -209,13 +210,15 @@ class Worker:
         max_reply_bytes: int | None = None,
         *,
         checksummed: bool = True,
+        into: ClientFile | None = None,
     ) -> EncodedBatch:
         """Identity check, the work from the wire, admission (the memory budget), loading; the
         answer's header names the request and carries the payload's checksum (unless not
-        `checksummed`: then whoever sends it computes it, `EncodedBatch.checksum`). A batch of more
-        than `max_reply_bytes` (what the transport's reply may hold; None: no limit) or than the
-        memory budget is refused (INVALID_ARGUMENT), before it is built when its size is known
-        from the bytes per row seen."""
+        `checksummed`: then whoever sends it computes it, `EncodedBatch.checksum`); stacked `into`
+        its client's memory file if given, where it can be (`EncodedBatch.borrowed`). A batch of
+        more than `max_reply_bytes` (what the transport's reply may hold; None: no limit) or than
+        the memory budget is refused (INVALID_ARGUMENT), before it is built when its size is
+        known from the bytes per row seen."""
         pipeline = self._pipeline(request.pipeline)
         expected = self._fingerprints[request.pipeline]
         if request.fingerprint != expected:
@@ -242,8 +245,9 @@ class Worker:
             raise too_large(work, estimate, room)
         release = self._budget.reserve(kind, work)
         try:
-            frames = self._load(request, plan, work)
+            frames = self._load(request, plan, work, into)
             batch = EncodedBatch.answering(request, expected, frames, checksummed=checksummed)
+            batch = dataclasses.replace(batch, borrowed=into is not None and into.holds(frames))
             self._budget.learn(kind, batch.size)
             if batch.size > limit:
                 raise too_large(work, batch.size, room)
@@ -299,12 +303,19 @@ class Worker:
         for executor in self._executors.values():
             executor.release(wait=not wedged)
 
-    def _load(self, request: wire.BatchRequest, plan: Plan, work: Work) -> list[bytes | memoryview]:
-        """The frames of the batch `work` makes: a failure is a `WorkerError` naming `work`, a
-        `RecordFailed` naming the record when one failed, `PoisonFailed` when the work killed
-        its child process or ran past the deadline."""
+    def _load(
+        self, request: wire.BatchRequest, plan: Plan, work: Work, into: ClientFile | None
+    ) -> list[bytes | memoryview]:
+        """The frames of the batch `work` makes (stacked `into` that file by loading threads;
+        children encode theirs): a failure is a `WorkerError` naming `work`, a `RecordFailed`
+        naming the record when one failed, `PoisonFailed` when the work killed its child process
+        or ran past the deadline."""
         pipeline = self._pipelines[request.pipeline]
-        pending = self._executors[request.pipeline].submit(plan, work)
+        executor = self._executors[request.pipeline]
+        if isinstance(executor, ThreadExecutor):
+            pending = executor.submit(plan, work, into)
+        else:
+            pending = executor.submit(plan, work)
         try:
             if self._processes:
                 # The child encoded it; it stops at the deadline itself.

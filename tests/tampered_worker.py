@@ -20,6 +20,7 @@ from loadax.server.worker import Worker
 from loadax.wire.checksum import payload_checksum
 from loadax.wire.codec import decode_frames, encode_frames
 from loadax.wire.payloads import EncodedBatch, answer_checksum
+from loadax.wire.shared_memory import ClientFile
 from loadax.wire.v1 import worker_pb2 as wire
 
 Tamper = Callable[[Worker, wire.BatchRequest, EncodedBatch], EncodedBatch]
@@ -92,7 +93,9 @@ def tampering(tamper: Tamper) -> Callable[..., EncodedBatch]:
         max_reply_bytes: int | None = None,
         *,
         checksummed: bool = True,
+        into: ClientFile | None = None,
     ) -> EncodedBatch:
+        # Made in the worker's memory (not `into` the client's file): the tamper takes it apart.
         made = _honest(worker, request, max_reply_bytes, checksummed=checksummed)
         return tamper(worker, request, made)
 

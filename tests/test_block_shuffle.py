@@ -43,6 +43,8 @@ def test_every_record_comes_once_per_epoch_and_each_window_from_its_blocks(
     plan = Plan(records, 7, seed=seed, shuffle=True, num_epochs=epoch + 1, blocks=blocks)
     order = np.concatenate([plan.indices(step) for step in plan.epoch_steps(epoch)])
     assert sorted(order.tolist()) == list(range(records))
+    streamed, _ = plan.records_at(np.arange(records) + epoch * records)  # a stream's order
+    assert streamed.tolist() == order.tolist()
     windows = blocks.windows(records, seed, epoch, np.arange(records))
     assert np.all(np.diff(windows) >= 0), "a window's records come together"
     for number in range(blocks.window_count(records)):

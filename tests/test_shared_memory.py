@@ -73,6 +73,15 @@ def mapped(pid: int | str = "self") -> int:
     return Path(f"/proc/{pid}/maps").read_text().count("/memfd:loadax-")
 
 
+def write(memory: wire.SharedMemory, frames: list[bytes | memoryview]) -> None:
+    """Write a payload into the memory file `memory` names, as a worker does."""
+    file = shared_memory.ClientFile(memory)
+    try:
+        file.write(frames)
+    finally:
+        file.close()
+
+
 def wait_until(condition: Callable[[], bool], what: str) -> None:
     deadline = time.monotonic() + WAIT_S
     while not condition():
@@ -128,7 +137,7 @@ def test_a_file_is_reused_only_once_answered_and_nothing_made_from_it_is_alive()
     header.shared_memory = True
 
     answered = Lease(files, request)
-    shared_memory.write_payload(answered.request.shared_memory, frames)
+    write(answered.request.shared_memory, frames)
     payload = answered.reply("w", header, [], None, 1 << 20).payload[0]
     answered.settle()
     assert bytes(payload) == b"".join(frames)
@@ -156,7 +165,7 @@ def test_a_file_whose_request_was_not_answered_is_never_written_into_a_later_bat
     late.settle()
     lease = Lease(files, wire.BatchRequest(step=4))
     assert lease.request.shared_memory.name != late.request.shared_memory.name
-    shared_memory.write_payload(lease.request.shared_memory, frames)
+    write(lease.request.shared_memory, frames)
     batch = lease.reply("w", header, [], None, 1 << 20).payload[0]
     os.pwrite(stale, bytes(len(b"".join(frames))), 0)  # the frozen worker wakes up and writes
     os.close(stale)
@@ -174,7 +183,9 @@ def test_a_payload_not_yet_checksummed_is_checksummed_as_it_is_written(kind: int
     assert built.checksum is None
     with pytest.raises(ValueError, match="checksum of the batch of step 2 was never computed"):
         _ = built.header
-    placed = SameHost(enabled=True).place(request, built)
+    same_host = SameHost(enabled=True)
+    with same_host.file(request) as client_file:
+        placed = same_host.place(request, built, client_file)
     joined = b"".join(frames)
     assert placed.frames == ()
     assert placed.shared_size == len(joined)
@@ -184,7 +195,9 @@ def test_a_payload_not_yet_checksummed_is_checksummed_as_it_is_written(kind: int
     elsewhere = wire.BatchRequest(
         step=2, checksum=kind, shared_memory=wire.SharedMemory(pid=2**31, fd=3, name=file.wire.name)
     )
-    sent = SameHost(enabled=True).place(elsewhere, built).checksummed_for(elsewhere)
+    with same_host.file(elsewhere) as client_file:
+        assert client_file is None
+        sent = same_host.place(elsewhere, built, client_file).checksummed_for(elsewhere)
     assert sent.frames == frames
     assert sent.checksum == placed.checksum
     file.close()
@@ -203,7 +216,9 @@ def test_a_file_that_is_not_the_one_named_is_refused_and_the_batch_sent_instead(
             shared_memory.open_client_file(wrong)
         request = wire.BatchRequest(step=1, shared_memory=wrong)
         batch = EncodedBatch(1, [b"LDX1..."])
-        assert SameHost(enabled=True).place(request, batch) is batch
+        same_host = SameHost(enabled=True)
+        with same_host.file(request) as client_file:
+            assert same_host.place(request, batch, client_file) is batch  # sent
     assert shared_memory.can_open(named)
     file.close()
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import itertools
 import math
 import threading
-from collections.abc import Callable
-from typing import Any, Generic, overload
+from collections.abc import Callable, Sequence
+from typing import Any, Generic, Protocol, overload
 
 import jax
 import numpy as np
@@ -160,9 +160,24 @@ class Batcher(Generic[T, B]):
         return "Batcher()" if self.stacks else f"Batcher({callable_name(self._fn)})"
 
 
+LeafKinds = Sequence[tuple[tuple[int, ...], np.dtype[Any]]]
+"""The shape and dtype of each leaf of a batch."""
+
+
+class StackInto(Protocol):
+    """Memory to stack a batch into, other than this process's own: e.g. the memory file of the
+    client a worker's batch is for, so that its bytes are written once."""
+
+    def leaves(self, structure: Any, kinds: LeafKinds) -> list[np.ndarray[Any, Any]] | None:
+        """Writable arrays of these `kinds` (shapes, dtypes) for the leaves of a batch of
+        `structure` (a pytree's), or None: stack it into this process's memory."""
+        ...
+
+
 class SharedStack:
     """`stack` of a batch read in parts by several threads, each copying its part's rows into
-    one shared array per leaf, so that no thread copies the whole batch at the end.
+    one shared array per leaf, so that no thread copies the whole batch at the end; the arrays
+    are `into`'s if it gives them.
 
     `place(position, records)` is called once per part (of `sizes[position]` records), from any
     thread. When the parts' leaves do not all share one structure, shape and dtype, `batch()` is
@@ -177,8 +192,9 @@ class SharedStack:
     [[1, 2], [3, 4], [5, 6]]
     """
 
-    def __init__(self, sizes: list[int]) -> None:
+    def __init__(self, sizes: list[int], into: StackInto | None = None) -> None:
         self._starts = [0, *itertools.accumulate(sizes)]
+        self._into = into
         self._lock = threading.Lock()
         self._layout: tuple[Any, list[tuple[tuple[int, ...], np.dtype[Any]]]] | None = None
         self._leaves: list[np.ndarray[Any, Any]] = []
@@ -206,7 +222,9 @@ class SharedStack:
             if self._layout is None:
                 self._layout = (structure, kinds)
                 rows = self._starts[-1]
-                self._leaves = [_empty_leaf((rows, *shape), dtype) for shape, dtype in kinds]
+                stacked = [((rows, *shape), dtype) for shape, dtype in kinds]
+                given = None if self._into is None else self._into.leaves(structure, stacked)
+                self._leaves = given or [_empty_leaf(*kind) for kind in stacked]
             elif self._layout != (structure, kinds):
                 self._mixed = True
             if self._mixed:

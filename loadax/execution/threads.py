@@ -16,7 +16,7 @@ from typing import Any, Generic, cast
 import numpy as np
 from typing_extensions import TypeVar
 
-from loadax.collate.batcher import SharedStack
+from loadax.collate.batcher import SharedStack, StackInto
 from loadax.execution.executor import Executor, FuturePending, Pending
 from loadax.execution.pipeline import Pipeline
 from loadax.plan.permutation import IndexArray
@@ -33,7 +33,9 @@ class ThreadExecutor(Executor[B]):
         self._pipeline, self._threads = pipeline, threads
         self._pool: ThreadPoolExecutor | None = None
 
-    def submit(self, plan: Plan, work: Work) -> Pending[Any]:
+    def submit(self, plan: Plan, work: Work, into: StackInto | None = None) -> Pending[Any]:
+        """Start loading `work`; a batch that the default batcher stacks goes `into` that
+        memory if given (and it takes it)."""
         pipeline = self._pipeline
         if pipeline.reads_rows:  # one vectorised read: nothing to split
             return FuturePending(self._started().submit(pipeline.run, plan, work))
@@ -41,7 +43,7 @@ class ThreadExecutor(Executor[B]):
         chunks = list(zip(self._chunks(indices), self._chunks(epochs), strict=True))
         # Stacking threads copy their own rows into the batch: no serial copy at the end.
         stacks = pipeline.stream is None and pipeline.batcher.stacks
-        shared = SharedStack([chunk.size for chunk, _ in chunks]) if stacks else None
+        shared = SharedStack([chunk.size for chunk, _ in chunks], into) if stacks else None
 
         def finish(records: list[Any]) -> Any:
             batch = None if shared is None else shared.batch()

@@ -9,12 +9,15 @@ using it. No pickle anywhere.
 
 `encode_frames` gives the same bytes as separate frames, with each array's frame a view of the
 array itself (no copy), for transports that send several buffers as one message (ZeroMQ);
-`decode_frames` reads them back, each array a view of the frame that holds it.
+`decode_frames` reads them back, each array a view of the frame that holds it. `layout` says
+where each array of a tree will lie in its encoding before the arrays exist (their `Blank`s), so
+that they can be made there.
 """
 
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import itertools
 import math
 import re
@@ -81,24 +84,67 @@ def encode_frames(tree: Any) -> list[bytes | memoryview]:
     >>> decode_frames(frames)["x"].tolist()
     [0, 1, 2]
     """
-    arrays: list[np.ndarray[Any, Any]] = []
-    try:
-        header = msgpack.packb(tree, default=_Packer(arrays), strict_types=True, use_bin_type=True)
-    except CodecError:
-        raise
-    except (ValueError, TypeError, OverflowError) as error:  # UnicodeEncodeError is a ValueError
-        raise CodecError(f"cannot encode: {error}") from error
-    start = _data_start(len(header))
-    head = _PREFIX.pack(MAGIC, len(header)) + header
-    frames: list[bytes | memoryview] = [head + bytes(start - len(head))]
-    end = start
+    head, arrays = _head(tree)
+    frames: list[bytes | memoryview] = [head]
+    end = len(head)
     for array in arrays:
+        if isinstance(array, Blank):
+            raise CodecError("a Blank has no bytes: `layout` takes it, `encode_frames` does not")
         padding = -end % ARRAY_ALIGN
         if padding:
             frames.append(bytes(padding))
         frames.append(array.reshape(-1).view(np.uint8).data)
         end += padding + array.nbytes
     return frames
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Blank:
+    """An array that does not exist yet, for `layout`: its shape and dtype."""
+
+    shape: tuple[int, ...]
+    dtype: np.dtype[Any]
+
+    @property
+    def nbytes(self) -> int:
+        return math.prod(self.shape) * self.dtype.itemsize
+
+
+def layout(tree: Any) -> tuple[list[int], int]:
+    """Where each array of `tree` will start in its encoding, and the encoding's size, for a
+    tree whose arrays are `Blank`s (or arrays): the encoding of the same tree with arrays of
+    those shapes and dtypes is laid out so.
+
+    >>> import numpy as np
+    >>> from loadax.wire.codec import Blank, encode, layout
+    >>> blanks = {"x": Blank((3,), np.dtype(np.int32)), "y": Blank((), np.dtype(bool))}
+    >>> starts, size = layout(blanks)
+    >>> encoded = encode({"x": np.arange(3, dtype=np.int32), "y": np.bool_(True)})
+    >>> starts, size == len(encoded), encoded[starts[1]]
+    ([64, 128], True, 1)
+    """
+    head, arrays = _head(tree)
+    starts = []
+    end = len(head)
+    for array in arrays:
+        end += -end % ARRAY_ALIGN
+        starts.append(end)
+        end += array.nbytes
+    return starts, end
+
+
+def _head(tree: Any) -> tuple[bytes, list[np.ndarray[Any, Any] | Blank]]:
+    """The encoding's first frame (prefix, header, zeros up to the arrays' start) and the
+    arrays, in the order their bytes follow."""
+    arrays: list[np.ndarray[Any, Any] | Blank] = []
+    try:
+        header = msgpack.packb(tree, default=_Packer(arrays), strict_types=True, use_bin_type=True)
+    except CodecError:
+        raise
+    except (ValueError, TypeError, OverflowError) as error:  # UnicodeEncodeError is a ValueError
+        raise CodecError(f"cannot encode: {error}") from error
+    head = _PREFIX.pack(MAGIC, len(header)) + header
+    return head + bytes(_data_start(len(header)) - len(head)), arrays
 
 
 def _data_start(header_length: int) -> int:
@@ -166,7 +212,7 @@ def _refuse_timestamps(value: Any) -> None:
 class _Packer:
     """msgpack's `default`: tuples and arrays become extension types; arrays are laid out after."""
 
-    def __init__(self, arrays: list[np.ndarray[Any, Any]]) -> None:
+    def __init__(self, arrays: list[np.ndarray[Any, Any] | Blank]) -> None:
         self._arrays, self._offset = arrays, 0
 
     def __call__(self, value: Any) -> msgpack.ExtType:
@@ -175,14 +221,15 @@ class _Packer:
             return msgpack.ExtType(_TUPLE, items)
         if isinstance(value, np.generic):
             value = np.asarray(value)
-        if isinstance(value, np.ndarray):
+        if isinstance(value, np.ndarray | Blank):
             return msgpack.ExtType(_ARRAY, self._place(value))
         raise CodecError(f"cannot encode a {type(value).__name__}: {value!r:.80}")
 
-    def _place(self, array: np.ndarray[Any, Any]) -> bytes:
+    def _place(self, array: np.ndarray[Any, Any] | Blank) -> bytes:
         name = dtype_name(array.dtype)
-        # Not np.ascontiguousarray: it turns 0-d arrays into 1-d ones.
-        array = np.require(array, requirements="C")
+        if isinstance(array, np.ndarray):
+            # Not np.ascontiguousarray: it turns 0-d arrays into 1-d ones.
+            array = np.require(array, requirements="C")
         self._offset += -self._offset % ARRAY_ALIGN
         descriptor: bytes = msgpack.packb([name, list(array.shape), self._offset, array.nbytes])
         self._arrays.append(array)

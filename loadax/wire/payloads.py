@@ -78,8 +78,10 @@ class EncodedBatch:
     (of the kind `checksum_kind`; None until computed: a payload bound for the client's memory
     file is checksummed as it is written there, each piece read from memory once for both).
     `shared_size` is set instead of `frames` when the payload was written into the client's
-    memory file (`loadax.wire.shared_memory`): its size. `reuse` says whether it was computed for
-    this request or for another with its digest.
+    memory file (`loadax.wire.shared_memory`): its size. `borrowed`: its arrays were stacked in
+    that file (`ClientFile`), which its client reuses once answered, so that any other reply is
+    made of a copy (`owned`). `reuse` says whether it was computed for this request or for
+    another with its digest.
 
     `release` frees what the worker holds for it (its share of the memory budget): the transport
     calls it once the reply has left, or was dropped; calls after the first do nothing."""
@@ -91,6 +93,7 @@ class EncodedBatch:
     checksum: int | None = 0
     checksum_kind: wire.Checksum = wire.CHECKSUM_WEIGHTED_SUM
     shared_size: int | None = None
+    borrowed: bool = False
     reuse: wire.Reuse = wire.REUSE_COMPUTED
     load: float = 0.0  # the worker's when it answers, per loading slot (`loadax.wire.load`)
     loading_slots: int = 0
@@ -122,6 +125,12 @@ class EncodedBatch:
             return self
         checksum = payload_checksum(self.frames, kind)
         return dataclasses.replace(self, checksum=checksum, checksum_kind=kind)
+
+    def owned(self) -> EncodedBatch:
+        """This batch in this process's memory: a copy, if it is `borrowed`."""
+        if not self.borrowed:
+            return self
+        return dataclasses.replace(self, frames=(b"".join(self.frames),), borrowed=False)
 
     @property
     def size(self) -> int:

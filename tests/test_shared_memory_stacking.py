@@ -1,0 +1,172 @@
+"""A same-host worker stacks a batch straight into its client's memory file (`ClientFile`), so
+that its bytes are written once: the payload is the one it would send, and a batch in one
+client's file reaches any other request only as a copy, as that client reuses its file."""
+
+from __future__ import annotations
+
+import gc
+import os
+import threading
+import time
+import weakref
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+
+import jax
+import numpy as np
+import pipelines
+import pytest
+
+from loadax import Plan
+from loadax.client.transports.memory_files import MemoryFile
+from loadax.plan.work import StepWork
+from loadax.server.memory import MemoryBudget
+from loadax.server.same_host import SameHost
+from loadax.server.share_cache import ShareCache
+from loadax.server.worker import Worker
+from loadax.wire import shared_memory
+from loadax.wire.codec import encode_frames
+from loadax.wire.payloads import EncodedBatch
+from loadax.wire.plans import batch_request
+from loadax.wire.v1 import worker_pb2 as wire
+
+RECORDS, SIDE, BATCH = 24, 16, 4
+
+
+def test_a_batch_is_stacked_in_its_clients_file_as_the_payload_it_would_send() -> None:
+    worker = Worker({"images": pipelines.images(RECORDS, SIDE)}, threads=2, share_cache_bytes=0)
+    file = MemoryFile()
+    try:
+        fingerprint = worker.info(wire.InfoRequest()).pipelines[0].fingerprint
+        request = batch_request("images", fingerprint, Plan(RECORDS, BATCH), StepWork(1))
+        request.shared_memory.CopyFrom(file.wire)
+        sent = worker.load_batch(request)  # in the worker's memory, as a socket sends it
+        same_host = SameHost(enabled=True)
+        for _ in range(2):  # the file is grown to the payload, then reused
+            with same_host.file(request) as into:
+                built = worker.load_batch(request, checksummed=False, into=into)
+                assert built.borrowed  # its arrays lie in the file
+                placed = same_host.place(request, built, into)
+            built.release()
+            assert (placed.frames, placed.checksum) == ((), sent.checksum)
+            assert bytes(file.payload(sent.size)) == sent.payload
+        sent.release()
+    finally:
+        worker.close()
+        file.close()
+
+
+def test_a_batch_that_the_codec_lays_out_otherwise_is_not_stacked_in_the_file() -> None:
+    file = MemoryFile()
+    into = shared_memory.ClientFile(file.wire, max_bytes=1 << 10)
+    try:
+        tree = {"x": np.zeros((4, 2))}
+        structure = jax.tree.structure(tree)
+        assert into.leaves(structure, [((4, 300), np.dtype(np.float64))]) is None  # over 1 KiB
+        assert into.leaves(structure, [((4,), np.dtype("O"))]) is None  # not encodable
+        leaves = into.leaves(structure, [((4, 2), np.dtype(np.float64))])
+        assert leaves is not None
+        leaves[0][:] = np.arange(8.0).reshape(4, 2)
+        frames = encode_frames({"x": leaves[0]})
+        assert into.holds(frames)
+        assert not into.holds(encode_frames(tree))
+        assert into.write(frames) == len(b"".join(frames))
+        expected = b"".join(encode_frames({"x": np.arange(8.0).reshape(4, 2)}))
+        assert bytes(file.payload(len(expected))) == expected
+        # Its rows encoded again after another leaf lie in the file, at another place.
+        moved = {"a": np.ones(3), "x": leaves[0][1:]}
+        expected = b"".join(encode_frames({key: leaf.copy() for key, leaf in moved.items()}))
+        assert into.write(encode_frames(moved)) == len(expected)
+        assert bytes(file.payload(len(expected))) == expected
+    finally:
+        into.close()
+        file.close()
+
+
+def borrowed(payload: bytearray) -> Callable[[], EncodedBatch]:
+    """A build of a batch whose payload lies in a client's file (`payload`)."""
+    return lambda: EncodedBatch(0, [memoryview(payload)], borrowed=True)
+
+
+def test_a_batch_in_one_clients_file_is_cached_as_a_copy() -> None:
+    cache = ShareCache(MemoryBudget(1 << 20, wait_s=1.0), capacity=1 << 20)
+    in_file = bytearray(b"LDX1 the batch")
+    request = wire.BatchRequest(step=0)
+    first = cache.serve(request, borrowed(in_file))
+    assert first.frames[0].obj is in_file  # its own client's reply is the file's bytes
+    first.release()
+    in_file[:] = b"the next batch"  # its client reuses its file once answered
+    hit = cache.serve(request, lambda: pytest.fail("computed again"))
+    assert (hit.reuse, hit.borrowed, hit.payload) == (wire.REUSE_CACHED, False, b"LDX1 the batch")
+    hit.release()
+
+
+def test_a_batch_in_one_clients_file_is_copied_for_those_waiting_else_computed_again() -> None:
+    cache = ShareCache(MemoryBudget(1 << 20, wait_s=1.0), capacity=0)
+    request = wire.BatchRequest(step=0)
+    building = threading.Event()
+    in_file = bytearray(b"LDX1 the batch")
+
+    def slow_build() -> EncodedBatch:
+        building.set()
+        deadline = time.monotonic() + 10
+        while not waiting(cache):  # until the second request waits for this one
+            assert time.monotonic() < deadline, "the second request never waited"
+            time.sleep(0.005)
+        return borrowed(in_file)()
+
+    with ThreadPoolExecutor(1) as pool:
+        first = pool.submit(cache.serve, request, slow_build)
+        building.wait(10)
+        second = cache.serve(request, lambda: pytest.fail("computed again"))
+        first.result(10).release()
+    in_file[:] = b"the next batch"
+    assert (second.reuse, second.borrowed, second.payload) == (
+        wire.REUSE_COALESCED,
+        False,
+        b"LDX1 the batch",
+    )
+    second.release()
+    # Nobody waits and nothing is cached: no copy; a later request computes its own.
+    later = bytearray(b"LDX1 again")
+    cache.serve(request, borrowed(later)).release()
+    again = cache.serve(request, borrowed(bytearray(b"LDX1 computed")))
+    assert (again.reuse, again.payload) == (wire.REUSE_COMPUTED, b"LDX1 computed")
+    again.release()
+
+
+def waiting(cache: ShareCache) -> bool:
+    """Whether a request waits for a computation under way in `cache`."""
+    with cache._lock:
+        return any(building.waiting for building in cache._building.values())
+
+
+def test_a_mapping_is_kept_for_the_same_file_only_and_let_go_of_when_unused() -> None:
+    mappings = shared_memory.Mappings(kept=2, kept_for_s=60)
+    files = [MemoryFile(), MemoryFile(), MemoryFile()]
+    try:
+        named = files[0].wire
+        first = mappings.mapped(named, files[0].fd, 100)
+        assert len(first) >= 100
+        assert mappings.mapped(named, files[0].fd, 50) is first  # kept: not mapped again
+        assert mappings.mapped(named, files[0].fd, 1 << 20) is not first  # grown: mapped again
+        # The same name, pid and descriptor, but another file: never its mapping.
+        other = mappings.mapped(named, files[1].fd, 100)
+        other[:3] = np.frombuffer(b"abc", np.uint8)
+        assert os.pread(files[1].fd, 3, 0) == b"abc"
+        assert os.pread(files[0].fd, 3, 0) == bytes(3)
+        evicted = weakref.ref(other)
+        del first, other
+        for file in files[1:]:  # at most 2 kept: the first is let go of
+            mappings.mapped(file.wire, file.fd, 100)
+        gc.collect()
+        assert evicted() is None
+        briefly = shared_memory.Mappings(kept_for_s=0.05)
+        kept = weakref.ref(briefly.mapped(named, files[0].fd, 100))
+        deadline = time.monotonic() + 10
+        while kept() is not None:  # let go of once unused for 0.05 s
+            assert time.monotonic() < deadline, "a mapping was kept past kept_for_s"
+            time.sleep(0.02)
+    finally:
+        for file in files:
+            file.close()
