@@ -28,7 +28,7 @@ def blocked(builder: DataLoader) -> DataLoader:
     return builder.batch_size(BATCH).shuffle(seed=7, block_size=4, window=3).num_epochs(2)
 
 
-@settings(max_examples=30, deadline=None)
+@settings(max_examples=20, deadline=None)
 @given(
     records=st.integers(1, 150),
     block=st.integers(1, 12),
