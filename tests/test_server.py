@@ -33,6 +33,7 @@ from loadax.wire.checksum import payload_checksum
 from loadax.wire.codec import decode
 from loadax.wire.failures import ERROR_METADATA
 from loadax.wire.plans import plan_to_wire, request_digest
+from loadax.wire.shared_memory import ClientFile
 from loadax.wire.v1 import worker_pb2 as wire
 from loadax.wire.v1 import worker_pb2_grpc
 
@@ -593,6 +594,7 @@ class _BrokenWorker:
         max_reply_bytes: int | None = None,
         *,
         checksummed: bool = True,
+        into: ClientFile | None = None,
     ) -> wire.BatchResponse:
         raise KeyError("a bug in the worker")
 
