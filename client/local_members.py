@@ -189,17 +189,22 @@ class _Member:
 
     def __init__(self, worker: LocalWorker, threads: int) -> None:
         self._worker, self._executor = worker, worker.executor(threads)
+        self._threads = threads
 
     def split(self, threads: int) -> None:
         """Make each batch from now on on `threads` threads (the same batch on any number)."""
         assert isinstance(self._executor, ThreadExecutor), "only a thread member splits"
         self._executor.resize(threads)
+        self._threads = threads
 
     def handshake(self, request: wire.HandshakeRequest) -> wire.HandshakeResponse:
         return self._worker.handshake(request)
 
     def load_batch(self, request: wire.BatchRequest) -> EncodedBatch:
-        return self._worker.answer(self._executor, request)
+        """The answer to `request`; its load is this loader's alone (`loadax.wire.load`), over
+        its threads as slots, so that the policy weighs it against workers by their slots."""
+        answer = self._worker.answer(self._executor, request)
+        return dataclasses.replace(answer, loading_slots=self._threads)
 
     def close(self) -> None:
         self._executor.release(wait=True)
