@@ -110,6 +110,7 @@ class Driver:
         self._requests: dict[int, tuple[wire.BatchRequest, Future[Any]]] = {}
         self._attempts: dict[int, Future[Reply]] = {}
         self._watch = FleetWatch()
+        self._same_host: set[str] = set()  # the members that are workers on this host
         self.rates = MemberRates()
         """Each member's batches per second while busy (for `stats().workers_wanted`)."""
         # Written by the threads that receive answers, read by the driver's after their event.
@@ -140,6 +141,11 @@ class Driver:
     def leave(self, name: str) -> None:
         """Stop using member `name`; what it held is re-issued to the others."""
         self._change(Left(name))
+
+    @property
+    def same_host(self) -> bool:
+        """Whether a worker on this host is connected (`client.host_cores`)."""
+        return bool(self._same_host)
 
     def local_cores(self, cores: int, usable: int) -> None:
         """The local members hold `cores` of this host's `usable` ones (`client.host_cores`)."""
@@ -253,6 +259,8 @@ class Driver:
                 item.item.transport.close()
                 return None
             self._members[item.item.name] = item.item
+            if item.item.same_host:
+                self._same_host.add(item.item.name)
             return Joined(item.item.name, item.item.limit, item.item.same_host)
         if isinstance(item, Answered | Failed):
             self._attempts.pop(item.attempt, None)
@@ -266,6 +274,7 @@ class Driver:
 
     def _departed(self, member: str) -> None:
         self.rates.left(member)
+        self._same_host.discard(member)
         self._watch.left(member, [name for name in self._members if name != member])
 
     def _carry_out(self, action: Action) -> None:

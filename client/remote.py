@@ -200,10 +200,11 @@ class RemoteDataLoader(LoaderBuilder):
 
         A worker on this host (found at the handshake, with shared memory on) spends more of
         the host's CPU on a batch than a local member, which needs no encoding for a socket or
-        memory file, no copy and no checksum: while the local members hold every core this
-        process may use, it is passed over, and it is the fallback (used again when they hold
-        fewer, e.g. given back for a slowed loop, or none can take requests). `same_host=
-        "worker"` uses it as any worker: a sidecar with cores of its own."""
+        memory file, no copy and no checksum. Its cores count as the trainer's: "auto" gives
+        the local members every core at once after the baseline, and while they hold every
+        core this process may use, the worker is passed over, their fallback (used again when
+        they hold fewer, e.g. one given back for a slowed loop, or none can take requests).
+        `same_host="worker"` uses it as any worker: a sidecar with cores of its own."""
         copy = self._with()
         copy._local = LocalSpec(count, pipeline, kind, config, same_host)
         return copy

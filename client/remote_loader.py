@@ -120,7 +120,10 @@ class RemoteLoader(Loader[Any]):
         client = uuid.uuid4().hex  # this loader's, whatever connections it shares
 
         auto = local is not None and local.count == "auto"
-        tuner = LoopTuner(self._demand, SpareCores(spare_cores()) if auto else None)
+        # A worker on this host counts as the trainer's cores, unless it has cores of its own.
+        counted = local is not None and local.same_host == "fallback"
+        same_host = (lambda: driver.same_host) if counted else (lambda: False)
+        tuner = LoopTuner(self._demand, SpareCores(spare_cores()) if auto else None, same_host)
         resize = locals_.resize if locals_ is not None else lambda count: None
 
         def executor() -> Executor[Any]:

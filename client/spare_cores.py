@@ -40,7 +40,9 @@ class SpareCores:
     a core that lengthens the loop's own step past it by more than `SLOWDOWN` of the whole step
     (and `NOISE_S`) is taken back, and the count never grows past that again. A loop that mostly
     waits for batches can spare the cores its own step barely uses; one that never waits is held
-    to 5 % of its own step.
+    to 5 % of its own step. The cores come one a window, but all at once after the baseline when
+    a worker on this host served it (`same_host`): its cores are the trainer's, and they made
+    the loop's batches already (`loadax.client.host_cores` passes it over while they hold them).
 
     >>> rule = SpareCores(ceiling=4)
     >>> [rule.decide(own, step=own) for own in (0.100, 0.101, 0.103, 0.110, 0.102, 0.101)]
@@ -48,15 +50,21 @@ class SpareCores:
     >>> waiting = SpareCores(ceiling=2)  # 0.2 ms of its own in a 100 ms step: 5 ms to spare
     >>> [waiting.decide(own, step=0.1) for own in (0.0002, 0.0006, 0.004)]
     [1, 2, 2]
+    >>> beside = SpareCores(ceiling=4)  # a same-host worker made the baseline's batches
+    >>> [beside.decide(own, step=own, same_host=True) for own in (0.100, 0.101, 0.110)]
+    [4, 4, 3]
     """
 
     ceiling: int
     count: int = 0
     baseline: float | None = None
 
-    def decide(self, own: float, step: float) -> int:
+    def decide(self, own: float, step: float, same_host: bool = False) -> int:
         if self.baseline is None:
             self.baseline = own
+            if same_host:
+                self.count = self.ceiling
+                return self.count
         elif own - self.baseline > SLOWDOWN * step + NOISE_S:
             self.count = self.ceiling = max(self.count - 1, 0)
             return self.count
@@ -66,9 +74,15 @@ class SpareCores:
 
 class LoopTuner(Autotuner):
     """Autotune's measurements, fed to `demand` and, when there is one, to `rule`: `workers`
-    is the local members it wants."""
+    is the local members it wants; `same_host()` says whether a worker on this host is in use
+    (the rule's `same_host`)."""
 
-    def __init__(self, demand: DemandMeter, rule: SpareCores | None = None) -> None:
+    def __init__(
+        self,
+        demand: DemandMeter,
+        rule: SpareCores | None = None,
+        same_host: Callable[[], bool] = lambda: False,
+    ) -> None:
         ceiling = 0 if rule is None else rule.ceiling
         super().__init__(
             Limits(max_workers=ceiling, memory_bytes=0, processes=False, prefetch=False),
@@ -76,7 +90,7 @@ class LoopTuner(Autotuner):
             prefetch=0,
             report=lambda tuning: None,
         )
-        self.demand, self.rule = demand, rule
+        self.demand, self.rule, self._same_host = demand, rule, same_host
         self._window = threading.Lock()
         self._since: float | None = None  # the window's start, after its first batch
         self._steps, self._waiting = 0, 0.0
@@ -96,7 +110,7 @@ class LoopTuner(Autotuner):
             step = (got - self._since) / self._steps
             own = step - self._waiting / self._steps
             self._since, self._steps, self._waiting = got, 0, 0.0
-            count = self.rule.decide(own, step)
+            count = self.rule.decide(own, step, self._same_host())
             if count == self.workers:
                 return
             self.workers = count

@@ -110,7 +110,7 @@ class Cores(logging.Handler):
 
 
 def test_auto_passes_over_a_same_host_worker_until_the_slowed_loop_gives_the_core_back(
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     for module in (remote_loader, local_members):  # one usable core, whatever this host has
         monkeypatch.setattr(module, "spare_cores", lambda: 1)
@@ -118,7 +118,7 @@ def test_auto_passes_over_a_same_host_worker_until_the_slowed_loop_gives_the_cor
     cores = Cores()
     logger = logging.getLogger("loadax.client")
     logger.addHandler(cores)
-    monkeypatch.setattr(logger, "level", logging.INFO)
+    caplog.set_level(logging.INFO, logger="loadax.client")
     # A worker on loopback, in this process: on this host, found at the handshake.
     worker = Worker({"noisy": local_member_pipelines.sleepy(RECORDS, COST_MS)}, threads=2)
     server = ZmqServer(worker, "tcp://127.0.0.1:0", threads=2)

@@ -36,3 +36,19 @@ def test_the_first_core_is_given_after_a_short_baseline_then_one_a_window() -> N
         chosen.append(tuner.workers)
     assert chosen.index(1) == BASELINE  # the loop's (BASELINE + 1)-th batch
     assert chosen[-1] == 2
+
+
+def test_a_same_host_workers_cores_are_given_at_once_after_the_baseline() -> None:
+    # Its cores are the trainer's and made the baseline's batches: the local members take them
+    # all at once (and it is passed over), then give one back if the loop's own step slows.
+    tuner = LoopTuner(DemandMeter(), SpareCores(ceiling=4), same_host=lambda: True)
+    now, chosen = 0.0, []
+    for _ in range(1 + BASELINE):
+        asked, now = now + 0.0002, now + 0.1
+        tuner.took(asked, now, batch=None)
+        chosen.append(tuner.workers)
+    assert chosen[-2:] == [0, 4]
+    for _ in range(WINDOW):  # 20 ms of its own in each 100 ms step: slowed
+        asked, now = now + 0.02, now + 0.1
+        tuner.took(asked, now, batch=None)
+    assert tuner.workers == 3
