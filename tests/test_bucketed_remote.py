@@ -91,6 +91,20 @@ def test_a_bucketed_remote_loader_gives_the_local_batches_and_resumes_mid_epoch(
     assert sorted(seen.tolist()) == sorted(list(range(RECORDS)) * 2)
 
 
+def test_a_block_shuffled_plan_travels_to_a_worker_process(served: WorkerProcess) -> None:
+    # Another plan beyond a plain shuffle, on this module's worker process: its blocks travel
+    # in the plan (Plan.blocks), not as named records.
+    numbers = pipelines.numbers(RECORDS)
+
+    def blocked(builder: Any) -> Any:
+        return builder.batch_size(4).shuffle(seed=3, block_size=4, window=2).num_epochs(2)
+
+    expected = list(blocked(DataLoader(numbers.batcher)).build(numbers.dataset))
+    remote = RemoteDataLoader([served.grpc], pipeline="numbers").request_timeout(10)
+    with blocked(remote).build() as loader:
+        assert_batches_equal(loader, expected)
+
+
 def test_an_array_sources_one_read_gives_the_same_bucketed_batches(in_process: Worker) -> None:
     assert RANGE.reads_rows  # the hot path: one read of the rows, whatever the work
     remote = RemoteDataLoader([in_process], pipeline="range").request_timeout(10)
