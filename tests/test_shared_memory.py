@@ -206,11 +206,14 @@ def test_a_payload_not_yet_checksummed_is_checksummed_as_it_is_written(kind: int
 def test_a_file_that_is_not_the_one_named_is_refused_and_the_batch_sent_instead() -> None:
     file = MemoryFile()
     named = file.wire
+    unsealed = MemoryFile.__new__(MemoryFile)
+    unsealed.name, unsealed.fd = "0" * 16, os.memfd_create(f"loadax-{'0' * 16}", os.MFD_CLOEXEC)
     for wrong, reason in (
         (wire.SharedMemory(pid=named.pid, fd=named.fd, name="0" * 16), "is not the memory file"),
         (wire.SharedMemory(pid=named.pid, fd=0, name=named.name), "is not the memory file"),
         (wire.SharedMemory(pid=named.pid, fd=named.fd, name="../x"), "is not the name of"),
         (wire.SharedMemory(pid=2**31, fd=3, name=named.name), "cannot open /proc/"),
+        (unsealed.wire, "is not sealed against shrinking"),  # its client could crash a mapper
     ):
         with pytest.raises(shared_memory.SharedMemoryError, match=reason):
             shared_memory.open_client_file(wrong)
@@ -221,6 +224,7 @@ def test_a_file_that_is_not_the_one_named_is_refused_and_the_batch_sent_instead(
             assert same_host.place(request, batch, client_file) is batch  # sent
     assert shared_memory.can_open(named)
     file.close()
+    os.close(unsealed.fd)
 
 
 CLIENT = """

@@ -13,6 +13,7 @@ lent again, so that no late write reaches a batch that was checked already.
 
 from __future__ import annotations
 
+import fcntl
 import mmap
 import os
 import secrets
@@ -34,13 +35,15 @@ from loadax.wire.v1 import worker_pb2 as wire
 class MemoryFile:
     """One memory file of this process (a memfd), and its mapping; its first `size` bytes are
     allocated here, so that this process's memory (its cgroup's) holds them, not the worker's
-    that writes them first (tmpfs pages count where they are first allocated)."""
+    that writes them first (tmpfs pages count where they are first allocated). It is sealed
+    against shrinking, as a worker requires of a file it maps (`open_client_file`)."""
 
     def __init__(self, size: int = 0) -> None:
         self.name = secrets.token_hex(8)
-        self.fd = os.memfd_create(PREFIX + self.name, os.MFD_CLOEXEC)
+        self.fd = os.memfd_create(PREFIX + self.name, os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
         if size:
             os.posix_fallocate(self.fd, 0, size)
+        fcntl.fcntl(self.fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK)
         self._array: np.ndarray[Any, np.dtype[np.uint8]] | None = None
 
     @property

@@ -24,6 +24,7 @@ The reply is verified as any other: the client checksums the bytes in its file.
 from __future__ import annotations
 
 import dataclasses
+import fcntl
 import itertools
 import mmap
 import os
@@ -72,7 +73,9 @@ def host_id() -> str:
 def open_client_file(memory: wire.SharedMemory) -> int:
     """A descriptor of the memory file `memory` names, open to map and write (close it); a
     `SharedMemoryError` saying why not (another host or pid namespace, another user, a closed
-    descriptor, or one that is not that file)."""
+    descriptor, or one that is not that file), or if the file could shrink: it must be sealed
+    against it (`F_SEAL_SHRINK`, for good), as a mapping's pages past a shrunk file's end would
+    crash the worker that writes them (SIGBUS)."""
     if not _NAME.fullmatch(memory.name):
         raise SharedMemoryError(f"{memory.name[:80]!r} is not the name of a loadax memory file")
     expected = f"/memfd:{PREFIX}{memory.name} (deleted)"
@@ -89,6 +92,9 @@ def open_client_file(memory: wire.SharedMemory) -> int:
     if os.readlink(f"/proc/self/fd/{fd}") != expected:
         os.close(fd)
         raise SharedMemoryError(f"{path} changed while it was opened")
+    if not fcntl.fcntl(fd, fcntl.F_GET_SEALS) & fcntl.F_SEAL_SHRINK:
+        os.close(fd)
+        raise SharedMemoryError(f"{path} is not sealed against shrinking (F_SEAL_SHRINK)")
     return fd
 
 
