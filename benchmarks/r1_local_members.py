@@ -2,7 +2,9 @@
 from one `loadax-worker` on loopback (ZeroMQ, 2 threads), and from that worker with
 `local_members("auto")` beside it, in turn, each run in a process of its own (A B C per round).
 A rate is images / wall time from creating the iterator to the last batch of one epoch; the
-loader's build (the worker's handshake, the local members' identity) comes before. After the
+loader's build (the worker's handshake, the local members' identity) comes before. The worker is
+on the trainer's host: while the local members hold every usable core it is passed over, their
+fallback (`loadax.client.host_cores`). After the
 timed rounds, one more pass of each hashes every batch (XXH3 of each array's bytes): the three
 must agree. Beside each rate, the CPU seconds the trainer's process and the worker spent on the
 epoch; of the mixed run, what "auto" chose when and the requests each member answered. The
@@ -55,7 +57,8 @@ def loader(system: str, address: str) -> Any:
 
 
 class Choices(logging.Handler):
-    """What `local_members("auto")` chose, each with the batches the loop had taken by then."""
+    """What `local_members("auto")` chose, and when the same-host worker was passed over or used
+    again, each with the batches the loop had taken by then."""
 
     def __init__(self) -> None:
         super().__init__(logging.INFO)
@@ -67,6 +70,10 @@ class Choices(logging.Handler):
         if message.startswith("local members' cores: "):
             cores = message.removeprefix("local members' cores: ").split(" (")[0]
             self.chosen.append(f"{cores} at batch {self.taken + 1}")
+        event = getattr(record, "event", "")
+        if event in ("same_host_passed_over", "same_host_used"):
+            said = "passed over" if event == "same_host_passed_over" else "used again"
+            self.chosen.append(f"the worker {said} at batch {self.taken + 1}")
 
 
 def one(system: str, address: str, hashed: bool) -> dict[str, Any]:
@@ -120,7 +127,9 @@ def main(argv: list[str] | None = None) -> int:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--out", type=Path, default=SIZING)
+    parser.add_argument(
+        "--out", type=Path, default=SIZING, help="the section's file (SIZING.md: RESULTS.md too)"
+    )
     parser.add_argument("--one", choices=SYSTEMS, help=argparse.SUPPRESS)
     parser.add_argument("--address", help=argparse.SUPPRESS)
     parser.add_argument("--hashed", action="store_true", help=argparse.SUPPRESS)
@@ -129,6 +138,7 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(one(args.one, args.address, args.hashed)))
         return 0
     started, load = time.monotonic(), os.getloadavg()[0]
+    niceness = f" (run at nice {os.nice(0)})" if os.nice(0) else ""
     rates: dict[str, list[float]] = {system: [] for system in SYSTEMS}
     cpus: dict[str, list[float]] = {system: [] for system in SYSTEMS}  # trainer + worker
     members: dict[str, int] = {}
@@ -154,7 +164,8 @@ def main(argv: list[str] | None = None) -> int:
     lines = [
         f"`python benchmarks/r1_local_members.py --rounds {args.rounds}` "
         f"({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, "
-        f"{time.monotonic() - started:.0f} s; 2 cores shared with other sessions, load average "
+        f"{time.monotonic() - started:.0f} s; 2 cores shared with other sessions{niceness}, "
+        "load average "
         f"{load:.1f} at the start, {os.getloadavg()[0]:.1f} at the end): W2 at full scale (4,096 "
         f"images, batch {BATCH}), one epoch per run, each in its own process, systems in turn "
         "within each round; the worker (ZeroMQ, 2 threads) on the same machine. Target: "
@@ -184,18 +195,20 @@ def main(argv: list[str] | None = None) -> int:
         "Mixed ÷ the better alone, round by round: "
         f'{", ".join(f"{ratio:.2f}" for ratio in paired)}. What "auto" chose in the last '
         f"mixed run: {', '.join(chosen) or 'nothing'} (cores of one local member, whose threads "
-        "split each batch as a worker's do; the first after a 4-batch baseline of the loop's "
-        "own step, then one per 8 batches while that step grows by under 5 % of the whole "
-        "step).",
+        "split each batch as a worker's do: after a 4-batch baseline of the loop's own step, "
+        "every core at once when a same-host worker served it, else one per 8 batches, while "
+        "that step grows by under 5 % of the whole step).",
         "",
-        "On this machine the worker, the local member, the loop and the other sessions' "
-        "processes share 2 cores: the mixed run gains the CPU time that the local loader or the "
-        "worker alone leaves idle, and loses what making batches in two processes at once costs "
-        "(each process's page faults and caches). Where the trainer has cores the worker does "
-        "not use, the local members add them.",
+        "The worker is on the trainer's host (found at the handshake, as for shared memory) and "
+        "its 2 cores: a batch it makes costs the host more CPU than a local member's (made in "
+        "another process, written into the trainer's memory file and checksummed there and "
+        "here; a local member's is made and used in the trainer's process, not checksummed). "
+        "So it serves the baseline; then the local member takes both cores and the worker is "
+        "passed over: their fallback, used again if the loop's step slows or the member fails "
+        "(`loadax.client.host_cores`).",
     ]
     print("\n".join(lines))
-    for path in (args.out, RESULTS):
+    for path in (args.out, RESULTS) if args.out == SIZING else (args.out,):
         write_section(path, TITLE, lines)
     return 0
 
