@@ -21,10 +21,11 @@ import heapq
 import itertools
 import random
 import time
-from collections import Counter, deque
+from collections import deque
 from typing import Any
 
-from fleet_sim_world import Fault, Job, SimWorker, World
+from fleet_sim_report import report
+from fleet_sim_world import Fault, Job, SharedCores, SimWorker, World
 
 from loadax.client.fleet_events import (
     Action,
@@ -51,7 +52,7 @@ from loadax.client.subset import Seat, aperture
 from loadax.errors import WorkerError
 
 # Timed events: (time, sequence, kind, a, b); the sequence keeps equal times in order.
-_ARRIVE, _DONE, _CANCEL, _REPLY, _TAKE, _TIMER, _FAULT, _HANDSHAKE, _LOOK = range(9)
+_ARRIVE, _DONE, _CANCEL, _REPLY, _TAKE, _TIMER, _FAULT, _HANDSHAKE, _LOOK, _CPU = range(10)
 _LOOK_EVERY = 0.5  # seconds between looks at the trainers' apertures
 _CPU_SAMPLE = 16
 
@@ -94,6 +95,7 @@ class Simulation:
         self._heap: list[tuple[float, int, int, Any, Any]] = []
         self._seq = itertools.count()
         self.workers: dict[str, SimWorker] = {}
+        self._cores = SharedCores(world.host_cores, world.host_cpu_s) if world.host_cores else None
         straggling = set(
             self._rng.sample(range(world.workers), round(world.stragglers * world.workers))
         )
@@ -112,7 +114,7 @@ class Simulation:
         self.unreachable = 0
         # The policy's CPU, read around one call in `_CPU_SAMPLE` (the clock costs up to 10 us a
         # read here: read at every call, it was a third of a run).
-        self.policy_cpu, self._sampled, self._calls = 0.0, 0, 0
+        self.policy_cpu, self.sampled, self._calls = 0.0, 0, 0
         self._first_fault = min((fault.at for fault in world.faults), default=world.seconds)
         self.connections_per_trainer_max = self.connections_per_worker_max = 0
 
@@ -156,9 +158,11 @@ class Simulation:
                 self._handshake(a, b, now)
             elif kind == _LOOK:
                 self._look(now)
+            elif kind == _CPU:
+                self._computed(b, now)
             else:
                 self._fault(self.world.faults[a], now)
-        return self._report(time.perf_counter() - started)
+        return report(self, time.perf_counter() - started)
 
     def _push(self, when: float, kind: int, a: Any, b: Any) -> None:
         heapq.heappush(self._heap, (when, next(self._seq), kind, a, b))
@@ -178,7 +182,7 @@ class Simulation:
             actions += policy.decide(each, now)
         if sampled:
             self.policy_cpu += time.process_time() - cpu
-            self._sampled += len(events)
+            self.sampled += len(events)
         # As the driver: a tick due stays due however often other events come.
         wanted = policy.wake_at(now)
         wake = wanted if wanted is None or trainer.wake is None or ticked else trainer.wake
@@ -287,6 +291,17 @@ class Simulation:
             return
         for done_at, each in worker.done(job, now):
             self._push(done_at, _DONE, worker, each)
+        if self._cores is not None:
+            for done_at, each in self._cores.enter(job, now):
+                self._push(done_at, _CPU, None, each)
+        elif not job.cancelled:
+            self._push(now + self.world.rtt_s / 2, _REPLY, job, None)
+
+    def _computed(self, job: Job, now: float) -> None:
+        """`job` had its share of the host's cores: its reply goes, and the next takes the core."""
+        assert self._cores is not None
+        for done_at, each in self._cores.leave(now):
+            self._push(done_at, _CPU, None, each)
         if not job.cancelled:
             self._push(now + self.world.rtt_s / 2, _REPLY, job, None)
 
@@ -381,82 +396,6 @@ class Simulation:
             self._decide(trainer, Withdraw(withdrawn), now)
         trainer.next_submit, trainer.retrying = step, True
         self._push(now + trainer.step_s, _TAKE, trainer, None)
-
-    # What it reports.
-
-    def _report(self, wall_s: float) -> dict[str, Any]:
-        world, end = self.world, self.world.seconds
-        for trainer in self.trainers:  # still waiting when the run ends
-            if trainer.finished is None and (trainer.current is not None or trainer.retrying):
-                trainer.stalled += max(end - trainer.wanted_at, 0.0)
-        demand = [end / trainer.step_s for trainer in self.trainers]
-        gaps = sorted(gap for trainer in self.trainers for gap in trainer.gaps)
-        requests = sum(len(trainer.sent_requests) for trainer in self.trainers)
-        # Of the workers up from the start to the end: a killed or an added one serves less.
-        steady = [
-            worker
-            for worker in itertools.islice(self.workers.values(), world.workers)
-            if worker.state == "up"
-        ]
-        loads = [worker.requests for worker in steady]
-        mean_load = sum(loads) / len(loads) if loads else 0.0
-        connected = [trainer.policy.members for trainer in self.trainers]
-        # Where the spread comes from: the apertures' cover of each worker (its shares of them,
-        # summed, over the run), or how each trainer spreads its requests over its aperture.
-        covers = [worker.cover for worker in steady]
-        mean_cover = sum(covers) / len(covers) if covers else 0.0
-        per_cover = [worker.requests / worker.cover for worker in steady if worker.cover]
-        return {
-            "workers": world.workers,
-            "trainers": world.trainers,
-            "seconds": end,
-            "seed": world.seed,
-            "delivered_fraction": sum(t.delivered for t in self.trainers) / sum(demand),
-            "delivered_fraction_min": min(
-                t.delivered / wanted for t, wanted in zip(self.trainers, demand, strict=True)
-            ),
-            "stall_fraction": sum(t.stalled for t in self.trainers) / (end * world.trainers),
-            "p50_gap_s": _quantile(gaps, 0.5),
-            "p99_gap_s": _quantile(gaps, 0.99),
-            "max_gap_s": gaps[-1] if gaps else None,
-            "max_gap_ended_at_s": max(t.longest_gap for t in self.trainers)[1] if gaps else None,
-            "max_gap_after_fault_s": max(t.longest_after_fault for t in self.trainers)
-            if world.faults
-            else None,
-            "first_batch_max_s": max(
-                (t.first_batch for t in self.trainers if t.first_batch is not None), default=None
-            ),
-            "finished_max_s": None
-            if any(t.finished is None for t in self.trainers)
-            else max(t.finished for t in self.trainers if t.finished is not None),
-            "requests": requests,
-            "attempts": self.attempts,
-            "extra_load": (self.attempts - requests) / requests if requests else 0.0,
-            "failed_batches": sum(t.failures for t in self.trainers),
-            "lost_attempts": self.lost,
-            "refusals": self.refusals,
-            "unreachable": self.unreachable,
-            "connections_cap": self.options.subset,
-            "connections_per_trainer_max": self.connections_per_trainer_max,
-            "connections_per_worker_max": self.connections_per_worker_max,
-            # At the end, from the policies' own members (the maxima above include start-up).
-            "connections_per_trainer_end_max": max(map(len, connected)),
-            "connections_per_worker_end_max": max(Counter(itertools.chain(*connected)).values()),
-            "load_spread": max(loads) / mean_load if mean_load else None,
-            "cover_spread": max(covers) / mean_cover if mean_cover else None,
-            "requests_per_cover_spread": max(per_cover) / (sum(per_cover) / len(per_cover))
-            if per_cover
-            else None,
-            "decisions": self.decisions,
-            "ticks": self.ticks,
-            "events": self.events,
-            "policy_cpu_per_decision_s": self.policy_cpu / max(self._sampled, 1),
-            "wall_s": wall_s,
-        }
-
-
-def _quantile(ordered: list[float], share: float) -> float | None:
-    return ordered[min(int(share * len(ordered)), len(ordered) - 1)] if ordered else None
 
 
 def _digest(trainer: int, step: int) -> bytes:

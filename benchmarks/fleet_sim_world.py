@@ -59,7 +59,9 @@ class World:
     pipeline warming up). With `batches`, each trainer's loop ends after that many (an epoch),
     else it runs for `seconds`. With `digests`, each request names what it asks for, as a real
     client's does (each trainer a job of its own: no two ask alike), and placement breaks ties
-    by it (`loadax.client.affinity`)."""
+    by it (`loadax.client.affinity`). With `host_cores`, every batch also takes `host_cpu_s` of
+    one of that many cores shared by the whole fleet and its trainers (R2's workers and client on
+    one machine), in the order batches finish loading; 0: each host has cores to spare."""
 
     workers: int
     trainers: int
@@ -80,6 +82,8 @@ class World:
     batches: int | None = None
     cold_s: float = 0.0
     digests: bool = False
+    host_cores: int = 0
+    host_cpu_s: float = 0.0
 
     def __post_init__(self) -> None:
         for name in ("workers", "trainers", "threads", "limit", "prefetch", "batches"):
@@ -91,12 +95,41 @@ class World:
         for name in ("seconds", "service_s", "step_s", "straggler_factor"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)!r}")
-        for name in ("service_sigma", "rtt_s", "loss_s", "cold_s"):
+        if isinstance(self.host_cores, bool) or not isinstance(self.host_cores, int):
+            raise ValueError(f"host_cores must be an int >= 0, got {self.host_cores!r}")
+        if self.host_cores < 0:
+            raise ValueError(f"host_cores must be an int >= 0, got {self.host_cores!r}")
+        for name in ("service_sigma", "rtt_s", "loss_s", "cold_s", "host_cpu_s"):
             if not getattr(self, name) >= 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)!r}")
         for name in ("stragglers", "step_spread"):
             if not 0 <= getattr(self, name) < 1:
                 raise ValueError(f"{name} must be in [0, 1), got {getattr(self, name)!r}")
+
+
+class SharedCores:
+    """`count` cores that every batch needs `seconds` of, taken in turn (FIFO)."""
+
+    def __init__(self, count: int, seconds: float) -> None:
+        self._free, self._seconds = count, seconds
+        self._waiting: deque[Job] = deque()
+
+    def enter(self, job: Job, now: float) -> list[tuple[float, Job]]:
+        """`job` needs a core: (when it is done, the job) if one is free now."""
+        self._waiting.append(job)
+        return self._start(now)
+
+    def leave(self, now: float) -> list[tuple[float, Job]]:
+        """A job's core is free: the job that takes it, if any."""
+        self._free += 1
+        return self._start(now)
+
+    def _start(self, now: float) -> list[tuple[float, Job]]:
+        started = []
+        while self._free and self._waiting:
+            self._free -= 1
+            started.append((now + self._seconds, self._waiting.popleft()))
+        return started
 
 
 @dataclasses.dataclass(eq=False, slots=True)

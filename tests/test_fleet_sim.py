@@ -152,6 +152,15 @@ def test_trainers_whose_subsets_overlap_level_the_fleets_load_between_them() -> 
     assert report["failed_batches"] == 0
 
 
+def test_workers_sharing_a_hosts_cores_are_bounded_by_them() -> None:
+    # 4 workers of 20 ms make 200 batches/s for a loop that takes one a millisecond; on one
+    # shared core of 10 ms a batch, 100.
+    fast = dataclasses.replace(SMALL, trainers=1, seconds=5.0, step_s=0.001, batches=400)
+    alone, shared = run(fast), run(dataclasses.replace(fast, host_cores=1, host_cpu_s=0.01))
+    assert 400 / alone["finished_max_s"] == pytest.approx(200, rel=0.1), alone
+    assert 400 / shared["finished_max_s"] == pytest.approx(100, rel=0.1), shared
+
+
 def test_the_simulated_r2_straggler_and_kill_runs_agree_with_the_measured_ones() -> None:
     # R2 on real processes: 3 workers + 1 10x slower made 90-91 % of 3 workers' rate; killing
     # 1 of 2 workers left a longest gap of 0.17-0.25 s (see fleet_sim_calibration.py).
