@@ -24,11 +24,10 @@ from typing import Any
 import loadax
 from loadax.dataset.stream import ALL_ITEMS
 from loadax.errors import RecordError, WorkerError
-from loadax.execution.executor import Executor, Pending
+from loadax.execution.executor import Pending
 from loadax.execution.pickled import PickledPipeline
 from loadax.execution.pipeline import Pipeline
 from loadax.execution.process_errors import WorkerProcessLost
-from loadax.execution.processes import ProcessExecutor
 from loadax.execution.threads import ThreadExecutor
 from loadax.factories import Rebuild
 from loadax.identity.fingerprint import pipeline_fingerprint
@@ -39,12 +38,11 @@ from loadax.plan.work import Work
 from loadax.server.config import WorkerConfig, build_pipelines, load_config
 from loadax.server.load_errors import checked, load_failure, poisoned
 from loadax.server.memory import MemoryBudget, default_budget, too_large
+from loadax.server.pipeline_executor import pipeline_executor
 from loadax.server.share_cache import DEFAULT_SHARE, ShareCache
 from loadax.validation import is_int, require_int, require_positive
 from loadax.wire.codec import encode_frames
-from loadax.wire.failures import (
-    RecordFailed,
-)
+from loadax.wire.failures import RecordFailed
 from loadax.wire.payloads import EncodedBatch
 from loadax.wire.plans import compatible_versions, plan_from_wire, work_from_wire
 from loadax.wire.shared_memory import ClientFile
@@ -127,7 +125,7 @@ class Worker:
         self._threads, self._processes = threads, processes
         self._deadline_s = float(request_deadline_s)
         self._executors = {
-            name: _executor(
+            name: pipeline_executor(
                 name, pipeline, (rebuilt or {}).get(name), threads, processes, self._deadline_s
             )
             for name, pipeline in pipelines.items()
@@ -374,24 +372,6 @@ class Worker:
                 f"unknown pipeline {name!r}: this worker serves {sorted(self._pipelines)}",
             )
         return self._pipelines[name]
-
-
-def _executor(
-    name: str,
-    pipeline: Pipeline[Any, Any],
-    rebuilt: PickledPipeline[Any] | None,
-    threads: int,
-    processes: int,
-    deadline_s: float,
-) -> Executor[Any]:
-    if not processes:
-        return ThreadExecutor(pipeline, threads)
-    if rebuilt is None:
-        try:
-            rebuilt = PickledPipeline(pipeline)
-        except ValueError as error:
-            raise ValueError(f"pipeline {name!r}: {error}") from None
-    return ProcessExecutor(rebuilt, processes, deadline_s=deadline_s, encoded=True)
 
 
 def _running(pending: Pending[Any]) -> bool:
