@@ -11,10 +11,9 @@ a byte. The rules:
   of the arc is free, any connected member. Same-host workers may be passed over (`host_cores`).
 - Depth: requests are admitted in order while fewer than `in_flight_per_worker` per member of
   the aperture that is up (within its limit) are outstanding, at least one.
-- Each attempt goes to the member chosen by `loadax.client.member_choice` (the least loaded, by
-  what the members report, of those expected to answer soon). None holds more than it
-  announced it takes from one client; RESOURCE_EXHAUSTED is back-pressure: that member is sent
-  less for a while, and nothing counts as failed.
+- Each attempt goes to the least loaded of the members expected to answer soon (`member_choice`),
+  within what each announced it takes; RESOURCE_EXHAUSTED is back-pressure (that member is sent
+  less for a while), not a failure.
 - Tails (`loadax.client.tails`): the oldest requests are hedged, hung attempts are given up and
   re-issued, within a share of extra attempts. A member given up `HUNG_STRIKES` times in a row
   is quarantined.
