@@ -174,8 +174,10 @@ class Mappings:
         """Drop each mapping once it has not been used for `kept_for_s`, while any is kept."""
         with self._lock:
             while self._mappings:
-                oldest = next(iter(self._mappings.values()))  # the least recently used
-                left = oldest.used + self._kept_for_s - time.monotonic()
+                # The least recently used; not held while waiting, so that a mapping evicted
+                # meanwhile is unmapped at once.
+                used = next(iter(self._mappings.values())).used
+                left = used + self._kept_for_s - time.monotonic()
                 if left > 0:
                     self._aged.wait(left)
                 else:
