@@ -6,12 +6,12 @@ Expected to answer: (outstanding + 1) x its recent latency (an EWMA, at least th
 oldest attempt); a member expected to take more than `1 + ALIKE` times the soonest (one far
 behind), whose recent latency is more than `SLOWER` times the fastest's (a straggler, or one
 whose attempts were given up or lost the race to a hedge), or whose oldest attempt is
-`OVERDUE` (it may have stopped) is passed over. Least loaded: the
-load it reported with its last answer, what the other clients send it, and what this client
-sends it now (`loadax.wire.load`), for its share of the arc: each client fills its members up to
-one level, and clients whose arcs overlap level the fleet between them. Latency alone could not:
-a member once slow to answer for its queue would be passed over until its latency went stale,
-and one that others load looks no busier than the rest until its queue shows.
+`OVERDUE` (it may have stopped) is passed over. Least loaded: the load it reported with its last
+answer, what the other clients send it, and what this client sends it now (`loadax.wire.load`),
+for its share of the arc: each client fills its members up to one level, and clients whose arcs
+overlap level the fleet between them. Latency alone could not: a member once slow to answer for
+its queue would be passed over until its latency went stale, and one that others load looks no
+busier than the rest until its queue shows.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """How busy a worker is, as its replies tell its clients: the batch requests it was sent per
 second and per loading slot, by all its clients, as a rate that decays with `LOAD_TAU_S`
-(`BatchResponse.load`; its slots are in `HandshakeResponse.loading_slots`).
+(`BatchResponse.load`, beside its slots, `BatchResponse.loading_slots`).
 
 A client keeps the same rate of what it sent each member itself. What the others send a member
 is then its reported load less this client's share, and the client sends its next request where
