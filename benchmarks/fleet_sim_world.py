@@ -95,10 +95,9 @@ class World:
         for name in ("seconds", "service_s", "step_s", "straggler_factor"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)!r}")
-        if isinstance(self.host_cores, bool) or not isinstance(self.host_cores, int):
-            raise ValueError(f"host_cores must be an int >= 0, got {self.host_cores!r}")
-        if self.host_cores < 0:
-            raise ValueError(f"host_cores must be an int >= 0, got {self.host_cores!r}")
+        cores = self.host_cores
+        if isinstance(cores, bool) or not isinstance(cores, int) or cores < 0:
+            raise ValueError(f"host_cores must be an int >= 0, got {cores!r}")
         for name in ("service_sigma", "rtt_s", "loss_s", "cold_s", "host_cpu_s"):
             if not getattr(self, name) >= 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)!r}")
