@@ -10,7 +10,6 @@ import dataclasses
 import logging
 from collections.abc import Iterator
 
-from loadax.wire.checksum import new_hasher
 from loadax.wire.limits import MAX_BATCH_BYTES
 from loadax.wire.payloads import EncodedBatch, answer_checksum
 from loadax.wire.shared_memory import ClientFile, Mappings, SharedMemoryError, can_open, host_id
@@ -54,7 +53,12 @@ class SameHost:
             yield None
             return
         try:
-            file = ClientFile(request.shared_memory, max_bytes or MAX_BATCH_BYTES, self._mappings)
+            file = ClientFile(
+                request.shared_memory,
+                max_bytes or MAX_BATCH_BYTES,
+                self._mappings,
+                answer_checksum(request),
+            )
         except SharedMemoryError as error:
             log.debug("sending the batch of step %d instead: %s", request.step, error)
             yield None
@@ -75,13 +79,12 @@ class SameHost:
             return batch
         kind = answer_checksum(request)
         fresh = batch.checksum is None or batch.checksum_kind != kind
-        hasher = new_hasher(kind) if fresh else None
         try:
-            size = file.write(batch.frames, hasher)
+            size, computed = file.write(batch.frames, kind if fresh else None)
         except SharedMemoryError as error:
             log.debug("sending the batch of step %d instead: %s", request.step, error)
             return batch
-        checksum = batch.checksum if hasher is None else hasher.value()
+        checksum = batch.checksum if computed is None else computed
         return dataclasses.replace(
             batch, frames=(), shared_size=size, checksum=checksum, checksum_kind=kind
         )

@@ -174,7 +174,9 @@ def test_a_file_whose_request_was_not_answered_is_never_written_into_a_later_bat
     files.close()
 
 
-@pytest.mark.parametrize("kind", [wire.CHECKSUM_XXH3_64, wire.CHECKSUM_WEIGHTED_SUM])
+@pytest.mark.parametrize(
+    "kind", [wire.CHECKSUM_XXH3_CHUNKS, wire.CHECKSUM_XXH3_64, wire.CHECKSUM_WEIGHTED_SUM]
+)
 def test_a_payload_not_yet_checksummed_is_checksummed_as_it_is_written(kind: int) -> None:
     file = MemoryFile()
     frames = encode_frames({"x": np.arange(300_000, dtype=np.int64), "y": np.ones(7)})

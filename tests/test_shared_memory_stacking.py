@@ -11,12 +11,14 @@ import time
 import weakref
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 import jax
 import numpy as np
 import pipelines
 import pytest
 
+import loadax
 from loadax import Plan
 from loadax.client.transports.memory_files import MemoryFile
 from loadax.plan.work import StepWork
@@ -24,7 +26,7 @@ from loadax.server.memory import MemoryBudget
 from loadax.server.same_host import SameHost
 from loadax.server.share_cache import ShareCache
 from loadax.server.worker import Worker
-from loadax.wire import shared_memory
+from loadax.wire import checksum, shared_memory
 from loadax.wire.codec import encode_frames
 from loadax.wire.payloads import EncodedBatch
 from loadax.wire.plans import batch_request
@@ -56,6 +58,55 @@ def test_a_batch_is_stacked_in_its_clients_file_as_the_payload_it_would_send() -
         file.close()
 
 
+def mixed_dtypes(index: int) -> np.ndarray[Any, Any]:
+    """Rows 0-1 of a batch of 4 int64, rows 2-3 uint64: its two parts stack differently, and
+    each otherwise than the whole (float64), in as many bytes."""
+    return np.full(200_000, index, np.int64 if index % 4 < 2 else np.uint64)
+
+
+@pytest.mark.parametrize(
+    ("pipeline", "hashed_by_loaders"),
+    [
+        (pipelines.images(8, 160), True),  # 4 rows of 300 KiB: chunks inside the images
+        (loadax.Pipeline(loadax.RangeDataset(0, 8).map(mixed_dtypes), loadax.Batcher()), False),
+    ],
+)
+def test_chunks_are_hashed_by_the_threads_that_stack_them_and_sum_as_sent(
+    pipeline: loadax.Pipeline[Any, Any], hashed_by_loaders: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A batch whose parts do not stack alike (mixed dtypes) is stacked again elsewhere and
+    # copied in: the chunks hashed as its first part was stacked are not the payload's.
+    threads: list[str] = []
+    digest = checksum._xxh3_digest
+    monkeypatch.setattr(
+        checksum,
+        "_xxh3_digest",
+        lambda data: threads.append(threading.current_thread().name) or digest(data),
+    )
+    worker = Worker({"p": pipeline}, threads=2, share_cache_bytes=0)
+    file = MemoryFile()
+    try:
+        fingerprint = worker.info(wire.InfoRequest()).pipelines[0].fingerprint
+        request = batch_request("p", fingerprint, Plan(8, 4), StepWork(1))
+        assert request.checksum == wire.CHECKSUM_XXH3_CHUNKS
+        request.shared_memory.CopyFrom(file.wire)
+        sent = worker.load_batch(request)  # checksummed over its frames, as a socket sends it
+        threads.clear()
+        same_host = SameHost(enabled=True)
+        with same_host.file(request) as into:
+            built = worker.load_batch(request, checksummed=False, into=into)
+            placed = same_host.place(request, built, into)
+        built.release()
+        assert placed.checksum == sent.checksum
+        assert bytes(file.payload(sent.size)) == sent.payload
+        by_loaders = sum(name.startswith("loadax") for name in threads)
+        assert by_loaders >= 3 if hashed_by_loaders else by_loaders > 0
+        sent.release()
+    finally:
+        worker.close()
+        file.close()
+
+
 def test_a_batch_that_the_codec_lays_out_otherwise_is_not_stacked_in_the_file() -> None:
     file = MemoryFile()
     into = shared_memory.ClientFile(file.wire, max_bytes=1 << 10)
@@ -70,13 +121,13 @@ def test_a_batch_that_the_codec_lays_out_otherwise_is_not_stacked_in_the_file() 
         frames = encode_frames({"x": leaves[0]})
         assert into.holds(frames)
         assert not into.holds(encode_frames(tree))
-        assert into.write(frames) == len(b"".join(frames))
+        assert into.write(frames) == (len(b"".join(frames)), None)
         expected = b"".join(encode_frames({"x": np.arange(8.0).reshape(4, 2)}))
         assert bytes(file.payload(len(expected))) == expected
         # Its rows encoded again after another leaf lie in the file, at another place.
         moved = {"a": np.ones(3), "x": leaves[0][1:]}
         expected = b"".join(encode_frames({key: leaf.copy() for key, leaf in moved.items()}))
-        assert into.write(encode_frames(moved)) == len(expected)
+        assert into.write(encode_frames(moved)) == (len(expected), None)
         assert bytes(file.payload(len(expected))) == expected
     finally:
         into.close()

@@ -8,12 +8,14 @@ name), maps them, and names one in each request it sends to a worker of its host
 through `/proc/<pid>/fd/<fd>`, checks that it is the memfd of that name (a descriptor closed and
 reused is never taken for it), and maps it (`ClientFile`): the loading threads stack the batch
 straight into it, at the places its encoding gives the arrays, so that its bytes are written
-once; then the payload's other bytes (its header, the padding) are written and every byte is
-checksummed. A batch made elsewhere (by a child process, or for another request) is copied in
-whole. The worker then closes the file, but keeps its mapping for the next batches it carries
-(`Mappings`), for `KEPT_FOR_S` after its last use. A memfd has no name in any file system, so
-nothing is left behind when either process ends, however it ends (kill -9 included): its memory
-goes with the last descriptor and mapping, the worker's within `KEPT_FOR_S`.
+once, and hash each chunk of the payload they complete while it is in their cache (for XXH3 in
+chunks, `loadax.wire.checksum.ChunkDigests`); then the payload's other bytes (its header, the
+padding) are written and the rest is checksummed. A batch made elsewhere (by a child process,
+or for another request) is copied in whole. The worker then closes the file, but keeps its
+mapping for the next batches it carries (`Mappings`), for `KEPT_FOR_S` after its last use. A
+memfd has no name in any file system, so nothing is left behind when either process ends,
+however it ends (kill -9 included): its memory goes with the last descriptor and mapping, the
+worker's within `KEPT_FOR_S`.
 
 Same host, and allowed: the client's handshake carries its host's boot id (`host_id`) and a file
 to open (`wire.HandshakeRequest.probe`); the worker answers `shared_memory` when both match and
@@ -39,7 +41,7 @@ from typing import Any
 import numpy as np
 
 from loadax.collate.batcher import LeafKinds
-from loadax.wire.checksum import Hasher
+from loadax.wire.checksum import ChunkDigests, Hasher, new_hasher
 from loadax.wire.codec import Blank, CodecError, layout
 from loadax.wire.limits import MAX_BATCH_BYTES
 from loadax.wire.v1 import worker_pb2 as wire
@@ -188,22 +190,29 @@ class Mappings:
 class ClientFile:
     """The memory file `memory` names, open for one request (`close` it) and mapped through
     `mappings` (by default, kept for this request alone): a batch may be stacked into it
-    (`leaves`, a `loadax.collate.batcher.StackInto`), and the payload is `write`n into it, of
-    at most `max_bytes`. A `SharedMemoryError` if it cannot be opened."""
+    (`leaves` and `stacked`, a `loadax.collate.batcher.StackInto`), and the payload is `write`n
+    into it, of at most `max_bytes`. With `checksum` XXH3 in chunks (the kind the request's
+    reply carries), the chunks that stacking completes are hashed as they are. A
+    `SharedMemoryError` if it cannot be opened."""
 
     def __init__(
         self,
         memory: wire.SharedMemory,
         max_bytes: int = MAX_BATCH_BYTES,
         mappings: Mappings | None = None,
+        checksum: int = wire.CHECKSUM_WEIGHTED_SUM,
     ) -> None:
         self.name = f"{PREFIX}{memory.name}"
         self._memory = memory
         self._fd = open_client_file(memory)
         self._max_bytes = max_bytes
         self._mappings = mappings or Mappings(kept=0)
+        self._checksum = checksum
         self._data: np.ndarray[Any, np.dtype[np.uint8]] | None = None
         self._start = 0  # the address of `_data`
+        # Of a batch stacked here: each leaf's start and bytes per row; the chunks hashed.
+        self._rows: list[tuple[int, int]] = []
+        self._chunks: ChunkDigests | None = None
 
     def leaves(self, structure: Any, kinds: LeafKinds) -> list[np.ndarray[Any, Any]] | None:
         """Arrays in the file at the places the encoding of a batch of `structure` with leaves
@@ -220,17 +229,33 @@ class ClientFile:
             data = self._mapped(size)
         except OSError:
             return None
+        self._rows = [
+            (start, Blank(shape[1:], dtype).nbytes)
+            for start, (shape, dtype) in zip(starts, kinds, strict=True)
+        ]
+        if self._checksum == wire.CHECKSUM_XXH3_CHUNKS:
+            self._chunks = ChunkDigests(data, size)
         return [
             data[start : start + Blank(*kind).nbytes].view(kind[1]).reshape(kind[0])
             for start, kind in zip(starts, kinds, strict=True)
         ]
 
-    def write(self, frames: Sequence[bytes | memoryview], hasher: Hasher | None = None) -> int:
+    def stacked(self, leaf: int, start: int, stop: int) -> None:
+        """Rows `start` to `stop` of leaf `leaf` of `leaves` are final (each row is declared
+        once): hash the chunks of the payload that completes."""
+        if self._chunks is not None:
+            at, row = self._rows[leaf]
+            self._chunks.written(at + start * row, at + stop * row)
+
+    def write(
+        self, frames: Sequence[bytes | memoryview], checksum: int | None = None
+    ) -> tuple[int, int | None]:
         """Copy the payload `frames` make into the file from its start, but for the frames
-        already in place (stacked there by `leaves`), each piece of at most `PIECE_BYTES`
-        given to `hasher` too (if any) just before it is copied, so that the copy finds it in
-        the CPU's cache: how many bytes. A `SharedMemoryError` if it cannot be written (e.g.
-        its client is gone)."""
+        already in place (stacked there by `leaves`), and compute its checksum of the kind
+        `checksum` (None: none) where the bytes are in the CPU's cache: each piece of at most
+        `PIECE_BYTES` just before it is copied, or for XXH3 in chunks, each chunk as it is
+        complete (those that stacking completed were hashed then): how many bytes, and the
+        checksum. A `SharedMemoryError` if it cannot be written (e.g. its client is gone)."""
         views = [memoryview(frame).cast("B") for frame in frames]
         ends = list(itertools.accumulate(len(view) for view in views))
         size = ends[-1] if ends else 0
@@ -246,6 +271,13 @@ class ClientFile:
             data = self._mapped(size)
         except OSError as error:
             raise SharedMemoryError(f"cannot write {self.name}: {error.strerror}") from None
+        hasher: Hasher | None = None
+        chunks = self._stacked_chunks(places, starts, size)
+        if checksum == wire.CHECKSUM_XXH3_CHUNKS:
+            chunks = chunks or ChunkDigests(data, size)
+        else:
+            hasher, chunks = None if checksum is None else new_hasher(checksum), None
+        summed = hasher or chunks
         for view, place, start in zip(views, places, starts, strict=True):
             for offset in range(0, len(view), PIECE_BYTES):
                 piece = view[offset : offset + PIECE_BYTES]
@@ -254,7 +286,21 @@ class ClientFile:
                 if place != start:
                     at = start + offset
                     data[at : at + len(piece)] = np.frombuffer(piece, np.uint8)
-        return size
+                    if chunks is not None:
+                        chunks.written(at, at + len(piece))
+        return size, None if summed is None else summed.value()
+
+    def _stacked_chunks(
+        self, places: list[int | None], starts: list[int], size: int
+    ) -> ChunkDigests | None:
+        """The chunks hashed as the batch was stacked here, if the payload is that batch: of its
+        size, with every leaf in place (and nothing else), so that the bytes declared written
+        were the leaves' and the rest is what is copied in now."""
+        chunks, self._chunks = self._chunks, None
+        in_place = {start for place, start in zip(places, starts, strict=True) if place == start}
+        if chunks is None or chunks.size != size or in_place != {at for at, _ in self._rows}:
+            return None
+        return chunks
 
     def holds(self, frames: Sequence[bytes | memoryview]) -> bool:
         """Whether any of `frames` lies in the file (was stacked there by `leaves`)."""

@@ -11,6 +11,7 @@ class Checksum(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     CHECKSUM_WEIGHTED_SUM: _ClassVar[Checksum]
     CHECKSUM_XXH3_64: _ClassVar[Checksum]
+    CHECKSUM_XXH3_CHUNKS: _ClassVar[Checksum]
 
 class Reuse(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -19,6 +20,7 @@ class Reuse(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     REUSE_COALESCED: _ClassVar[Reuse]
 CHECKSUM_WEIGHTED_SUM: Checksum
 CHECKSUM_XXH3_64: Checksum
+CHECKSUM_XXH3_CHUNKS: Checksum
 REUSE_COMPUTED: Reuse
 REUSE_CACHED: Reuse
 REUSE_COALESCED: Reuse
