@@ -1,0 +1,291 @@
+"""Issue 26's targets from one run: what a remote batch costs the worker and the trainer per GB,
+against the local loader and the raw sockets.
+
+Each round runs, each in a process of its own and in turn, `profile_remote.py` on R1 (W2's
+images, 2 epochs) and W3 (its CPU-heavy FFTs, 1 epoch): the local loader, then ZeroMQ and gRPC,
+each through the same-host fast path (the worker on loopback writes into the trainer's memory)
+and over the sockets (as from another host). Then `run.py --workloads T1` gives the transports'
+yardsticks in the same run: raw TCP into a reused buffer, plain grpcio, and loadax's rates and
+client CPU on pre-built 8 MiB batches. Last, `perf` records one worker and one client on R1 (fast
+path, ZeroMQ) for the reply checksum's share of their samples.
+
+The verdicts, from medians over the rounds (CPU seconds per GB, user + system):
+- worker <= the local loader's + 1.5 x a raw TCP send's (measured beside each run);
+- trainer <= 1.5 x raw TCP's receive (ZeroMQ, fast path) and <= 1.0 x grpcio's own (gRPC);
+- (worker + trainer) / local <= 1.6 on R1 and <= 1.15 on W3;
+- T1: loadax ZeroMQ, through its fast path or its sockets, >= 0.8 x raw TCP's GB/s;
+- the trainer's RSS within its bound (T1's runs); the checksum <= 3 % of each side's samples.
+
+    .venv/bin/python benchmarks/cost_per_gb.py --rounds 3
+
+The section goes into RESULTS.md, with T1's table and target rows from the same run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from fleet_sim import RESULTS, write_section
+from results import Results, cpu_per_gb
+
+HERE = Path(__file__).resolve().parent
+TITLE = "Cost per GB: issue 26's targets from one run"
+T1_TITLE = "T1 transport: 64 pre-built 8 MiB batches, worker to client"
+PIPELINE_EPOCHS = {"R1": 2, "W3": 1}
+LIMITS = {"R1": 1.6, "W3": 1.15}
+"""The most (worker + trainer) CPU per GB may be, as a multiple of the local loader's."""
+MODES = (("zmq", False), ("zmq", True), ("grpc", False), ("grpc", True))
+"""(transport, over the sockets): the fast path first, then as from another host."""
+CHECKSUM_SYMBOL = re.compile(r"xxh|sum_of_products", re.IGNORECASE)
+"""perf's names for the reply checksum's code (XXH3, or the weighted sums' numpy kernel)."""
+CHECKSUM_SHARE = 0.03
+
+Profile = dict[str, Any]
+
+
+def profile(workload: str, system: str, sockets: bool, *extra: str) -> Profile:
+    """One `profile_remote.py` run's measurements (its first output line)."""
+    command = [sys.executable, str(HERE / "profile_remote.py"), workload, system, *extra]
+    if workload in PIPELINE_EPOCHS:
+        command += ["--epochs", str(PIPELINE_EPOCHS[workload])]
+    if sockets:
+        command.append("--sockets")
+    done = subprocess.run(command, capture_output=True, text=True, check=True, cwd=HERE)
+    return dict(json.loads(done.stdout.splitlines()[0]))
+
+
+def name(system: str, sockets: bool) -> str:
+    label = {"zmq": "ZeroMQ", "grpc": "gRPC", "local": "local loader"}[system]
+    return label if system == "local" else f"{label} {'sockets' if sockets else 'fast path'}"
+
+
+def checksum_share(perf_data: Path) -> float:
+    """The share of `perf_data`'s samples in the reply checksum's symbols."""
+    report = ["perf", "report", "-i", str(perf_data), "--no-children", "-q", "-g", "none"]
+    shown = subprocess.run(
+        [*report, "--sort", "sym"], capture_output=True, text=True, check=True
+    ).stdout
+    share = 0.0
+    for line in shown.splitlines():
+        fields = line.split()
+        if fields and fields[0].endswith("%") and CHECKSUM_SYMBOL.search(line):
+            share += float(fields[0].rstrip("%")) / 100
+    return share
+
+
+def t1(rounds: int, scratch: Path) -> tuple[Results, Path]:
+    """`run.py`'s T1 in this run: its results and its report."""
+    out = scratch / "t1.md"
+    command = [sys.executable, str(HERE / "run.py"), "--workloads", "T1"]
+    subprocess.run([*command, "--rounds", str(rounds), "--out", str(out)], check=True, cwd=HERE)
+    return Results(json.loads(out.with_suffix(".json").read_text())), out
+
+
+def median(profiles: list[Profile], key: str) -> float:
+    return statistics.median(float(one[key]) for one in profiles)
+
+
+def verdict(met: bool) -> str:
+    return "met" if met else "**missed**"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("--no-perf", action="store_true", help="skip the checksum's share")
+    args = parser.parse_args()
+    started, load_before = time.monotonic(), os.getloadavg()[0]
+    runs: dict[tuple[str, str, bool], list[Profile]] = {}
+    for round_ in range(args.rounds):
+        for workload in PIPELINE_EPOCHS:
+            for system, sockets in (("local", False), *MODES):
+                measured = profile(workload, system, sockets)
+                runs.setdefault((workload, system, sockets), []).append(measured)
+                print(f"round {round_ + 1} {workload} {name(system, sockets)}: {measured}")
+    with tempfile.TemporaryDirectory(prefix="cost-per-gb-") as directory:
+        scratch = Path(directory)
+        transports, t1_report = t1(args.rounds, scratch)
+        t1_text = t1_report.read_text()
+        shares = {}
+        if not args.no_perf:
+            for side in ("worker", "client"):
+                data = scratch / f"{side}.perf"
+                profile("R1", "zmq", False, "--perf", side, "--perf-out", str(data))
+                shares[side] = checksum_share(data)
+    load_after = os.getloadavg()[0]
+    lines = rows(runs, transports, shares)
+    when = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
+    lines[:0] = [
+        f"`python benchmarks/cost_per_gb.py --rounds {args.rounds}` ({when}, "
+        f"{time.monotonic() - started:.0f} s, {os.cpu_count()} cores shared by the worker and the "
+        f"trainer, load average {load_before:.1f} before and {load_after:.1f} after): medians "
+        "over the rounds, each run a process of its own, in turn; CPU seconds per GB of "
+        "batches, user + system; worker and trainer on the same 2 cores (in a deployment they "
+        "are not).",
+        "",
+    ]
+    print("\n".join(lines))
+    write_section(args.out, TITLE, lines)
+    if args.out == RESULTS:
+        write_t1(t1_text)
+    return 0
+
+
+def rows(
+    runs: dict[tuple[str, str, bool], list[Profile]],
+    transports: Results,
+    shares: dict[str, float],
+) -> list[str]:
+    """The section's tables: each pipeline's CPU per GB, then every target's verdict."""
+    lines = [
+        "| pipeline, path | GB/s | worker s/GB | trainer s/GB | local s/GB | raw send s/GB "
+        "| total ÷ local |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    verdicts: list[tuple[str, str, str]] = []
+    raw_receive = transports.median("T1", "raw TCP", cpu_per_gb) or 0.0
+    grpcio = transports.median("T1", "gRPC raw bytes", cpu_per_gb) or 0.0
+    for workload, limit in LIMITS.items():
+        local = median(runs[(workload, "local", False)], "client CPU s/GB")
+        lines.append(
+            f"| {workload} local loader "
+            f"| {median(runs[(workload, 'local', False)], 'GB/s'):.3f} | — | — | {local:.2f} "
+            "| — | 1 |"
+        )
+        for system, sockets in MODES:
+            measured = runs[(workload, system, sockets)]
+            worker, trainer = (
+                median(measured, f"{side} CPU s/GB") for side in ("worker", "client")
+            )
+            send = median(measured, "raw TCP send CPU s/GB")
+            total = (worker + trainer) / local
+            label = f"{workload} {name(system, sockets)}"
+            lines.append(
+                f"| {label} | {median(measured, 'GB/s'):.3f} | {worker:.2f} | {trainer:.2f} "
+                f"| {local:.2f} | {send:.3f} | {total:.2f} |"
+            )
+            bound = local + 1.5 * send
+            verdicts.append(
+                (
+                    f"{label}: worker ≤ local + 1.5 x raw send",
+                    f"{worker:.2f} vs {bound:.2f} s/GB",
+                    verdict(worker <= bound),
+                )
+            )
+            verdicts.append(
+                (
+                    f"{label}: total ÷ local ≤ {limit}",
+                    f"{total:.2f}",
+                    verdict(total <= limit),
+                )
+            )
+            floor, times, what = (
+                (grpcio, 1.0, "grpcio's own receive")
+                if system == "grpc"
+                else (raw_receive, 1.5, "raw TCP's receive")
+            )
+            if floor:
+                verdicts.append(
+                    (
+                        f"{label}: trainer ≤ {times} x {what}",
+                        f"{trainer / floor:.2f}x ({trainer:.3f} vs {floor:.3f} s/GB, T1)",
+                        verdict(trainer <= times * floor),
+                    )
+                )
+    verdicts += transport_verdicts(transports, raw_receive, grpcio)
+    for side, share in shares.items():
+        verdicts.append(
+            (
+                f"R1 ZeroMQ fast path: the checksum ≤ 3 % of the {side}'s samples",
+                f"{share:.1%} (perf)",
+                verdict(share <= CHECKSUM_SHARE),
+            )
+        )
+    return [
+        *lines,
+        "",
+        "| target | measured | verdict |",
+        "|---|---|---|",
+        *(f"| {target} | {measured} | {result} |" for target, measured, result in verdicts),
+    ]
+
+
+def transport_verdicts(
+    transports: Results, raw_receive: float, grpcio: float
+) -> list[tuple[str, str, str]]:
+    """T1's: the trainer's receive against the raw ones, GB/s against raw TCP, RSS bounds."""
+    verdicts = []
+    raw_rate = transports.median("T1", "raw TCP") or 0.0
+
+    def gb_per_s(system: str) -> float:
+        return transports.median("T1", system) or 0.0
+
+    for system, floor, times in (
+        ("loadax ZeroMQ", raw_receive, 1.5),
+        ("loadax ZeroMQ sockets", raw_receive, 1.5),
+        ("loadax gRPC sockets", grpcio, 1.0),
+    ):
+        trainer = transports.median("T1", system, cpu_per_gb) or 0.0
+        if floor and trainer:
+            verdicts.append(
+                (
+                    f"T1 {system}: trainer ≤ {times} x the raw receive",
+                    f"{trainer / floor:.2f}x ({trainer:.3f} vs {floor:.3f} s/GB)",
+                    verdict(trainer <= times * floor),
+                )
+            )
+    best = max(("loadax ZeroMQ", "loadax ZeroMQ sockets"), key=gb_per_s)
+    if raw_rate and gb_per_s(best):
+        verdicts.append(
+            (
+                "T1: ZeroMQ (or its fast path) ≥ 0.8 x raw TCP GB/s",
+                f"{gb_per_s(best) / raw_rate:.2f}x ({best} {gb_per_s(best):.2f} vs "
+                f"{raw_rate:.2f} GB/s)",
+                verdict(gb_per_s(best) >= 0.8 * raw_rate),
+            )
+        )
+    bounded = [
+        run
+        for system in transports.systems.get("T1", [])
+        for run in transports.runs("T1", system["name"])
+        if run.get("memory_bound_bytes") is not None
+    ]
+    if bounded:
+        over = [run for run in bounded if run["peak_rss_bytes"] > run["memory_bound_bytes"]]
+        verdicts.append(
+            (
+                "T1: the trainer's RSS within its bound",
+                f"{len(bounded) - len(over)} of {len(bounded)} runs within",
+                verdict(not over),
+            )
+        )
+    return verdicts
+
+
+def write_t1(report: str) -> None:
+    """RESULTS.md's T1 table and T1 target rows, from this run's T1 report."""
+    start = report.index(f"## {T1_TITLE}")
+    end = report.find("\n## ", start + 1)
+    section = report[start : None if end < 0 else end].splitlines()[2:]
+    write_section(RESULTS, T1_TITLE, section)
+    # Only 8 MiB ran: T1-64M's rows keep their own run's numbers.
+    new = {row.split(" | ")[0]: row for row in report.splitlines() if row.startswith("| T1 8 MiB")}
+    lines = [new.get(line.split(" | ")[0], line) for line in RESULTS.read_text().splitlines()]
+    text = "\n".join(lines) + "\n"
+    RESULTS.write_text(text)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
