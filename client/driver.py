@@ -44,7 +44,7 @@ from loadax.client.fleet_events import (
     Withdraw,
 )
 from loadax.client.fleet_options import FleetOptions
-from loadax.client.fleet_watch import FleetWatch
+from loadax.client.fleet_watch import FleetWatch, is_local
 from loadax.client.member import Member
 from loadax.client.policy import Policy
 from loadax.client.subset import Seat
@@ -146,6 +146,11 @@ class Driver:
     def same_host(self) -> bool:
         """Whether a worker on this host is connected (`client.host_cores`)."""
         return bool(self._same_host)
+
+    @property
+    def off_host(self) -> bool:
+        """Whether a worker on another host is connected (`client.spare_cores`)."""
+        return any(not is_local(name) and name not in self._same_host for name in self.members)
 
     def local_cores(self, cores: int, usable: int) -> None:
         """The local members hold `cores` of this host's `usable` ones (`client.host_cores`)."""

@@ -213,8 +213,8 @@ class _Member:
 class LocalMembers:
     """The local members of one loader, running `worker`, joined to `driver` once their
     identity is checked against the loader's (`identity`, of pipeline `name`); `handshake` is
-    the loader's handshake request. `resize(count)` adds or removes members; `close()` stops
-    them."""
+    the loader's handshake request. They start as `resize(count)`, which adds or removes
+    members; `close()` stops them."""
 
     def __init__(
         self,
@@ -224,6 +224,7 @@ class LocalMembers:
         identity: Identity,
         handshake: wire.HandshakeRequest,
         driver: Driver,
+        count: int,
     ) -> None:
         self.spec, self._driver, self._handshake = spec, driver, handshake
         self._worker = worker
@@ -232,7 +233,7 @@ class LocalMembers:
         self._members: list[tuple[str, _Member]] = []
         self._next = 0
         try:
-            self.resize(0 if spec.count == "auto" else spec.count)
+            self.resize(count)
         except BaseException:
             self.close()
             raise

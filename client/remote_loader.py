@@ -106,10 +106,16 @@ class RemoteLoader(Loader[Any]):
                 processes,
                 failover.startup_timeout,
             )
-            locals_ = None
+            locals_, rule = None, None
             if local is not None and worker is not None:
                 handshake = handshake_request(pipeline, options.plan(identity.num_records))
-                locals_ = LocalMembers(local, worker, pipeline, identity, handshake, driver)
+                if isinstance(local.count, int):
+                    count = local.count
+                else:  # "auto": every core at once unless a worker elsewhere can be measured
+                    rule = SpareCores(spare_cores())
+                    sidecar = local.same_host == "worker" and driver.same_host
+                    count = rule.start(elsewhere=driver.off_host or sidecar)
+                locals_ = LocalMembers(local, worker, pipeline, identity, handshake, driver, count)
             plan = options.plan(identity.num_records)
         except BaseException:
             membership.close(every=True)
@@ -119,11 +125,10 @@ class RemoteLoader(Loader[Any]):
         fingerprint, budget = identity.fingerprint, failover.memory_budget_mb << 20
         client = uuid.uuid4().hex  # this loader's, whatever connections it shares
 
-        auto = local is not None and local.count == "auto"
         # A worker on this host counts as the trainer's cores, unless it has cores of its own.
         counted = local is not None and local.same_host == "fallback"
         same_host = (lambda: driver.same_host) if counted else (lambda: False)
-        tuner = LoopTuner(self._demand, SpareCores(spare_cores()) if auto else None, same_host)
+        tuner = LoopTuner(self._demand, rule, same_host)
         resize = locals_.resize if locals_ is not None else lambda count: None
 
         def executor() -> Executor[Any]:

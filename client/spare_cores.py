@@ -2,15 +2,18 @@
 (`loadax.client.demand`), and with `local_members("auto")` whether its own step is slowed: local
 members get one more core at a time while the loop's own time between `next()` calls grows by no
 more than `SLOWDOWN` of its whole step over what it was without them, and one core fewer when it
-does (Pecan's AutoPlacement, on measured loop time). It rides on autotune's measurement
-(`loadax.execution.autotune`): the same executor wrapper times each batch the loop waits for;
-only the rules differ."""
+does in two windows running (Pecan's AutoPlacement, on measured loop time). A window's own step
+is its median step's: a few steps that the machine's other work (or a wait for the Python lock)
+delayed do not count. It rides on autotune's measurement (`loadax.execution.autotune`): the same
+executor wrapper times each batch the loop waits for; only the rules differ."""
 
 from __future__ import annotations
 
 import dataclasses
 import logging
+import statistics
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -38,26 +41,43 @@ class SpareCores:
     """The rule: from each window's loop seconds per step, its own (`own`) and whole (`step`,
     own and waiting), how many cores local members use. The first window (none) is the baseline;
     a core that lengthens the loop's own step past it by more than `SLOWDOWN` of the whole step
-    (and `NOISE_S`) is taken back, and the count never grows past that again. A loop that mostly
-    waits for batches can spare the cores its own step barely uses; one that never waits is held
-    to 5 % of its own step. The cores come one a window, but all at once after the baseline when
-    a worker on this host served it (`same_host`): its cores are the trainer's, and they made
-    the loop's batches already (`loadax.client.host_cores` passes it over while they hold them).
+    (and `NOISE_S`) in two windows running is taken back, and the count never grows past that
+    again (one slowed window holds the count: it may be the machine's other work). A loop that
+    mostly waits for batches can spare the cores its own step barely uses; one that never waits
+    is held to 5 % of its own step. The cores come one a window, but all at once after the
+    baseline when a worker on this host served it (`same_host`): its cores are the trainer's,
+    and they made the loop's batches already (`loadax.client.host_cores` passes it over while
+    they hold them). With no worker on another host to make the baseline's batches, the members
+    hold every core from the start (`start`) and the baseline is measured with them.
 
     >>> rule = SpareCores(ceiling=4)
-    >>> [rule.decide(own, step=own) for own in (0.100, 0.101, 0.103, 0.110, 0.102, 0.101)]
-    [1, 2, 3, 2, 2, 2]
+    >>> rule.start(elsewhere=True)  # a worker on another host makes the baseline's batches
+    0
+    >>> [rule.decide(own, step=own) for own in (0.100, 0.101, 0.103, 0.110, 0.102, 0.110, 0.109)]
+    [1, 2, 3, 3, 4, 4, 3]
     >>> waiting = SpareCores(ceiling=2)  # 0.2 ms of its own in a 100 ms step: 5 ms to spare
     >>> [waiting.decide(own, step=0.1) for own in (0.0002, 0.0006, 0.004)]
     [1, 2, 2]
     >>> beside = SpareCores(ceiling=4)  # a same-host worker made the baseline's batches
-    >>> [beside.decide(own, step=own, same_host=True) for own in (0.100, 0.101, 0.110)]
-    [4, 4, 3]
+    >>> [beside.decide(own, step=own, same_host=True) for own in (0.100, 0.101, 0.110, 0.110)]
+    [4, 4, 4, 3]
+    >>> alone = SpareCores(ceiling=4)  # no worker elsewhere: every core, the baseline with them
+    >>> alone.start(elsewhere=False), [alone.decide(own, step=own) for own in (0.100, 0.101)]
+    (4, [4, 4])
     """
 
     ceiling: int
     count: int = 0
     baseline: float | None = None
+    slowed: bool = False
+    """Whether the last window was slowed."""
+
+    def start(self, elsewhere: bool) -> int:
+        """The cores before the loop is measured: none while a worker on another host is there
+        to make the baseline's batches (`elsewhere`), else every core (no worker, or only
+        workers on this host, whose cores are the trainer's)."""
+        self.count = 0 if elsewhere else self.ceiling
+        return self.count
 
     def decide(self, own: float, step: float, same_host: bool = False) -> int:
         if self.baseline is None:
@@ -66,57 +86,71 @@ class SpareCores:
                 self.count = self.ceiling
                 return self.count
         elif own - self.baseline > SLOWDOWN * step + NOISE_S:
-            self.count = self.ceiling = max(self.count - 1, 0)
+            if self.slowed:
+                self.slowed = False
+                self.count = self.ceiling = max(self.count - 1, 0)
+            else:
+                self.slowed = True
             return self.count
+        self.slowed = False
         self.count = min(self.count + 1, self.ceiling)
         return self.count
 
 
 class LoopTuner(Autotuner):
     """Autotune's measurements, fed to `demand` and, when there is one, to `rule`: `workers`
-    is the local members it wants; `same_host()` says whether a worker on this host is in use
-    (the rule's `same_host`)."""
+    is the local members it wants (from `rule.start`); `same_host()` says whether a worker on
+    this host is in use (the rule's `same_host`). `clock` is the loop's (a test's virtual one)."""
 
     def __init__(
         self,
         demand: DemandMeter,
         rule: SpareCores | None = None,
         same_host: Callable[[], bool] = lambda: False,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         ceiling = 0 if rule is None else rule.ceiling
         super().__init__(
             Limits(max_workers=ceiling, memory_bytes=0, processes=False, prefetch=False),
-            workers=0,
+            workers=0 if rule is None else rule.count,
             prefetch=0,
             report=lambda tuning: None,
+            clock=clock,
         )
         self.demand, self.rule, self._same_host = demand, rule, same_host
         self._window = threading.Lock()
         self._since: float | None = None  # the window's start, after its first batch
-        self._steps, self._waiting = 0, 0.0
+        self._last = 0.0  # when the loop got its last batch
+        self._own: list[float] = []  # the window's steps' own seconds
+        if self.workers:
+            log.info(
+                "local members' cores: %d from the start (no worker on another host to make "
+                "the loop's batches while it is measured without them)",
+                self.workers,
+            )
 
     def took(self, asked: float, got: float, batch: Any) -> None:
         self.demand.took(asked, got)
         if self.rule is None:
             return
         with self._window:
+            last, self._last = self._last, got
             if self._since is None:
                 self._since = got
                 return
-            self._steps += 1
-            self._waiting += got - asked
-            if self._steps < (WINDOW if self.rule.baseline is not None else BASELINE):
+            self._own.append(asked - last)
+            if len(self._own) < (WINDOW if self.rule.baseline is not None else BASELINE):
                 return
-            step = (got - self._since) / self._steps
-            own = step - self._waiting / self._steps
-            self._since, self._steps, self._waiting = got, 0, 0.0
+            step = (got - self._since) / len(self._own)
+            own = statistics.median(self._own)
+            self._since, self._own = got, []
             count = self.rule.decide(own, step, self._same_host())
             if count == self.workers:
                 return
             self.workers = count
         log.info(
-            "local members' cores: %d (the loop's own step %.2f ms of %.2f ms, %.2f ms without "
-            "them)",
+            "local members' cores: %d (the loop's own step %.2f ms of %.2f ms, %.2f ms at the "
+            "baseline)",
             count,
             1e3 * own,
             1e3 * step,

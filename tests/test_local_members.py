@@ -4,6 +4,7 @@ and the loader runs from its local members while no worker answers, then returns
 
 from __future__ import annotations
 
+import functools
 import itertools
 import logging
 import time
@@ -19,6 +20,7 @@ from workers import pinned
 from loadax import DataLoader
 from loadax.client import RemoteDataLoader, remote_loader
 from loadax.client.local_members import LocalSpec
+from loadax.client.spare_cores import LoopTuner
 from loadax.factories import ConfigError
 from loadax.server.worker import Worker
 
@@ -79,19 +81,28 @@ def test_workers_and_local_members_give_the_local_batches(kind: Any, reference: 
 
 @pytest.mark.parametrize("kind", ["threads", "processes"])
 def test_local_members_alone_give_the_local_batches_while_no_worker_answers(
-    kind: Any, reference: list[str], caplog: pytest.LogCaptureFixture, tmp_path: Path
+    kind: Any,
+    reference: list[str],
+    caplog: pytest.LogCaptureFixture,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     nobody = "grpc://127.0.0.1:9"  # the discard port: refused
     if kind == "threads":
+        # "auto": with no worker to make the batches while the loop is measured without
+        # members, they get every core from the start (none would make the baseline's).
+        monkeypatch.setattr(remote_loader, "spare_cores", lambda: 2)  # whatever this host has
         pipeline = local_member_pipelines.noisy_records(RECORDS)
-        local = builder([nobody]).local_members(2, pipeline=pipeline, kind=kind)
+        local = builder([nobody]).local_members("auto", pipeline=pipeline, kind=kind)
+        members = ["local 0"]  # one, splitting each batch over its 2 threads
     else:  # the worker config's factory, rebuilt in each child process
         config = worker_config(tmp_path, RECORDS)
         local = builder([nobody]).local_members(2, config=config, kind=kind)
+        members = ["local 0", "local 1"]
     with caplog.at_level(logging.WARNING, logger="loadax.client"):
         loader = local.startup(timeout=5, give_up_after=0.2).build()
     with loader:
-        assert loader.targets == ["local 0", "local 1"]
+        assert loader.targets == members
         assert digests(loader) == reference
     assert any("running from local members" in r.getMessage() for r in caplog.records)
 
@@ -180,9 +191,14 @@ def test_auto_gives_its_cores_to_one_member_once_the_loop_is_measured(
     caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(remote_loader, "spare_cores", lambda: 2)  # whatever this host has
-    # 40 batches of 40 ms (4 records that sleep 10 ms): a baseline of 4, a core, a window of 8,
-    # another core. The loop only takes batches: it waits for each, as in R1.
-    records, cost_ms = 160, 10.0
+    # The loop's clock ticks 20 ms at each reading (its own step 20 ms, its wait 20 ms), so that
+    # what "auto" decides does not depend on this machine's load: a baseline of 4, a core, a
+    # window of 8, another core (`tests/test_spare_cores.py` has the rule's cases).
+    ticks = itertools.count(0.0, 0.02)
+    monkeypatch.setattr(
+        remote_loader, "LoopTuner", functools.partial(LoopTuner, clock=lambda: next(ticks))
+    )
+    records, cost_ms = 80, 1.0  # 20 batches of 4 records
     worker = Worker({"noisy": local_member_pipelines.sleepy(records, cost_ms)}, threads=1)
     pipeline = local_member_pipelines.sleepy(records, cost_ms)
     auto = builder([worker]).local_members("auto", pipeline=pipeline)
