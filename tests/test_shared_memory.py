@@ -154,6 +154,42 @@ def test_a_file_is_reused_only_once_answered_and_nothing_made_from_it_is_alive()
     files.close()
 
 
+def answered_batch(files: MemoryFiles) -> memoryview:
+    """A request's file, written and answered as a worker does: the batch's payload in it."""
+    frames = encode_frames({"x": np.arange(1000, dtype=np.int64)})
+    header = EncodedBatch(3, frames).header
+    header.shared_memory = True
+    lease = Lease(files, wire.BatchRequest(step=3))
+    write(lease.request.shared_memory, frames)
+    payload = lease.reply("w", header, [], None, 1 << 20).payload[0]
+    lease.settle()
+    return memoryview(payload)
+
+
+def test_files_are_kept_for_the_batches_alive_lately_and_let_go_of_after(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    made: list[str] = []
+    make = MemoryFile.__init__
+    monkeypatch.setattr(
+        MemoryFile, "__init__", lambda file, size=0: (make(file, size), made.append(file.name))[0]
+    )
+    files = MemoryFiles(spare=1, recent=8)
+    alive = [answered_batch(files) for _ in range(4)]
+    for _ in range(10):  # the user lets go of 3 batches at once, then takes 3: no file is made
+        del alive[:3]
+        alive += [answered_batch(files) for _ in range(3)]
+    assert len(made) == 4
+    hoard = [answered_batch(files) for _ in range(6)]  # the user holds 10
+    assert (len(made), files.kept) == (10, 10)
+    del hoard
+    for _ in range(8):  # 8 lends later, 5 were needed at once at most: those and the spare
+        alive.append(answered_batch(files))
+        alive.pop(0)
+    assert (len(made), files.kept) == (10, 6)
+    files.close()
+
+
 def test_a_file_whose_request_was_not_answered_is_never_written_into_a_later_batch() -> None:
     files = MemoryFiles()
     frames = encode_frames({"x": np.arange(1000, dtype=np.int64)})
