@@ -1,21 +1,25 @@
 """Local members: the trainer host's own cores running the loader's pipeline as members of its
 fleet, placed by the same policy as remote workers (`RemoteDataLoader.local_members`).
 
-A local member is a worker object without sockets (`LocalWorker`, reached through the in-process
-transport), joined to the driver through the same door as a remote worker. Its pipeline identity
-is computed by the code a worker's is (`loadax.identity`), and it joins only when that is the
-identity the remote fleet agreed on (or the pinned one): local members never vote. Each member
-makes one batch at a time (on its threads, or in one child process). Its batches are
-encoded and decoded as a worker's are, so that placement never changes a byte, but never
-checksummed: they are made and used in this process (`_LocalTransport`). The cores they hold
+A local member is a worker object without sockets (`LocalWorker`, reached through a transport
+that calls it, `_LocalTransport`), joined to the driver through the same door as a remote
+worker. Its pipeline identity is computed by the code a worker's is (`loadax.identity`), and it
+joins only when that is the identity the remote fleet agreed on (or the pinned one): local
+members never vote. Each member makes its batches on an executor of its own (its threads, or
+one child process), started in the order they are asked for. Its batches are encoded and
+decoded as a worker's are, so that placement never changes a byte, but never checksummed: they
+are made and used in this process. The cores they hold
 are reported to the policy, which passes over a worker on this host while they hold them all
 (`loadax.client.host_cores`), unless `same_host="worker"`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import threading
+from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Literal
 
@@ -25,10 +29,10 @@ from loadax.client.fleet_watch import LOCAL_PREFIX
 from loadax.client.identity import require
 from loadax.client.member import Identity, ask
 from loadax.client.spare_cores import spare_cores
-from loadax.client.transports.in_process import InProcessTransport
 from loadax.client.transports.reply import Reply
 from loadax.errors import RecordError, WorkerError
-from loadax.execution.executor import Executor
+from loadax.execution.executor import Executor, Pending
+from loadax.execution.heap import keep_freed_memory
 from loadax.execution.pickled import PickledPipeline
 from loadax.execution.pipeline import Pipeline
 from loadax.execution.processes import ProcessExecutor
@@ -38,6 +42,7 @@ from loadax.identity.fingerprint import pipeline_fingerprint
 from loadax.identity.probes import probe_batches
 from loadax.wire.codec import encode_frames
 from loadax.wire.failures import PipelineFailed, RecordFailed
+from loadax.wire.limits import DEFAULT_TIMEOUT_S
 from loadax.wire.payloads import EncodedBatch
 from loadax.wire.plans import plan_from_wire, request_digest, work_from_wire
 from loadax.wire.v1 import worker_pb2 as wire
@@ -45,8 +50,8 @@ from loadax.wire.v1 import worker_pb2 as wire
 KINDS = ("threads", "processes")
 SAME_HOST = ("fallback", "worker")
 LOCAL_DEPTH = 2
-"""Requests a local member is sent at once: one being made while the next waits. (Making both at
-once, as the local loader's executor would, cost R1 more CPU and time, not less: measured.)"""
+"""Requests a local member is sent at once, started in the order sent: its threads go on to the
+second's records while the first's last ones finish."""
 
 Kind = Literal["threads", "processes"]
 SameHost = Literal["fallback", "worker"]
@@ -98,9 +103,9 @@ class LocalSpec:
 
 class LocalWorker:
     """Pipeline `name` served in this process as a worker object: its identity (fingerprint and
-    schema, computed once, as a worker computes them) in `handshake`, and its batches in
-    `answer` from one executor per member (`executor()`): a thread, or with `pickled` (how child
-    processes get the pipeline) a child process."""
+    schema, computed once, as a worker computes them) in `handshake`, and its batches (`start`,
+    then `answer`) on one executor per member (`executor()`): threads, or with `pickled` (how
+    child processes get the pipeline) a child process."""
 
     def __init__(
         self, name: str, pipeline: Pipeline[Any, Any], pickled: PickledPipeline[Any] | None
@@ -108,6 +113,8 @@ class LocalWorker:
         self._name, self._pipeline, self._pickled = name, pipeline, pickled
         self.fingerprint = pipeline_fingerprint(pipeline)
         self._schema, _ = probe_batches(name, pipeline)
+        if pickled is None:  # this process loads: it keeps what a batch freed, as a local
+            keep_freed_memory(arenas=None)  # loader's does (`loadax.execution.heap`)
 
     @classmethod
     def of(cls, spec: LocalSpec, name: str) -> LocalWorker:
@@ -152,10 +159,9 @@ class LocalWorker:
             max_in_flight_per_client=LOCAL_DEPTH,
         )
 
-    def answer(self, executor: Executor[Any], request: wire.BatchRequest) -> EncodedBatch:
-        """The answer to `request`, made on `executor`, without a checksum (0: it is handed over
-        in this process, `_LocalTransport`); the failure a worker would answer when a record or
-        the pipeline's code fails."""
+    def start(self, executor: Executor[Any], request: wire.BatchRequest) -> Pending[Any]:
+        """The batch `request` asks for, started on `executor` now; a `WorkerError` as a worker
+        would answer it when the request is not this member's or its pipeline's code fails."""
         if request.fingerprint != self.fingerprint:
             raise WorkerError(
                 "FAILED_PRECONDITION",
@@ -163,50 +169,83 @@ class LocalWorker:
                 f"{self.fingerprint[:12]}, the request {request.fingerprint[:12] or 'none'}",
             )
         plan, work = plan_from_wire(request.plan), work_from_wire(request)
-        try:
-            made = executor.submit(plan, work).result()
-        except RecordError as error:
-            raise RecordFailed.of(error) from error
-        except Exception as error:
-            raise PipelineFailed.of(error, request.step) from error
+        with _answered(request.step):
+            return executor.submit(plan, work)
+
+    def answer(self, request: wire.BatchRequest, making: Pending[Any]) -> EncodedBatch:
+        """The answer to `request` once `making` (`start`) is made, without a checksum (0: it
+        is handed over in this process, `_LocalTransport`); the failure a worker would answer
+        when a record or the pipeline's code fails."""
+        with _answered(request.step):
+            made = making.result()
         frames = [made] if self._pickled is not None else encode_frames(made)
         return EncodedBatch(request.step, frames, self.fingerprint, request_digest(request))
 
 
-class _LocalTransport(InProcessTransport):
-    """The in-process transport of one local member. Its batch's frames are views of arrays made
-    in this process and handed over in it: nothing could change them on the way, so they are not
-    checksummed (the reply's checksum is its header's); its other checks stand."""
+@contextlib.contextmanager
+def _answered(step: int) -> Iterator[None]:
+    """Raise what a worker would answer for a batch of `step` that failed: a record's failure,
+    or the pipeline's."""
+    try:
+        yield
+    except RecordError as error:
+        raise RecordFailed.of(error) from error
+    except Exception as error:
+        raise PipelineFailed.of(error, step) from error
 
-    def _load(self, request: wire.BatchRequest) -> Reply:
-        answer = self._worker.load_batch(request)
-        return Reply(answer.header, answer.frames, answer.checksum)
 
+class _LocalTransport:
+    """One local member as a transport: `worker`'s pipeline on an executor of its own (of
+    `threads` threads, of kind threads), named `name`. A batch is started as its request is
+    sent, on the sender's thread, so that the executor takes requests in the order sent and its
+    threads go on to the next batch's records while the last of one's finish, as the local
+    loader's do (no barrier between batches); `LOCAL_DEPTH` threads wait for them. Its batch's
+    frames are views of arrays made in this process and handed over in it: nothing could change
+    them on the way, so they are not checksummed (the reply's checksum is its header's); its
+    other checks stand. Its replies name its threads as its loading slots, so that the policy
+    weighs it against workers by their slots (its load is this loader's alone)."""
 
-class _Member:
-    """One local member as a worker object: `worker`'s pipeline on an executor of its own (of
-    `threads` threads, of kind threads)."""
-
-    def __init__(self, worker: LocalWorker, threads: int) -> None:
-        self._worker, self._executor = worker, worker.executor(threads)
-        self._threads = threads
+    def __init__(self, worker: LocalWorker, threads: int, name: str) -> None:
+        self.name, self._worker, self._threads = name, worker, threads
+        self._executor = worker.executor(threads)
+        self._waiting = ThreadPoolExecutor(LOCAL_DEPTH, thread_name_prefix="loadax-local")
+        self._lock = threading.Lock()  # a batch is not started on threads being resized
 
     def split(self, threads: int) -> None:
         """Make each batch from now on on `threads` threads (the same batch on any number)."""
         assert isinstance(self._executor, ThreadExecutor), "only a thread member splits"
-        self._executor.resize(threads)
-        self._threads = threads
+        with self._lock:
+            self._executor.resize(threads)
+            self._threads = threads
 
-    def handshake(self, request: wire.HandshakeRequest) -> wire.HandshakeResponse:
+    def handshake(
+        self, request: wire.HandshakeRequest, timeout: float = DEFAULT_TIMEOUT_S
+    ) -> wire.HandshakeResponse:
+        del timeout  # a direct call has nothing to wait for
         return self._worker.handshake(request)
 
-    def load_batch(self, request: wire.BatchRequest) -> EncodedBatch:
-        """The answer to `request`; its load is this loader's alone (`loadax.wire.load`), over
-        its threads as slots, so that the policy weighs it against workers by their slots."""
-        answer = self._worker.answer(self._executor, request)
-        return dataclasses.replace(answer, loading_slots=self._threads)
+    def send(self, request: wire.BatchRequest) -> Future[Reply]:
+        try:
+            with self._lock:
+                making, slots = self._worker.start(self._executor, request), self._threads
+        except WorkerError as error:
+            failed: Future[Reply] = Future()
+            failed.set_exception(error)
+            return failed
+        reply = self._waiting.submit(self._reply, request, making, slots)
+        reply.add_done_callback(lambda done: making.cancel() if done.cancelled() else None)
+        return reply
+
+    def _reply(self, request: wire.BatchRequest, making: Pending[Any], slots: int) -> Reply:
+        answer = dataclasses.replace(self._worker.answer(request, making), loading_slots=slots)
+        return Reply(answer.header, answer.frames, answer.checksum)
 
     def close(self) -> None:
+        """Stop waiting for batches (the driver's call); `release` stops making them."""
+        self._waiting.shutdown(wait=False, cancel_futures=True)
+
+    def release(self) -> None:
+        """Stop the executor's threads or child process, once they are done."""
         self._executor.release(wait=True)
 
 
@@ -230,7 +269,7 @@ class LocalMembers:
         self._worker = worker
         self._identity, self._name = identity, name
         self._lock = threading.Lock()
-        self._members: list[tuple[str, _Member]] = []
+        self._members: list[tuple[str, _LocalTransport]] = []
         self._next = 0
         try:
             self.resize(count)
@@ -252,7 +291,7 @@ class LocalMembers:
             while len(self._members) > members:
                 name, member = self._members.pop()
                 self._driver.leave(name)
-                member.close()
+                member.release()
             if one:
                 for _, member in self._members:
                     member.split(threads)
@@ -260,15 +299,13 @@ class LocalMembers:
                 self._driver.local_cores(len(self._members) * threads, spare_cores())
 
     def _add(self, threads: int) -> None:
-        local = _Member(self._worker, threads)
-        name = f"{LOCAL_PREFIX}{self._next}"
-        transport = _LocalTransport(local, threads=1, name=name)
+        transport = _LocalTransport(self._worker, threads, f"{LOCAL_PREFIX}{self._next}")
         try:
             member = ask(transport, self._handshake, timeout=0)
             require(member, self._identity, self._name)
         except ValueError as error:
             transport.close()
-            local.close()
+            transport.release()
             raise ValueError(
                 f"local members cannot join: {error}. They run the pipeline given to "
                 "local_members, which must be the one the workers serve (local members never "
@@ -276,14 +313,14 @@ class LocalMembers:
             ) from None
         except BaseException:
             transport.close()
-            local.close()
+            transport.release()
             raise
         self._next += 1
-        self._members.append((name, local))
+        self._members.append((transport.name, transport))
         self._driver.join(member)
 
     def close(self) -> None:
         with self._lock:
             members, self._members = self._members, []
         for _, member in members:
-            member.close()
+            member.release()

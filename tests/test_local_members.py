@@ -7,22 +7,27 @@ from __future__ import annotations
 import functools
 import itertools
 import logging
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import local_member_pipelines
+import numpy as np
 import pytest
 from equivalence import digests
 from workers import pinned
 
-from loadax import DataLoader
+from loadax import Batcher, DataLoader, Pipeline, Plan, RangeDataset
 from loadax.client import RemoteDataLoader, remote_loader
-from loadax.client.local_members import LocalSpec
+from loadax.client.local_members import LocalSpec, LocalWorker, _LocalTransport
 from loadax.client.spare_cores import LoopTuner
 from loadax.factories import ConfigError
+from loadax.plan.work import StepWork
 from loadax.server.worker import Worker
+from loadax.wire.codec import decode_frames
+from loadax.wire.plans import batch_request
 
 RECORDS, BATCH, SEED = 48, 4, 3
 FLEET_DOWN_RECORDS = 20000
@@ -105,6 +110,36 @@ def test_local_members_alone_give_the_local_batches_while_no_worker_answers(
         assert loader.targets == members
         assert digests(loader) == reference
     assert any("running from local members" in r.getMessage() for r in caplog.records)
+
+
+def test_a_local_members_threads_go_on_to_the_next_batch_while_one_finishes() -> None:
+    # Batch 0's last record is read only once a record of batch 1 has been: the member's 2
+    # threads must take the next request's records while one thread still reads batch 0's (no
+    # barrier between batches, as in the local loader). One batch at a time would fail it.
+    armed, next_read = threading.Event(), threading.Event()
+
+    def record(index: int) -> np.ndarray[Any, Any]:
+        if armed.is_set() and index == 3 and not next_read.wait(timeout=10):
+            raise AssertionError("batch 1 was not started while batch 0 finished")
+        if armed.is_set() and index >= 4:
+            next_read.set()
+        return np.full(2, index)
+
+    pipeline = Pipeline(RangeDataset(0, 8).map(record), Batcher())
+    worker = LocalWorker("p", pipeline, None)
+    transport = _LocalTransport(worker, threads=2, name="local 0")
+    plan = Plan(num_records=8, batch_size=4)
+    armed.set()
+    try:
+        replies = [
+            transport.send(batch_request("p", worker.fingerprint, plan, StepWork(step)))
+            for step in (0, 1)
+        ]
+        batches = [decode_frames(reply.result(timeout=10).payload) for reply in replies]
+    finally:
+        transport.close()
+        transport.release()
+    assert [batch[:, 0].tolist() for batch in batches] == [[0, 1, 2, 3], [4, 5, 6, 7]]
 
 
 def test_a_worker_alone_gives_the_local_batches(reference: list[str]) -> None:
