@@ -45,6 +45,7 @@ _SERVER_KEYS = (
     "python_path",
     "shared_memory",
     "share_cache_mb",
+    "zmq_data_port",
 )
 LOG_FORMATS = ("text", "json")
 
@@ -76,6 +77,9 @@ class WorkerConfig:
     shared_memory: bool = True
     # Replies built lately, kept for requests with the same digest; None: 1/4 of the budget
     share_cache_bytes: int | None = None
+    # The port beside the ZeroMQ endpoint whose plain sockets carry batch replies to clients
+    # (server/zmq_data.py; 0: any free port); None: none, every reply goes over ZeroMQ
+    zmq_data_port: int | None = 0
 
     def error(self, message: str) -> ConfigError:
         return ConfigError(f"{self.source}: {message}")
@@ -187,6 +191,7 @@ def _parse(
             if "share_cache_mb" in server
             else None
         ),
+        zmq_data_port=_data_port(source, server),
     )
 
 
@@ -197,6 +202,18 @@ def _log_format(source: str, server: Mapping[str, Any]) -> str:
             f'{source}: [server].log_format must be "text" or "json", got {show(value)}'
         )
     return str(value)
+
+
+def _data_port(source: str, server: Mapping[str, Any]) -> int | None:
+    value = server.get("zmq_data_port", 0)
+    if value is False:
+        return None
+    if not is_int(value, minimum=0) or value > 65535:
+        raise ConfigError(
+            f"{source}: [server].zmq_data_port must be a port (0: any free one) or false, got "
+            f"{show(value)}"
+        )
+    return int(value)
 
 
 def _positive_int(source: str, server: Mapping[str, Any], key: str, default: int) -> int:

@@ -222,6 +222,7 @@ def _serve(config: WorkerConfig, worker: Worker, grace: float) -> None:
                     curve=config.curve,
                     token=config.token,
                     metrics=metrics,
+                    data_port=config.zmq_data_port,
                     **limits,
                 )
             )

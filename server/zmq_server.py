@@ -4,7 +4,8 @@ It keeps sockets and framing (`loadax.wire.zmq_frames`): every request goes to i
 (through `loadax.server.zmq_service`, which handles it on a thread of its own), and its `Ledger`
 holds it until libzmq is done with the reply. One I/O thread owns every socket it polls. Optionally
 CURVE encrypts and authenticates connections (with a ZAP allow-list of client keys), and a shared
-token must come with every request.
+token must come with every request. Without CURVE, a data port beside the ROUTER socket carries
+batch replies to the clients that ask for it at their handshake (`loadax.server.zmq_data`).
 
 Memory: a request counts against its client's in-flight limit, and a batch keeps its share of
 the memory budget, until libzmq is done with the reply (written to the socket, or dropped: its
@@ -38,6 +39,7 @@ from loadax.server.metrics import WorkerMetrics
 from loadax.server.request_path import RequestPath
 from loadax.server.throttled_log import ThrottledLog
 from loadax.server.worker import Worker
+from loadax.server.zmq_data import DataPort
 from loadax.server.zmq_outbox import Outbox
 from loadax.server.zmq_service import ZmqService, client_name
 from loadax.validation import require_int
@@ -79,6 +81,11 @@ class ZmqServer:
     With `curve` the socket is a CURVE server: only clients that know its public key (and, with
     an allow-list, whose key is on it) connect. With `token`, requests without it get
     UNAUTHENTICATED. Every request is counted in `metrics` (by default, metrics of its own).
+
+    On `data_port` (0: any free port; None: none), on the endpoint's host, clients that ask for
+    it at their handshake open a data socket that their successful batch replies come on
+    (`loadax.wire.zmq_data`), each held in the ledger until written to it; never with `curve`,
+    whose protection covers what ZeroMQ carries only: its payloads stay inside.
     """
 
     def __init__(
@@ -93,6 +100,7 @@ class ZmqServer:
         curve: CurveConfig | None = None,
         token: str | None = None,
         metrics: WorkerMetrics | None = None,
+        data_port: int | None = 0,
     ) -> None:
         require_int("max_reply_bytes", max_reply_bytes, minimum=1)
         self._requests = RequestPath(
@@ -117,7 +125,16 @@ class ZmqServer:
         self._context: zmq.Context[zmq.Socket[bytes]] | None = None
         self._thread: threading.Thread | None = None
         self._outbox = Outbox(self._requests.ledger)
-        self._service = ZmqService(self._requests, self._outbox, threads, self._stopping)
+        # CURVE protects what ZeroMQ carries, not a plain socket: its payloads stay inside.
+        self._data: DataPort | None = None
+        if data_port is not None and curve is None:
+            require_int("data_port", data_port, minimum=0)
+            self._data = DataPort(
+                _bound_host(self._endpoint), data_port, self._requests.admission.authenticate
+            )
+        self._service = ZmqService(
+            self._requests, self._outbox, threads, self._stopping, self._data
+        )
 
     @property
     def ledger(self) -> Ledger:
@@ -153,6 +170,14 @@ class ZmqServer:
             self._stop_authenticator()
             context.term()
             raise OSError(f"cannot bind the ZeroMQ server to {self._endpoint}: {error}") from error
+        if self._data is not None:
+            try:
+                self._data.open()
+            except OSError:
+                router.close(linger=0)
+                self._stop_authenticator()
+                context.term()
+                raise
         endpoint = router.getsockopt_string(zmq.LAST_ENDPOINT)
         replies = self._service.open(context)
         self._context = context
@@ -161,11 +186,18 @@ class ZmqServer:
         )
         self._thread.start()
         log.info(
-            "serving ZeroMQ on %s",
+            "serving ZeroMQ on %s%s",
             endpoint,
+            "" if self._data is None else f", batch replies on data port {self._data.port}",
             extra=fields(event="listening", worker=endpoint.replace("tcp://", "zmq://", 1)),
         )
         return endpoint
+
+    @property
+    def data_port(self) -> int | None:
+        """The data port once started (`loadax.wire.zmq_data`); None: batch replies go over
+        ZeroMQ only (turned off, or CURVE)."""
+        return None if self._data is None else self._data.port
 
     def _secure(
         self, context: zmq.Context[zmq.Socket[bytes]], router: zmq.Socket[bytes], curve: CurveConfig
@@ -213,6 +245,8 @@ class ZmqServer:
         poller = zmq.Poller()
         poller.register(router, zmq.POLLIN)
         poller.register(replies, zmq.POLLIN)
+        if self._data is not None:
+            self._data.attach(poller)
         deadline: float | None = None
         closing: float | None = None  # when the connections close, once stopping
         try:
@@ -236,8 +270,13 @@ class ZmqServer:
                     timeout_ms = max(math.ceil(1000 * (wake_at - now)), 0)
                 if self._outbox.pending:
                     timeout_ms = min(timeout_ms, _REAP_MS) if timeout_ms is not None else _REAP_MS
+                greeting_ms = None if self._data is None else self._data.timeout_ms(now)
+                if greeting_ms is not None:
+                    timeout_ms = greeting_ms if timeout_ms is None else min(timeout_ms, greeting_ms)
                 ready = dict(poller.poll(timeout_ms))
                 self._outbox.reap()
+                if self._data is not None:
+                    self._data.serve(ready, time.monotonic())
                 if replies in ready:
                     self._forward_replies(replies, router)
                 if router in ready:
@@ -248,6 +287,8 @@ class ZmqServer:
             remaining = 0.0 if deadline is None else deadline - time.monotonic()
             router.close(linger=int(1000 * max(remaining, _MIN_FLUSH_S)))
             replies.close(linger=0)
+            if self._data is not None:
+                self._data.close()
             # No client is served any more: what their replies hold is no longer theirs.
             self._outbox.release_all()
 
@@ -289,6 +330,12 @@ class ZmqServer:
             if error.errno != zmq.EHOSTUNREACH:
                 raise
             log.debug("dropped a reply to %s: it disconnected", _peer(message))
+
+
+def _bound_host(endpoint: str) -> str:
+    """The host of `endpoint` ("tcp://host:port") as a plain socket binds it ("" for "*")."""
+    host = endpoint.removeprefix("tcp://").rpartition(":")[0].strip("[]")
+    return "" if host == "*" else host
 
 
 class _AllowList:

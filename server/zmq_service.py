@@ -1,9 +1,10 @@
 """The worker's service over ZeroMQ: what a message read off the server's ROUTER socket becomes.
 
 A request is authenticated, parsed and admitted on the worker's `RequestPath`, then handled on a
-thread of its own, whose reply goes back to the I/O thread over an inproc PUSH/PULL pair. A
-client's cancel lets go of its request at once when no handler has taken it yet, ends its wait for
-a loading slot, or drops its reply once loaded.
+thread of its own, whose reply goes back to the I/O thread over an inproc PUSH/PULL pair, or, for
+a batch whose client has a data socket and asked for it there, is written to that socket by the
+handler (`loadax.server.zmq_data`). A client's cancel lets go of its request at once when no
+handler has taken it yet, ends its wait for a loading slot, or drops its reply once loaded.
 """
 
 from __future__ import annotations
@@ -20,9 +21,13 @@ from loadax.server.handler_pool import HandlerPool
 from loadax.server.ledger import Held
 from loadax.server.request_path import RequestPath
 from loadax.server.throttled_log import ThrottledLog
+from loadax.server.zmq_data import DataPort
 from loadax.server.zmq_outbox import Outbox, tracked_frames
 from loadax.wire import zmq_frames
 from loadax.wire.credentials import BEARER
+from loadax.wire.messages import RequestMessage
+from loadax.wire.payloads import EncodedBatch
+from loadax.wire.v1 import worker_pb2 as wire
 
 log = logging.getLogger(__name__)
 
@@ -40,9 +45,15 @@ class ZmqService:
     refused with UNAVAILABLE."""
 
     def __init__(
-        self, requests: RequestPath, outbox: Outbox, threads: int, stopping: threading.Event
+        self,
+        requests: RequestPath,
+        outbox: Outbox,
+        threads: int,
+        stopping: threading.Event,
+        data: DataPort | None = None,
     ) -> None:
         self._requests, self._outbox, self._stopping = requests, outbox, stopping
+        self._data = data  # the data port, when the server has one (`loadax.wire.zmq_data`)
         self._warnings = ThrottledLog(log)
         # Its threads start with the first requests.
         self._pool = HandlerPool(max(threads, _HANDLERS), "loadax-zmq-handler")
@@ -173,10 +184,19 @@ class ZmqService:
             self._push_reply(
                 identity, held, request_id, zmq_frames.error_frames(request_id, answer)
             )
-        else:
-            self._push_reply(
-                identity, held, request_id, zmq_frames.reply_frames(request_id, answer)
-            )
+            return
+        if self._data is not None and _data_socket_asked(request.message):
+            if isinstance(answer, wire.HandshakeResponse):
+                answer.data_port = self._data.port
+                answer.data_nonce = self._data.offer(identity)
+            elif (
+                isinstance(answer, EncodedBatch)
+                and answer.shared_size is None
+                and self._data.send(identity, request_id, answer)
+            ):
+                self._requests.ledger.done(held)  # written to the socket, or the socket is gone
+                return
+        self._push_reply(identity, held, request_id, zmq_frames.reply_frames(request_id, answer))
 
     def _push_reply(
         self, identity: bytes, held: Held, request_id: int, reply: list[zmq_frames.Buffer]
@@ -209,6 +229,14 @@ class _Admitted:
     held: Held
     task: Future[None] | None = None
     cancelled: bool = False
+
+
+def _data_socket_asked(request: RequestMessage) -> bool:
+    """Whether `request` asks for a data socket (a handshake), or for its reply on one (a batch
+    request)."""
+    if isinstance(request, wire.HandshakeRequest | wire.BatchRequest):
+        return request.data_socket
+    return False
 
 
 def client_name(identity: bytes) -> str:

@@ -3,7 +3,9 @@
 Framing is `loadax.wire.zmq_frames`. The process's I/O thread (`zmq_io`) serves the DEALER
 sockets of every transport; callers hand it requests through a queue and wake it. It sends them
 (`zmq_send`), and receives a batch's payload frames into one buffer of a `BufferPool`
-(`zmq_receive`), reused once nothing made from it is alive.
+(`zmq_receive`), reused once nothing made from it is alive; or, from a worker that offers a data
+socket at the handshake, the whole batch reply on that plain TCP socket, straight into the buffer
+(`zmq_data`).
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import itertools
 import logging
 import queue
+import socket
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future
@@ -24,6 +27,12 @@ from loadax.client.transports import zmq_io
 from loadax.client.transports.memory_files import MemoryFiles, SameHostFiles
 from loadax.client.transports.reply import Reply
 from loadax.client.transports.zmq_connection import Connection, connect_dealer
+from loadax.client.transports.zmq_data import (
+    DataReader,
+    asking,
+    flagged,
+    open_data_socket,
+)
 from loadax.client.transports.zmq_pending import (
     Cancel,
     Frames,
@@ -85,6 +94,7 @@ class ZmqTransport:
         buffers: BufferPool | None = None,
         shared_memory: bool = True,
         files: MemoryFiles | None = None,
+        data_socket: bool = True,
     ) -> None:
         self.name = address
         security = security or ClientSecurity()
@@ -100,9 +110,8 @@ class ZmqTransport:
         # Watched for a refused security handshake until the first connection is up.
         self._monitor: zmq.Socket[bytes] | None = monitor
         self._max_reply_bytes = MAX_BATCH_BYTES if max_reply_bytes is None else max_reply_bytes
-        self._reader = ReplyReader(
-            self._dealer, address, buffers or BufferPool(), self._max_reply_bytes
-        )
+        self._buffers = buffers or BufferPool()
+        self._reader = ReplyReader(self._dealer, address, self._buffers, self._max_reply_bytes)
         # The files a worker on this host writes batches into, once its handshake says it can.
         self._same_host = SameHostFiles(shared_memory, files)
         # `_lock` guards `_pending`, `_closed` and `_refused`, which any thread uses, and orders
@@ -111,6 +120,10 @@ class ZmqTransport:
         self._pending: dict[int, Pending[Any]] = {}
         self._closed = False
         self._refused: WorkerError | None = None
+        # Whether to ask for a data socket, and whether one is open: batch requests then ask
+        # for their replies on it (`loadax.wire.zmq_data`).
+        self._data_asked = data_socket
+        self._data_up = False
         # Owned by the I/O thread: the connection; the requests' sending; whether the sockets
         # are watched.
         self._connection = Connection(address, security.curve_server_key is not None)
@@ -118,10 +131,11 @@ class ZmqTransport:
             self._dealer, address, self._token, self._connection, self._waiting, self._fail_request
         )
         self._watched = False
+        self._data: DataReader | None = None
         # Set once the I/O thread has closed the sockets.
         self._sockets_closed = threading.Event()
-        # Requests to send, cancels of requests (their ids), and None: stop.
-        self._outbox: queue.SimpleQueue[tuple[int, list[bytes]] | Cancel | None] = (
+        # Requests to send, cancels of requests (their ids), data sockets to read, and None: stop.
+        self._outbox: queue.SimpleQueue[tuple[int, list[bytes]] | Cancel | socket.socket | None] = (
             queue.SimpleQueue()
         )
         self._ids = itertools.count(1)
@@ -131,10 +145,26 @@ class ZmqTransport:
         self, request: wire.HandshakeRequest, timeout: float = DEFAULT_TIMEOUT_S
     ) -> wire.HandshakeResponse:
         """The worker's answer; one that can write into this process's memory files has its
-        batches written there from then on (unless `shared_memory` was False)."""
+        batches written there from then on (unless `shared_memory` was False). One that offers
+        a data socket (`loadax.wire.zmq_data`) sends batch replies on it, once open (unless
+        `data_socket` was False)."""
         request = self._same_host.handshake(request)
+        if self._data_asked:
+            request = asking(request)
         response = self._call(request, reply_of(wire.HandshakeResponse), timeout)
         self._same_host.learn(response)
+        if self._data_asked and not self._data_up:
+            peer = open_data_socket(self.name, response, self._token)
+            if peer is not None:
+                with self._lock:
+                    if self._closed:
+                        peer.close()
+                    else:
+                        # Read before the requests queued after it are sent, which ask for
+                        # their replies on it.
+                        self._outbox.put(peer)
+                        self._data_up = True
+                        self._io.wake(self)
         return response
 
     def info(
@@ -198,7 +228,6 @@ class ZmqTransport:
     ) -> Future[T]:
         future: Future[T] = Future()
         request_id = next(self._ids)
-        frames = zmq_frames.request_frames(request_id, request, self._token)
         with self._lock:
             if self._closed:
                 future.set_exception(WorkerError("UNAVAILABLE", f"{self.name} is closed"))
@@ -206,7 +235,12 @@ class ZmqTransport:
             if self._refused is not None:
                 future.set_exception(self._refused)
                 return future
-            self._pending[request_id] = Pending(future, complete, patient, batch)
+            # Decided with the data socket's state: a request that may be answered on it is
+            # failed when it ends.
+            data = self._data_up and isinstance(request, wire.BatchRequest)
+            asked = flagged(request) if isinstance(request, wire.BatchRequest) and data else request
+            frames = zmq_frames.request_frames(request_id, asked, self._token)
+            self._pending[request_id] = Pending(future, complete, patient, batch, data)
             self._outbox.put((request_id, frames))
             self._io.wake(self)
 
@@ -269,8 +303,32 @@ class ZmqTransport:
                 return False
             if isinstance(item, Cancel):
                 self._sender.cancel(item.request_id)
+            elif isinstance(item, socket.socket):
+                self._adopt_data(item)
             else:
                 self._sender.send(*item)
+
+    def _adopt_data(self, peer: socket.socket) -> None:
+        """Have the I/O thread read the data socket `peer` from now on."""
+        if self._data is not None:
+            self._drop_data(self._data, "a new one was opened")
+        reader = DataReader(
+            peer, self.name, self._buffers, self._max_reply_bytes, self._answered, self._drop_data
+        )
+        self._data = reader
+        self._io.watch(peer, reader)
+
+    def _drop_data(self, reader: DataReader, why: str) -> None:
+        """Close the data socket of `reader` (it ended, for `why`): the requests that may have
+        been answered on it are lost; replies come over ZeroMQ from now on."""
+        if self._data is not reader:
+            return
+        self._data = None
+        self._io.unwatch(reader.socket)
+        reader.socket.close()
+        with self._lock:  # before the requests that ask for it are failed: none is sent after
+            self._data_up = False
+        self._lose(lambda _, entry: entry.data, f" (its data socket: {why})")
 
     def _on_socket_events(self) -> bool:
         """Follow the DEALER's events (`zmq.EVENTS`, read last: the descriptor the I/O thread
@@ -322,12 +380,21 @@ class ZmqTransport:
         """The connection is down: the requests it carried are lost, failed to be retried.
         Those not sent yet (submitted, or held for a connection) wait for the next one."""
         lost_ids = self._sender.lost()
+        self._lose(lambda key, _: key in lost_ids, "")
+
+    def _lose(self, lost: Callable[[int, Pending[Any]], bool], what: str) -> None:
+        """Fail the requests pending that are `lost(id, entry)` with UNAVAILABLE, lost with
+        the connection (its part `what`, if named), to be retried."""
         with self._lock:
-            pending = [self._pending.pop(key) for key in lost_ids if key in self._pending]
+            keys = [key for key, entry in self._pending.items() if lost(key, entry)]
+            pending = [self._pending.pop(key) for key in keys]
+        for key in keys:
+            self._sender.answered(key)
+        where = f"the connection to {self.name}{what}"
         if pending:
-            log.warning("lost the connection to %s with %d requests", self.name, len(pending))
+            log.warning("lost %s with %d requests", where, len(pending))
         for entry in pending:
-            fail(entry.future, WorkerError("UNAVAILABLE", f"lost the connection to {self.name}"))
+            fail(entry.future, WorkerError("UNAVAILABLE", f"lost {where}"))
 
     def _fail_request(self, request_id: int, message: str) -> None:
         with self._lock:
@@ -350,6 +417,9 @@ class ZmqTransport:
         if self._watched:
             self._io.unwatch(self._dealer)
         self._dealer.close(linger=0)
+        if self._data is not None:
+            self._data.abandon("the transport closed")
+            self._drop_data(self._data, "the transport closed")
         self._same_host.close()
         self._sockets_closed.set()
         zmq_io.SHARED.release(self._io)

@@ -30,6 +30,12 @@ class Target(Protocol):
         ...
 
 
+class Watched(Protocol):
+    """A plain socket the I/O thread watches beside the ZeroMQ ones."""
+
+    def fileno(self) -> int: ...
+
+
 class ZmqIo:
     """The context and the I/O thread of the process: `SHARED.acquire()` one, and release it."""
 
@@ -61,11 +67,12 @@ class ZmqIo:
             self._woken = True
         os.write(self._wake_out, b"\0")
 
-    def watch(self, socket: zmq.Socket[bytes], target: Target) -> None:
-        """Serve `target` whenever `socket` may have changed; on the I/O thread."""
+    def watch(self, socket: zmq.Socket[bytes] | Watched, target: Target) -> None:
+        """Serve `target` whenever `socket` may have changed (a ZeroMQ socket), or is readable
+        (a plain one); on the I/O thread."""
         self._selector.register(socket, selectors.EVENT_READ, target)
 
-    def unwatch(self, socket: zmq.Socket[bytes]) -> None:
+    def unwatch(self, socket: zmq.Socket[bytes] | Watched) -> None:
         """Stop watching `socket`, before it is closed; on the I/O thread."""
         self._selector.unregister(socket)
 

@@ -28,6 +28,8 @@ class Pending(Generic[T]):
     patient: bool
     # Whether the reply is a batch, whose payload is received into a pooled buffer.
     batch: bool = False
+    # Whether the reply may come on the data socket (`loadax.wire.zmq_data`): lost with it.
+    data: bool = False
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -74,18 +74,20 @@ class PlanStart(_message.Message):
     def __init__(self, step: _Optional[int] = ..., epoch: _Optional[int] = ..., delivered: _Optional[int] = ...) -> None: ...
 
 class HandshakeRequest(_message.Message):
-    __slots__ = ("library_version", "pipeline", "plan", "host", "probe")
+    __slots__ = ("library_version", "pipeline", "plan", "host", "probe", "data_socket")
     LIBRARY_VERSION_FIELD_NUMBER: _ClassVar[int]
     PIPELINE_FIELD_NUMBER: _ClassVar[int]
     PLAN_FIELD_NUMBER: _ClassVar[int]
     HOST_FIELD_NUMBER: _ClassVar[int]
     PROBE_FIELD_NUMBER: _ClassVar[int]
+    DATA_SOCKET_FIELD_NUMBER: _ClassVar[int]
     library_version: str
     pipeline: str
     plan: Plan
     host: str
     probe: SharedMemory
-    def __init__(self, library_version: _Optional[str] = ..., pipeline: _Optional[str] = ..., plan: _Optional[_Union[Plan, _Mapping]] = ..., host: _Optional[str] = ..., probe: _Optional[_Union[SharedMemory, _Mapping]] = ...) -> None: ...
+    data_socket: bool
+    def __init__(self, library_version: _Optional[str] = ..., pipeline: _Optional[str] = ..., plan: _Optional[_Union[Plan, _Mapping]] = ..., host: _Optional[str] = ..., probe: _Optional[_Union[SharedMemory, _Mapping]] = ..., data_socket: _Optional[bool] = ...) -> None: ...
 
 class SharedMemory(_message.Message):
     __slots__ = ("pid", "fd", "name")
@@ -98,7 +100,7 @@ class SharedMemory(_message.Message):
     def __init__(self, pid: _Optional[int] = ..., fd: _Optional[int] = ..., name: _Optional[str] = ...) -> None: ...
 
 class HandshakeResponse(_message.Message):
-    __slots__ = ("library_version", "pipeline", "fingerprint", "num_records", "stream_window", "schema", "max_in_flight_per_client", "shared_memory")
+    __slots__ = ("library_version", "pipeline", "fingerprint", "num_records", "stream_window", "schema", "max_in_flight_per_client", "shared_memory", "data_port", "data_nonce")
     LIBRARY_VERSION_FIELD_NUMBER: _ClassVar[int]
     PIPELINE_FIELD_NUMBER: _ClassVar[int]
     FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
@@ -107,6 +109,8 @@ class HandshakeResponse(_message.Message):
     SCHEMA_FIELD_NUMBER: _ClassVar[int]
     MAX_IN_FLIGHT_PER_CLIENT_FIELD_NUMBER: _ClassVar[int]
     SHARED_MEMORY_FIELD_NUMBER: _ClassVar[int]
+    DATA_PORT_FIELD_NUMBER: _ClassVar[int]
+    DATA_NONCE_FIELD_NUMBER: _ClassVar[int]
     library_version: str
     pipeline: str
     fingerprint: str
@@ -115,7 +119,9 @@ class HandshakeResponse(_message.Message):
     schema: BatchSchema
     max_in_flight_per_client: int
     shared_memory: bool
-    def __init__(self, library_version: _Optional[str] = ..., pipeline: _Optional[str] = ..., fingerprint: _Optional[str] = ..., num_records: _Optional[int] = ..., stream_window: _Optional[int] = ..., schema: _Optional[_Union[BatchSchema, _Mapping]] = ..., max_in_flight_per_client: _Optional[int] = ..., shared_memory: _Optional[bool] = ...) -> None: ...
+    data_port: int
+    data_nonce: bytes
+    def __init__(self, library_version: _Optional[str] = ..., pipeline: _Optional[str] = ..., fingerprint: _Optional[str] = ..., num_records: _Optional[int] = ..., stream_window: _Optional[int] = ..., schema: _Optional[_Union[BatchSchema, _Mapping]] = ..., max_in_flight_per_client: _Optional[int] = ..., shared_memory: _Optional[bool] = ..., data_port: _Optional[int] = ..., data_nonce: _Optional[bytes] = ...) -> None: ...
 
 class BatchSchema(_message.Message):
     __slots__ = ("tree", "leaves")
@@ -146,7 +152,7 @@ class StreamWindow(_message.Message):
     def __init__(self, shards: _Optional[int] = ..., shard: _Optional[int] = ..., index: _Optional[int] = ...) -> None: ...
 
 class BatchRequest(_message.Message):
-    __slots__ = ("pipeline", "fingerprint", "plan", "step", "rows", "window", "client", "checksum", "shared_memory", "records")
+    __slots__ = ("pipeline", "fingerprint", "plan", "step", "rows", "window", "client", "checksum", "shared_memory", "records", "data_socket")
     PIPELINE_FIELD_NUMBER: _ClassVar[int]
     FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
     PLAN_FIELD_NUMBER: _ClassVar[int]
@@ -157,6 +163,7 @@ class BatchRequest(_message.Message):
     CHECKSUM_FIELD_NUMBER: _ClassVar[int]
     SHARED_MEMORY_FIELD_NUMBER: _ClassVar[int]
     RECORDS_FIELD_NUMBER: _ClassVar[int]
+    DATA_SOCKET_FIELD_NUMBER: _ClassVar[int]
     pipeline: str
     fingerprint: str
     plan: Plan
@@ -167,7 +174,8 @@ class BatchRequest(_message.Message):
     checksum: Checksum
     shared_memory: SharedMemory
     records: ListedRecords
-    def __init__(self, pipeline: _Optional[str] = ..., fingerprint: _Optional[str] = ..., plan: _Optional[_Union[Plan, _Mapping]] = ..., step: _Optional[int] = ..., rows: _Optional[_Iterable[int]] = ..., window: _Optional[_Union[StreamWindow, _Mapping]] = ..., client: _Optional[str] = ..., checksum: _Optional[_Union[Checksum, str]] = ..., shared_memory: _Optional[_Union[SharedMemory, _Mapping]] = ..., records: _Optional[_Union[ListedRecords, _Mapping]] = ...) -> None: ...
+    data_socket: bool
+    def __init__(self, pipeline: _Optional[str] = ..., fingerprint: _Optional[str] = ..., plan: _Optional[_Union[Plan, _Mapping]] = ..., step: _Optional[int] = ..., rows: _Optional[_Iterable[int]] = ..., window: _Optional[_Union[StreamWindow, _Mapping]] = ..., client: _Optional[str] = ..., checksum: _Optional[_Union[Checksum, str]] = ..., shared_memory: _Optional[_Union[SharedMemory, _Mapping]] = ..., records: _Optional[_Union[ListedRecords, _Mapping]] = ..., data_socket: _Optional[bool] = ...) -> None: ...
 
 class ListedRecords(_message.Message):
     __slots__ = ("indices", "epoch")

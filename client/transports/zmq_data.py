@@ -1,0 +1,233 @@
+"""The client's end of a ZeroMQ worker's data socket (`loadax.wire.zmq_data`): opened after a
+handshake that offers one, then read by the process's ZeroMQ I/O thread beside the DEALER
+sockets, without blocking: each payload is received with `recv_into` straight into a pooled buffer
+of the size its header declares, and checksummed chunk by chunk as it lands."""
+
+from __future__ import annotations
+
+import logging
+import socket
+from collections.abc import Callable
+from typing import Any
+
+from loadax.buffers import BufferPool
+from loadax.client.transports.zmq_pending import Pending, fail
+from loadax.errors import WorkerError
+from loadax.wire import zmq_data, zmq_frames
+from loadax.wire.checksum import Hasher, available, new_hasher
+from loadax.wire.failures import BAD_REPLY
+from loadax.wire.v1 import worker_pb2 as wire
+
+log = logging.getLogger(__name__)
+
+CONNECT_TIMEOUT_S = 2.0
+"""How long opening a data socket (connecting, and the worker's answer to its hello) may take;
+then batch replies keep coming over ZeroMQ."""
+_TURN_BYTES = 16 << 20  # read per turn of the I/O thread, so that other workers are served too
+_LOW_WATER = 512 << 10  # the most bytes a reply's payload waits for before it is read on
+
+
+def asking(request: wire.HandshakeRequest) -> wire.HandshakeRequest:
+    """`request`, asking for a data socket."""
+    asked = wire.HandshakeRequest()
+    asked.CopyFrom(request)
+    asked.data_socket = True
+    return asked
+
+
+def flagged(request: wire.BatchRequest) -> wire.BatchRequest:
+    """`request`, asking for its reply on the data socket."""
+    asked = wire.BatchRequest()
+    asked.CopyFrom(request)
+    asked.data_socket = True
+    return asked
+
+
+def open_data_socket(
+    address: str, response: wire.HandshakeResponse, token: str | None
+) -> socket.socket | None:
+    """The data socket that the handshake `response` of the worker at `address` ("zmq://host:port")
+    offers, open, its hello taken, non-blocking; None if it offers none or it cannot be opened
+    (logged: batch replies come over ZeroMQ)."""
+    if not response.data_port:
+        return None
+    host = address.split("://", 1)[-1].rpartition(":")[0].strip("[]")
+    try:
+        peer = socket.create_connection((host, response.data_port), CONNECT_TIMEOUT_S)
+    except OSError as error:
+        log.info(
+            "%s offers a data socket on port %d that this client cannot reach (%s): batch "
+            "replies come over ZeroMQ",
+            address,
+            response.data_port,
+            error,
+        )
+        return None
+    try:
+        peer.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        peer.sendall(zmq_data.hello(response.data_nonce, token))
+        answer = b""
+        while len(answer) < len(zmq_data.ACCEPTED):
+            received = peer.recv(len(zmq_data.ACCEPTED) - len(answer))
+            if not received:
+                raise zmq_data.DataSocketError("the worker closed it: it refused the hello")
+            answer += received
+        if answer != zmq_data.ACCEPTED:
+            raise zmq_data.DataSocketError(f"the worker answered the hello {answer!r}")
+    except (OSError, ValueError) as error:
+        log.warning(
+            "cannot open the data socket to %s: %s; batch replies come over ZeroMQ", address, error
+        )
+        peer.close()
+        return None
+    peer.setblocking(False)
+    return peer
+
+
+Answered = Callable[[int], "Pending[Any] | None"]
+
+
+class DataReader:
+    """Reads the replies on the data socket `peer` of the worker `name` when the I/O thread
+    serves it (a `zmq_io.Target`): each payload into a buffer of `buffers`, refused beyond
+    `max_payload` bytes before anything is allocated for it, completing the request that
+    `answered(id)` gives for its request id (None: none waits for it, the reply is dropped).
+    Once the socket ends or breaks its framing, it calls `closed(self, why)`."""
+
+    def __init__(
+        self,
+        peer: socket.socket,
+        name: str,
+        buffers: BufferPool,
+        max_payload: int,
+        answered: Answered,
+        closed: Callable[[DataReader, str], None],
+    ) -> None:
+        self.socket = peer
+        self._name = name
+        self._buffers = buffers
+        self._max_payload = max_payload
+        self._answered, self._closed = answered, closed
+        self._low_water = 1
+        self._head = bytearray(zmq_data.REPLY_HEAD.size)
+        # The reply being read: what of it was received, and, once its header is, the request
+        # it answers (None: none waits for it), its header, payload buffer and checksum.
+        self._received = 0
+        self._request_id = 0
+        self._header: bytearray | None = None
+        self._entry: Pending[Any] | None = None
+        self._payload: memoryview | None = None
+        self._hasher: Hasher | None = None
+
+    def serve(self) -> bool:
+        """Read what has come: whether more may be waiting (this turn's share was read)."""
+        if self.socket.fileno() < 0:
+            return False  # closed (by the transport) in this turn of the I/O thread
+        budget = _TURN_BYTES
+        try:
+            while budget > 0:
+                target = self._target()
+                length = self.socket.recv_into(target)
+                if not length and len(target):
+                    raise zmq_data.DataSocketError("the worker closed it")
+                budget -= length
+                self._took(target, length)
+        except (BlockingIOError, InterruptedError):
+            self._wake_at(len(self._target()))
+            return False
+        except (OSError, zmq_data.DataSocketError, WorkerError) as error:
+            why = error.message if isinstance(error, WorkerError) else str(error)
+            self.abandon(why)
+            self._closed(self, why)
+            return False
+        return True
+
+    def _wake_at(self, wanted: int) -> None:
+        """Have the socket readable (for the I/O thread) only once `wanted` bytes have come, up
+        to `_LOW_WATER`: a turn of the I/O thread per few kernel segments costs more than the
+        copy of them."""
+        low_water = max(1, min(wanted, _LOW_WATER))
+        if low_water != self._low_water:
+            self.socket.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, low_water)
+            self._low_water = low_water
+
+    def abandon(self, why: str) -> None:
+        """Fail the request whose reply was being read, if any (the socket ended, for `why`)."""
+        entry, self._entry = self._entry, None
+        if entry is not None:
+            fail(
+                entry.future,
+                WorkerError(
+                    "UNAVAILABLE", f"lost the connection to {self._name} (its data socket): {why}"
+                ),
+            )
+
+    def _target(self) -> memoryview:
+        """Where the next bytes go: the rest of the reply's head, header or payload."""
+        if self._payload is not None:
+            return self._payload[self._received :]
+        if self._header is not None:
+            return memoryview(self._header)[self._received :]
+        return memoryview(self._head)[self._received :]
+
+    def _took(self, target: memoryview, length: int) -> None:
+        """`length` bytes landed at the start of `target`."""
+        self._received += length
+        if self._payload is not None:
+            if self._hasher is not None:
+                self._hasher.update(target[:length])
+            if self._received == len(self._payload):
+                self._complete()
+            return
+        if length < len(target):
+            return
+        if self._header is None:
+            self._request_id, header_length = zmq_data.parse_reply_head(self._head)
+            self._header = bytearray(header_length)
+            self._received = 0
+            if header_length:
+                return
+        self._start_payload(self._header)
+
+    def _start_payload(self, head: bytearray) -> None:
+        """The header `head` is whole: find its request and take the payload's buffer."""
+        header = zmq_frames.batch_head(memoryview(head), self._max_payload)
+        if header.shared_memory:
+            raise zmq_data.DataSocketError("a reply on the data socket names a memory file")
+        self._entry = self._answered(self._request_id)
+        if self._entry is not None and not self._entry.data:
+            fail(
+                self._entry.future,
+                WorkerError(
+                    BAD_REPLY,
+                    f"{self._name} answered a request on its data socket that did not ask "
+                    "for it there",
+                ),
+            )
+            self._entry = None
+        kind = header.checksum_kind
+        waited = self._entry is not None and available(kind)
+        self._hasher = new_hasher(kind) if waited else None
+        self._payload = self._buffers.take(header.payload_size)
+        self._received = 0
+        if not header.payload_size:
+            self._complete()
+
+    def _complete(self) -> None:
+        """The payload is whole: complete its request, and wait for the next reply."""
+        entry, head, payload, hasher = self._entry, self._header, self._payload, self._hasher
+        self._entry, self._header, self._payload, self._hasher = None, None, None, None
+        self._received = 0
+        if entry is None or head is None or payload is None:
+            return  # nobody waits for it (cancelled, or failed already): dropped
+        frames = [zmq_frames.encode_request_id(self._request_id), zmq_frames.OK, bytes(head)]
+        checksum = None if hasher is None else hasher.value()
+        try:
+            result = entry.complete([*frames, payload], checksum)
+        except WorkerError as error:
+            fail(entry.future, error)
+        except Exception as error:
+            fail(entry.future, WorkerError(BAD_REPLY, f"bad reply from {self._name}: {error}"))
+        else:
+            if entry.future.set_running_or_notify_cancel():
+                entry.future.set_result(result)

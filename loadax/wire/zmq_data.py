@@ -1,0 +1,85 @@
+"""The data socket of the ZeroMQ transport, shared by the worker and the client: a plain TCP
+connection beside the worker's ROUTER socket that carries successful batch replies, so that a
+client receives a payload straight into its own buffer (libzmq receives only into messages of its
+own, which costs a copy more). Requests, cancels, errors and heartbeats stay on ZeroMQ.
+
+A handshake over ZeroMQ that asks for it (`HandshakeRequest.data_socket`) is answered with the
+worker's data port and a nonce (`HandshakeResponse.data_port`, `data_nonce`). The client connects
+to that port on the host it reached the worker at and sends a hello: `HELLO_MAGIC`, the nonce, the
+length of the token (uint16) and the token (the worker's, when it has one: empty otherwise).
+A worker that takes it answers `ACCEPTED` and from then on may send the replies to the requests
+of the connection that shook hands, those that ask for it (`BatchRequest.data_socket`), on it;
+a worker that refuses it closes the connection. A nonce is good for one data socket.
+
+A reply is `REPLY_HEAD` (its request id, uint64, and its header's length, uint32, big-endian),
+the header (a `BatchResponse` whose `payload_size` says how many bytes follow), then the payload.
+Nothing else ever goes on the socket, in either direction, after the hello and its answer.
+"""
+
+from __future__ import annotations
+
+import struct
+
+from loadax.wire.credentials import MAX_TOKEN_CHARS
+
+HELLO_MAGIC = b"LDXD\x01"
+NONCE_BYTES = 16
+ACCEPTED = b"LDXD ok\n"
+MAX_HEADER_BYTES = 64 << 10
+"""The longest header a reply may declare (a `BatchResponse` without payload is ~100 bytes)."""
+HELLO_HEAD = struct.Struct(f">{len(HELLO_MAGIC)}s{NONCE_BYTES}sH")
+REPLY_HEAD = struct.Struct(">QI")
+
+
+class DataSocketError(ValueError):
+    """Bytes on a data socket that break its framing."""
+
+
+def hello(nonce: bytes, token: str | None) -> bytes:
+    """The hello that opens a data socket, naming `nonce` and carrying `token`.
+
+    >>> from loadax.wire.zmq_data import HELLO_HEAD, hello, parse_hello_head
+    >>> sent = hello(b"n" * 16, "s3cret")
+    >>> parse_hello_head(sent[: HELLO_HEAD.size]), sent[HELLO_HEAD.size :]
+    ((b'nnnnnnnnnnnnnnnn', 6), b's3cret')
+    """
+    if len(nonce) != NONCE_BYTES:
+        raise ValueError(f"a data socket's nonce is {NONCE_BYTES} bytes, got {len(nonce)}")
+    secret = (token or "").encode()
+    return HELLO_HEAD.pack(HELLO_MAGIC, nonce, len(secret)) + secret
+
+
+def parse_hello_head(head: bytes) -> tuple[bytes, int]:
+    """The nonce and the token's length that the first `HELLO_HEAD.size` bytes of a hello
+    declare; a `DataSocketError` if they are not a hello."""
+    magic, nonce, token_length = HELLO_HEAD.unpack(head)
+    if magic != HELLO_MAGIC:
+        raise DataSocketError(f"a data socket's hello starts {HELLO_MAGIC!r}, got {magic!r}")
+    if token_length > MAX_TOKEN_CHARS:
+        raise DataSocketError(
+            f"a data socket's hello declares a token of {token_length} bytes, more than "
+            f"{MAX_TOKEN_CHARS}"
+        )
+    return nonce, token_length
+
+
+def reply_head(request_id: int, header: bytes) -> bytes:
+    """What precedes the header of the reply to the request `request_id` on a data socket."""
+    return REPLY_HEAD.pack(request_id, len(header))
+
+
+def parse_reply_head(head: bytes | bytearray) -> tuple[int, int]:
+    """The request id and the header's length that `REPLY_HEAD` bytes declare; a
+    `DataSocketError` for a header longer than `MAX_HEADER_BYTES`.
+
+    >>> from loadax.wire.zmq_data import parse_reply_head, reply_head
+    >>> parse_reply_head(reply_head(7, b"header"))
+    (7, 6)
+    """
+    request_id, length = REPLY_HEAD.unpack(head)
+    if length > MAX_HEADER_BYTES:
+        raise DataSocketError(
+            f"a reply on the data socket declares a header of {length} bytes, more than "
+            f"{MAX_HEADER_BYTES}"
+        )
+    return request_id, length

@@ -1,0 +1,269 @@
+"""The data socket of the ZeroMQ transport (`loadax.wire.zmq_data`): batch replies on a plain TCP
+connection beside the worker's ROUTER socket, received straight into the client's buffer."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+from collections.abc import Iterator
+from concurrent.futures import wait
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import zmq
+from helpers import assert_batches_equal
+from processes import free_port
+from verifying import Verifying
+from workers import worker_process
+
+import loadax
+from loadax.client.security import ClientSecurity
+from loadax.client.transports.zmq import ZmqTransport
+from loadax.client.transports.zmq_data import open_data_socket
+from loadax.errors import WorkerError
+from loadax.server.config import load_config
+from loadax.server.config_checks import ConfigError
+from loadax.server.config_security import CurveConfig
+from loadax.server.worker import Worker
+from loadax.server.zmq_data import DataPort
+from loadax.server.zmq_server import ZmqServer
+from loadax.wire import zmq_data, zmq_frames
+from loadax.wire.plans import plan_to_wire
+from loadax.wire.v1 import worker_pb2 as wire
+
+WAIT_S = 10.0  # the most any test waits for something that should happen at once
+TOKEN = "s3cret"
+NUMBERS = loadax.Pipeline(
+    loadax.RangeDataset(0, 100).map(
+        lambda i: {"x": np.full(3000, i, dtype=np.float32), "y": np.int64(2 * i)}
+    ),
+    loadax.Batcher(),
+)
+PLAN = loadax.Plan(100, 8, seed=3, shuffle=True, num_epochs=2)
+SERVED = '[pipelines.numbers]\nfactory = "pipelines:numbers"\n'
+
+
+@pytest.fixture(scope="module")
+def worker() -> Iterator[Worker]:
+    worker = Worker({"numbers": NUMBERS})
+    yield worker
+    worker.close()
+
+
+@pytest.fixture
+def sent_on_data_sockets(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The request ids of the replies every `DataPort` sends on a data socket."""
+    sent: list[int] = []
+    send = DataPort.send
+
+    def counted(port: DataPort, identity: bytes, request_id: int, batch: Any) -> bool:
+        taken = send(port, identity, request_id, batch)
+        if taken:
+            sent.append(request_id)
+        return taken
+
+    monkeypatch.setattr(DataPort, "send", counted)
+    return sent
+
+
+def handshake_request() -> wire.HandshakeRequest:
+    return wire.HandshakeRequest(
+        library_version=loadax.__version__, pipeline="numbers", plan=plan_to_wire(PLAN)
+    )
+
+
+def load(
+    endpoint: str, steps: list[int], **options: Any
+) -> tuple[wire.HandshakeResponse, list[Any]]:
+    """The handshake with the worker at `endpoint` (from another host: no shared memory), and
+    the batches of `steps` (the last one's rows 1 and 3 only), verified."""
+    with ZmqTransport(endpoint.replace("tcp://", "zmq://"), shared_memory=False, **options) as sent:
+        target = Verifying(sent)
+        response = target.transport.handshake(handshake_request(), WAIT_S)
+        requests = [
+            wire.BatchRequest(
+                pipeline="numbers",
+                fingerprint=response.fingerprint,
+                plan=plan_to_wire(PLAN),
+                step=step,
+                rows=[1, 3] if index == len(steps) - 1 else None,
+            )
+            for index, step in enumerate(steps)
+        ]
+        replies = [target.transport.send(request) for request in requests]
+        return response, [
+            target.verify(*each, WAIT_S) for each in zip(requests, replies, strict=True)
+        ]
+
+
+def expected(steps: list[int]) -> list[Any]:
+    return [NUMBERS.load(PLAN, step, [1, 3] if step == steps[-1] else None) for step in steps]
+
+
+def test_batches_over_the_data_socket_are_the_local_loaders(
+    worker: Worker, sent_on_data_sockets: list[int]
+) -> None:
+    server = ZmqServer(worker, "tcp://127.0.0.1:0")
+    steps = [0, 5, 12, 24, 25]  # 24: the short last batch of the second epoch
+    try:
+        response, batches = load(server.start(), steps)
+    finally:
+        server.stop(grace=WAIT_S)
+    assert response.data_port == server.data_port != 0
+    assert len(response.data_nonce) == zmq_data.NONCE_BYTES
+    assert len(sent_on_data_sockets) == len(steps)
+    assert_batches_equal(batches, expected(steps))
+
+
+@pytest.mark.parametrize("off", ["worker", "client", "curve"])
+def test_without_a_data_socket_replies_come_over_zeromq(
+    worker: Worker, sent_on_data_sockets: list[int], off: str
+) -> None:
+    server_key, server_secret = zmq.curve_keypair()
+    curve = CurveConfig(server_key, server_secret) if off == "curve" else None
+    server = ZmqServer(
+        worker, "tcp://127.0.0.1:0", data_port=None if off == "worker" else 0, curve=curve
+    )
+    options: dict[str, Any] = {"data_socket": off != "client"}
+    if curve is not None:  # CURVE protects ZeroMQ, not a plain socket: payloads stay inside
+        options["security"] = ClientSecurity(curve_server_key=server_key.decode())
+    try:
+        response, batches = load(server.start(), [3, 7], **options)
+    finally:
+        server.stop(grace=WAIT_S)
+    assert response.data_port == 0
+    assert sent_on_data_sockets == []
+    assert_batches_equal(batches, expected([3, 7]))
+
+
+def test_a_data_port_that_cannot_be_reached_leaves_replies_on_zeromq(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    offered = wire.HandshakeResponse(data_port=free_port(), data_nonce=bytes(16))
+    with caplog.at_level(logging.INFO):
+        assert open_data_socket("zmq://127.0.0.1:1", offered, None) is None
+    assert "batch replies come over ZeroMQ" in caplog.text
+
+
+def raw_nonce(endpoint: str) -> bytes:
+    """A nonce from a handshake that asks for a data socket, over a DEALER of its own."""
+    context: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
+    with context.socket(zmq.DEALER) as dealer:
+        dealer.setsockopt(zmq.LINGER, 0)
+        dealer.connect(endpoint)
+        request = handshake_request()
+        request.data_socket = True
+        dealer.send_multipart(zmq_frames.request_frames(1, request, TOKEN))
+        assert dealer.poll(int(WAIT_S * 1000)), "no handshake reply"
+        reply = zmq_frames.parse_reply(dealer.recv_multipart(), wire.HandshakeResponse)
+    return reply.response.data_nonce
+
+
+def closed_by_worker(port: int, sent: bytes, after: bytes = b"") -> bytes:
+    """What the worker answers on a data socket that sends `sent`, then `after`, before it
+    closes it (it must)."""
+    with socket.create_connection(("127.0.0.1", port), WAIT_S) as peer:
+        peer.settimeout(WAIT_S)
+        peer.sendall(sent)
+        answer = b""
+        try:
+            if after:
+                answer = peer.recv(len(zmq_data.ACCEPTED))
+                peer.sendall(after)
+            left = peer.recv(64)
+        except ConnectionResetError:  # closed with bytes it never read
+            left = b""
+        assert left == b"", "the worker left the data socket open"
+    return answer
+
+
+def test_the_worker_closes_data_sockets_that_misbehave_and_serves_on(
+    worker: Worker, sent_on_data_sockets: list[int], caplog: pytest.LogCaptureFixture
+) -> None:
+    server = ZmqServer(worker, "tcp://127.0.0.1:0", token=TOKEN)
+    endpoint = server.start()
+    port = server.data_port
+    assert port is not None
+    try:
+        with caplog.at_level(logging.WARNING, logger="loadax.server.zmq_data"):
+            closed_by_worker(port, b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+            closed_by_worker(port, zmq_data.hello(bytes(16), TOKEN))  # a nonce never offered
+            closed_by_worker(port, zmq_data.hello(raw_nonce(endpoint), "wrong"))
+            taken = closed_by_worker(port, zmq_data.hello(raw_nonce(endpoint), TOKEN), b"junk")
+            with socket.create_connection(("127.0.0.1", port), WAIT_S):
+                pass  # closed before its hello
+        assert taken == zmq_data.ACCEPTED
+        refusals = [record.getMessage() for record in caplog.records]
+        for why in (
+            "starts b'LDXD\\x01', got b'GET /'",
+            "its nonce was never offered",
+            "the token is wrong",
+            "it sent bytes after its hello",
+        ):
+            assert any(why in line for line in refusals), (why, refusals)
+        _, batches = load(endpoint, [2, 9], security=ClientSecurity(token=TOKEN))
+    finally:
+        server.stop(grace=WAIT_S)
+    assert len(sent_on_data_sockets) == 2
+    assert_batches_equal(batches, expected([2, 9]))
+
+
+def test_a_worker_killed_mid_stream_fails_what_it_held_at_once(tmp_path: Path) -> None:
+    served = """
+[pipelines.blobs]
+factory = "pipelines:blobs"
+args = { records = 64, floats = 524288 }
+"""
+    with worker_process(tmp_path, served, grpc=False, zmq=True) as process:
+        assert process.zmq is not None
+        with ZmqTransport(process.zmq, shared_memory=False) as transport:
+            blobs = loadax.Plan(64, 4, num_epochs=1)  # 8 MiB batches
+            request = wire.HandshakeRequest(
+                library_version=loadax.__version__, pipeline="blobs", plan=plan_to_wire(blobs)
+            )
+            response = transport.handshake(request, WAIT_S)
+            assert response.data_port
+            replies = [
+                transport.send(
+                    wire.BatchRequest(
+                        pipeline="blobs",
+                        fingerprint=response.fingerprint,
+                        plan=plan_to_wire(blobs),
+                        step=step,
+                    )
+                )
+                for step in range(16)
+            ]
+            replies[0].result(WAIT_S)  # the batches are streaming
+            os.kill(process.process.pid, signal.SIGKILL)
+            waiting = wait(replies, WAIT_S).not_done
+    assert not waiting, "requests still wait on a worker that was killed"
+    failed = [reply.exception() for reply in replies if reply.exception() is not None]
+    assert failed, "every batch arrived before the worker was killed"
+    for error in failed:
+        assert isinstance(error, WorkerError), error
+        assert error.code == "UNAVAILABLE", error
+        assert "lost the connection" in error.message
+
+
+@pytest.mark.parametrize(
+    ("value", "port"), [("", 0), ("zmq_data_port = 7001", 7001), ("zmq_data_port = false", None)]
+)
+def test_the_config_sets_the_data_port_or_turns_it_off(
+    tmp_path: Path, value: str, port: int | None
+) -> None:
+    path = tmp_path / "worker.toml"
+    path.write_text(f'[server]\nzmq = "tcp://127.0.0.1:0"\n{value}\n{SERVED}')
+    assert load_config(path).zmq_data_port == port
+
+
+@pytest.mark.parametrize("value", ["true", "-1", "70000", '"7001"'])
+def test_a_bad_data_port_is_a_config_error_naming_the_key(tmp_path: Path, value: str) -> None:
+    path = tmp_path / "worker.toml"
+    path.write_text(f'[server]\nzmq = "tcp://127.0.0.1:0"\nzmq_data_port = {value}\n{SERVED}')
+    with pytest.raises(ConfigError, match=r"worker.toml: \[server\].zmq_data_port must be a port"):
+        load_config(path)
