@@ -4,11 +4,11 @@ from one `loadax-worker` on loopback (ZeroMQ, 2 threads), and from that worker w
 A rate is images / wall time from creating the iterator to the last batch of one epoch; the
 loader's build (the worker's handshake, the local members' identity) comes before. The worker is
 on the trainer's host: while the local members hold every usable core it is passed over, their
-fallback (`loadax.client.host_cores`). After the
-timed rounds, one more pass of each hashes every batch (XXH3 of each array's bytes): the three
-must agree. Beside each rate, the CPU seconds the trainer's process and the worker spent on the
-epoch; of the mixed run, what "auto" chose when and the requests each member answered. The
-section goes into SIZING.md (and RESULTS.md's copy).
+fallback (`loadax.client.host_cores`). After the timed rounds, one more pass of each hashes
+every batch (XXH3 of each array's bytes): the three must agree. Beside each rate, the CPU
+seconds the trainer's process and the worker spent on the epoch; of the mixed run, what "auto"
+chose when and the requests each member answered. The section goes into SIZING.md (and
+RESULTS.md's copy).
 
     .venv/bin/python benchmarks/r1_local_members.py --rounds 3
 """
@@ -195,16 +195,18 @@ def main(argv: list[str] | None = None) -> int:
         "Mixed ÷ the better alone, round by round: "
         f'{", ".join(f"{ratio:.2f}" for ratio in paired)}. What "auto" chose in the last '
         f"mixed run: {', '.join(chosen) or 'nothing'} (cores of one local member, whose threads "
-        "split each batch as a worker's do: after a 4-batch baseline of the loop's own step, "
-        "every core at once when a same-host worker served it, else one per 8 batches, while "
-        "that step grows by under 5 % of the whole step).",
+        "split each batch as a worker's do and go on to the next batch's records as the local "
+        "loader's do: every core from the start when no worker on another host serves the "
+        "loader, else one per 8 batches after a 4-batch baseline of the loop's own step; one "
+        "given back when that step's median grows by more than 5 % of the whole step in two "
+        "windows running).",
         "",
         "The worker is on the trainer's host (found at the handshake, as for shared memory) and "
         "its 2 cores: a batch it makes costs the host more CPU than a local member's (made in "
         "another process, written into the trainer's memory file and checksummed there and "
         "here; a local member's is made and used in the trainer's process, not checksummed). "
-        "So it serves the baseline; then the local member takes both cores and the worker is "
-        "passed over: their fallback, used again if the loop's step slows or the member fails "
+        "So the local member takes both cores from the start and the worker is passed over: "
+        "their fallback, used again if the loop's step slows or the member fails "
         "(`loadax.client.host_cores`).",
     ]
     print("\n".join(lines))

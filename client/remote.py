@@ -196,14 +196,17 @@ class RemoteDataLoader(LoaderBuilder):
         back to the fleet when one does. "auto" gives them this host's cores one at a time (with
         threads, to one member that splits each batch over them) while the training loop's own
         time between `next()` calls grows by no more than 5 % of its whole step, and takes one
-        back when it does. The batches are the same whatever the mix.
+        back when it does (in two measured windows running). With no worker on another host
+        to make the batches while the loop is measured without them, it gives them every core
+        from the start. The batches are the same whatever the mix.
 
         A worker on this host (found at the handshake, with shared memory on) spends more of
         the host's CPU on a batch than a local member, which needs no encoding for a socket or
         memory file, no copy and no checksum. Its cores count as the trainer's: "auto" gives
-        the local members every core at once after the baseline, and while they hold every
-        core this process may use, the worker is passed over, their fallback (used again when
-        they hold fewer, e.g. one given back for a slowed loop, or none can take requests).
+        the local members every core at once (from the start, or after the baseline when
+        workers elsewhere made it), and while they hold every core this process may use, the
+        worker is passed over, their fallback (used again when they hold fewer, e.g. one given
+        back for a slowed loop, or none can take requests).
         `same_host="worker"` uses it as any worker: a sidecar with cores of its own."""
         copy = self._with()
         copy._local = LocalSpec(count, pipeline, kind, config, same_host)
