@@ -6,7 +6,8 @@ hold every usable core of the host and one of them can take requests, a same-hos
 passed over: sent no request the others can take, counted in no depth. It stays the fallback:
 used again as soon as the local members hold fewer cores (given back, e.g. for a slowed training
 loop) or none of them can take requests (failing, quarantined, gone), and for a request that no
-other member can take (its attempt there is outstanding, or failed).
+other member can take (its attempt there failed or hung). Not for a hedge: its bet that another
+member is faster cannot pay on the cores the members are using, where it only slows them.
 
 Pure state, told by the policy what the local members hold (`LocalCores`, which
 `loadax.client.local_members` reports); which members are same-host workers is theirs to say
@@ -44,6 +45,8 @@ class HostCores:
     (['local 0'], frozenset({'w'}))
     >>> host.kept_off(members, busy={"local 0"}, now=0.0)  # no one else can take it
     frozenset()
+    >>> host.kept_off(members, busy={"local 0"}, now=0.0, hedge=True)  # a bet on the same cores
+    frozenset({'w'})
     >>> members["local 0"].down_until = 1.0  # backing off: the worker is the fallback
     >>> list(host.in_use(members, now=0.0))
     ['local 0', 'w']
@@ -91,9 +94,10 @@ class HostCores:
         return {name: m for name, m in members.items() if name not in passed}
 
     def kept_off(
-        self, members: Mapping[str, MemberHealth], busy: set[str], now: float
+        self, members: Mapping[str, MemberHealth], busy: set[str], now: float, hedge: bool = False
     ) -> frozenset[str]:
         """Those of `members` that a request whose attempts or failures are at `busy` is not
-        sent to: those passed over, unless no other member could take it."""
+        sent to: those passed over, unless no other member could take it and it is no `hedge`
+        (another attempt of it is live)."""
         passed = self.passed_over(members, now)
-        return frozenset() if members.keys() <= busy | passed else passed
+        return frozenset() if members.keys() <= busy | passed and not hedge else passed

@@ -211,9 +211,9 @@ class Policy:
         self._actions.append(self._requests.send(request, member, now))
 
     def _choose(self, busy: set[str], now: float, request: Request) -> MemberHealth | None:
-        """The member chosen (`member_choice.choose`) of those of the aperture not in `busy`
-        with room; of any connected member when none of the aperture is (`HostCores.kept_off`)."""
-        busy = busy | self._host.kept_off(self._members, busy, now)
+        """The free member chosen (`member_choice.choose`) of the aperture, else any, not busy."""
+        hedge = not self._requests.none_live(request)  # another attempt of it is live
+        busy = busy | self._host.kept_off(self._members, busy, now, hedge)
         shares = self._aperture.active
         members = [
             member

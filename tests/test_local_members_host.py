@@ -15,7 +15,16 @@ from equivalence import digests
 
 from loadax import DataLoader
 from loadax.client import RemoteDataLoader, host_cores, local_members, remote_loader, spare_cores
-from loadax.client.fleet_events import Answered, Event, Failed, Joined, Left, LocalCores, Send
+from loadax.client.fleet_events import (
+    Answered,
+    Event,
+    Failed,
+    Joined,
+    Left,
+    LocalCores,
+    Send,
+    Tick,
+)
 from loadax.client.fleet_events import Submit as Asked
 from loadax.client.fleet_options import FleetOptions
 from loadax.client.policy import Policy
@@ -31,8 +40,8 @@ WORKER, LOCAL = "zmq://127.0.0.1:5555", "local 0"
 class Host:
     """A policy with a same-host worker and one local member that takes 2 requests at once."""
 
-    def __init__(self, cores: int, usable: int) -> None:
-        self.policy, self.now, self._requests = Policy(FleetOptions()), 0.0, 0
+    def __init__(self, cores: int, usable: int, options: FleetOptions | None = None) -> None:
+        self.policy, self.now, self._requests = Policy(options or FleetOptions()), 0.0, 0
         self.tell(Joined(WORKER, limit=4, same_host=True))
         self.tell(Joined(LOCAL, limit=2))
         self.tell(LocalCores(cores, usable))
@@ -77,6 +86,17 @@ def test_a_request_only_the_passed_over_worker_can_take_goes_to_it() -> None:
     (send,) = held.ask(1)
     failed = PipelineFailed.of(ValueError("ragged"), 1)  # confirmed by another member, if any
     assert [again.member for again in held.tell(Failed(send.attempt, failed))] == [WORKER]
+
+
+def test_a_hedge_is_never_sent_to_the_passed_over_worker_but_a_hung_attempt_is() -> None:
+    # A hedge bets that another member is faster: not on the cores the local member uses.
+    held = Host(cores=2, usable=2, options=FleetOptions(hedge_after=0.05, request_timeout=1.0))
+    (send,) = held.ask(1)
+    assert send.member == LOCAL
+    held.now += 0.5  # ten times the hedge's age
+    assert held.tell(Tick()) == []
+    held.now += 1.0  # past request_timeout: given up as hung, so the worker takes it
+    assert [again.member for again in held.tell(Tick())] == [WORKER]
 
 
 def test_the_examples_of_the_rules_run() -> None:
