@@ -25,6 +25,9 @@ CONNECT_TIMEOUT_S = 2.0
 then batch replies keep coming over ZeroMQ."""
 _TURN_BYTES = 16 << 20  # read per turn of the I/O thread, so that other workers are served too
 _LOW_WATER = 512 << 10  # the most bytes a reply's payload waits for before it is read on
+# The most bytes received at once: hashed right after, while they are in the CPU's cache (XXH3
+# runs at 16 GB/s over bytes out of it here, at 60 over bytes in it).
+_PIECE_BYTES = 256 << 10
 
 
 def asking(request: wire.HandshakeRequest) -> wire.HandshakeRequest:
@@ -127,7 +130,7 @@ class DataReader:
         try:
             while budget > 0:
                 target = self._target()
-                length = self.socket.recv_into(target)
+                length = self.socket.recv_into(target, min(len(target), _PIECE_BYTES))
                 if not length and len(target):
                     raise zmq_data.DataSocketError("the worker closed it")
                 budget -= length
@@ -137,10 +140,14 @@ class DataReader:
             return False
         except (OSError, zmq_data.DataSocketError, WorkerError) as error:
             why = error.message if isinstance(error, WorkerError) else str(error)
-            self.abandon(why)
-            self._closed(self, why)
-            return False
-        return True
+        except Exception as error:  # a bug: the I/O thread serves the other sockets on
+            log.exception("reading the data socket of %s failed", self._name)
+            why = f"reading it failed: {error!r}"
+        else:
+            return True
+        self.abandon(why)
+        self._closed(self, why)
+        return False
 
     def _wake_at(self, wanted: int) -> None:
         """Have the socket readable (for the I/O thread) only once `wanted` bytes have come, up
