@@ -19,7 +19,7 @@ import contextlib
 import dataclasses
 import threading
 from collections.abc import Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, InvalidStateError, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Literal
 
@@ -196,18 +196,20 @@ def _answered(step: int) -> Iterator[None]:
 
 class _LocalTransport:
     """One local member as a transport: `worker`'s pipeline on an executor of its own (of
-    `threads` threads, of kind threads), named `name`. A batch is started as its request is
-    sent, on the sender's thread, so that the executor takes requests in the order sent and its
-    threads go on to the next batch's records while the last of one's finish, as the local
-    loader's do (no barrier between batches); `LOCAL_DEPTH` threads wait for them. Its batch's
-    frames are views of arrays made in this process and handed over in it: nothing could change
-    them on the way, so they are not checksummed (the reply's checksum is its header's); its
-    other checks stand. Its replies name its threads as its loading slots, so that the policy
-    weighs it against workers by their slots (its load is this loader's alone)."""
+    `threads` threads, of kind threads), named `name`. One thread starts each batch as its
+    request comes, in the order sent (never the driver's, which a child process's start would
+    hold up), so that the executor's threads go on to the next batch's records while the last
+    of one's finish, as the local loader's do (no barrier between batches); `LOCAL_DEPTH`
+    threads wait for them. Its batch's frames are views of arrays made in this process and
+    handed over in it: nothing could change them on the way, so they are not checksummed (the
+    reply's checksum is its header's); its other checks stand. Its replies name its threads as
+    its loading slots, so that the policy weighs it against workers by their slots (its load
+    is this loader's alone)."""
 
     def __init__(self, worker: LocalWorker, threads: int, name: str) -> None:
         self.name, self._worker, self._threads = name, worker, threads
         self._executor = worker.executor(threads)
+        self._starting = ThreadPoolExecutor(1, thread_name_prefix="loadax-local")
         self._waiting = ThreadPoolExecutor(LOCAL_DEPTH, thread_name_prefix="loadax-local")
         self._lock = threading.Lock()  # a batch is not started on threads being resized
 
@@ -225,28 +227,53 @@ class _LocalTransport:
         return self._worker.handshake(request)
 
     def send(self, request: wire.BatchRequest) -> Future[Reply]:
+        reply: Future[Reply] = Future()
+        self._starting.submit(self._start, request, reply)
+        return reply
+
+    def _start(self, request: wire.BatchRequest, reply: Future[Reply]) -> None:
+        """Start the batch `request` asks for, unless `reply` was cancelled; a waiting thread
+        settles `reply` once it is made (cancelling `reply` drops it)."""
+        if reply.cancelled():
+            return
         try:
             with self._lock:
                 making, slots = self._worker.start(self._executor, request), self._threads
         except WorkerError as error:
-            failed: Future[Reply] = Future()
-            failed.set_exception(error)
-            return failed
-        reply = self._waiting.submit(self._reply, request, making, slots)
+            _settle(reply, error)
+            return
         reply.add_done_callback(lambda done: making.cancel() if done.cancelled() else None)
-        return reply
+        self._waiting.submit(self._finish, request, making, slots, reply)
 
-    def _reply(self, request: wire.BatchRequest, making: Pending[Any], slots: int) -> Reply:
-        answer = dataclasses.replace(self._worker.answer(request, making), loading_slots=slots)
-        return Reply(answer.header, answer.frames, answer.checksum)
+    def _finish(
+        self, request: wire.BatchRequest, making: Pending[Any], slots: int, reply: Future[Reply]
+    ) -> None:
+        try:
+            answer = self._worker.answer(request, making)
+        except BaseException as error:  # anything else would leave the driver waiting
+            _settle(reply, error)
+            return
+        answer = dataclasses.replace(answer, loading_slots=slots)
+        _settle(reply, Reply(answer.header, answer.frames, answer.checksum))
 
     def close(self) -> None:
-        """Stop waiting for batches (the driver's call); `release` stops making them."""
+        """Stop starting and waiting for batches (the driver's call); `release` stops making
+        them."""
+        self._starting.shutdown(wait=False, cancel_futures=True)
         self._waiting.shutdown(wait=False, cancel_futures=True)
 
     def release(self) -> None:
         """Stop the executor's threads or child process, once they are done."""
         self._executor.release(wait=True)
+
+
+def _settle(reply: Future[Reply], outcome: Reply | BaseException) -> None:
+    """Give `reply` its `outcome`, unless the driver cancelled it meanwhile."""
+    with contextlib.suppress(InvalidStateError):
+        if isinstance(outcome, BaseException):
+            reply.set_exception(outcome)
+        else:
+            reply.set_result(outcome)
 
 
 class LocalMembers:
