@@ -267,3 +267,36 @@ def test_a_bad_data_port_is_a_config_error_naming_the_key(tmp_path: Path, value:
     path.write_text(f'[server]\nzmq = "tcp://127.0.0.1:0"\nzmq_data_port = {value}\n{SERVED}')
     with pytest.raises(ConfigError, match=r"worker.toml: \[server\].zmq_data_port must be a port"):
         load_config(path)
+
+
+def test_a_worker_back_at_its_address_gets_a_new_data_socket(
+    worker: Worker, sent_on_data_sockets: list[int]
+) -> None:
+    endpoint = f"tcp://127.0.0.1:{free_port()}"
+    first = ZmqServer(worker, endpoint)
+    first.start()
+    with ZmqTransport(endpoint.replace("tcp://", "zmq://"), shared_memory=False) as transport:
+        target = Verifying(transport)
+        fingerprint = transport.handshake(handshake_request(), WAIT_S).fingerprint
+
+        def step(number: int) -> Any:
+            request = wire.BatchRequest(
+                pipeline="numbers", fingerprint=fingerprint, plan=plan_to_wire(PLAN), step=number
+            )
+            return target.verify(request, transport.send(request), WAIT_S)
+
+        batches = [step(1)]
+        first.stop(grace=WAIT_S)
+        second = ZmqServer(worker, endpoint)
+        second.start()
+        try:
+            transport.info(wire.InfoRequest(), WAIT_S)  # connected again
+            # Until the new handshake is answered, replies come over ZeroMQ.
+            while len(sent_on_data_sockets) < 2 and len(batches) < 100:
+                batches.append(step(2))
+        finally:
+            second.stop(grace=WAIT_S)
+    assert len(sent_on_data_sockets) == 2
+    assert_batches_equal(
+        batches, [NUMBERS.load(PLAN, 1)] + [NUMBERS.load(PLAN, 2)] * (len(batches) - 1)
+    )

@@ -28,10 +28,9 @@ from loadax.client.transports.memory_files import MemoryFiles, SameHostFiles
 from loadax.client.transports.reply import Reply
 from loadax.client.transports.zmq_connection import Connection, connect_dealer
 from loadax.client.transports.zmq_data import (
-    DataReader,
-    asking,
+    REHANDSHAKE_S,
+    DataChannel,
     flagged,
-    open_data_socket,
 )
 from loadax.client.transports.zmq_pending import (
     Cancel,
@@ -120,9 +119,7 @@ class ZmqTransport:
         self._pending: dict[int, Pending[Any]] = {}
         self._closed = False
         self._refused: WorkerError | None = None
-        # Whether to ask for a data socket, and whether one is open: batch requests then ask
-        # for their replies on it (`loadax.wire.zmq_data`).
-        self._data_asked = data_socket
+        # Whether a data socket is open: batch requests then ask for their replies on it.
         self._data_up = False
         # Owned by the I/O thread: the connection; the requests' sending; whether the sockets
         # are watched.
@@ -131,7 +128,17 @@ class ZmqTransport:
             self._dealer, address, self._token, self._connection, self._waiting, self._fail_request
         )
         self._watched = False
-        self._data: DataReader | None = None
+        self._data = DataChannel(
+            address,
+            data_socket,
+            self._token,
+            self._io,
+            (self._buffers, self._max_reply_bytes, self._answered),
+            self._hand_over_data,
+            self._data_lost,
+            lambda request: self._call(request, reply_of(wire.HandshakeResponse), REHANDSHAKE_S),
+            lambda: self._data_up,
+        )
         # Set once the I/O thread has closed the sockets.
         self._sockets_closed = threading.Event()
         # Requests to send, cancels of requests (their ids), data sockets to read, and None: stop.
@@ -148,24 +155,30 @@ class ZmqTransport:
         batches written there from then on (unless `shared_memory` was False). One that offers
         a data socket (`loadax.wire.zmq_data`) sends batch replies on it, once open (unless
         `data_socket` was False)."""
-        request = self._same_host.handshake(request)
-        if self._data_asked:
-            request = asking(request)
+        request = self._data.asking(self._same_host.handshake(request))
         response = self._call(request, reply_of(wire.HandshakeResponse), timeout)
         self._same_host.learn(response)
-        if self._data_asked and not self._data_up:
-            peer = open_data_socket(self.name, response, self._token)
-            if peer is not None:
-                with self._lock:
-                    if self._closed:
-                        peer.close()
-                    else:
-                        # Read before the requests queued after it are sent, which ask for
-                        # their replies on it.
-                        self._outbox.put(peer)
-                        self._data_up = True
-                        self._io.wake(self)
+        self._data.learn(request, response)
         return response
+
+    def _hand_over_data(self, peer: socket.socket) -> bool:
+        """Have the I/O thread read the data socket `peer`: False if closed."""
+        with self._lock:
+            if self._closed:
+                return False
+            # Read before the requests queued after it are sent, which ask for their replies
+            # on it.
+            self._outbox.put(peer)
+            self._data_up = True
+            self._io.wake(self)
+        return True
+
+    def _data_lost(self, why: str) -> None:
+        """The data socket ended: the requests that may have been answered on it are lost;
+        replies come over ZeroMQ from now on."""
+        with self._lock:  # before the requests that ask for it are failed: none is sent after
+            self._data_up = False
+        self._lose(lambda _, entry: entry.data, f" (its data socket: {why})")
 
     def info(
         self, request: wire.InfoRequest, timeout: float = DEFAULT_TIMEOUT_S
@@ -304,31 +317,9 @@ class ZmqTransport:
             if isinstance(item, Cancel):
                 self._sender.cancel(item.request_id)
             elif isinstance(item, socket.socket):
-                self._adopt_data(item)
+                self._data.adopt(item)
             else:
                 self._sender.send(*item)
-
-    def _adopt_data(self, peer: socket.socket) -> None:
-        """Have the I/O thread read the data socket `peer` from now on."""
-        if self._data is not None:
-            self._drop_data(self._data, "a new one was opened")
-        reader = DataReader(
-            peer, self.name, self._buffers, self._max_reply_bytes, self._answered, self._drop_data
-        )
-        self._data = reader
-        self._io.watch(peer, reader)
-
-    def _drop_data(self, reader: DataReader, why: str) -> None:
-        """Close the data socket of `reader` (it ended, for `why`): the requests that may have
-        been answered on it are lost; replies come over ZeroMQ from now on."""
-        if self._data is not reader:
-            return
-        self._data = None
-        self._io.unwatch(reader.socket)
-        reader.socket.close()
-        with self._lock:  # before the requests that ask for it are failed: none is sent after
-            self._data_up = False
-        self._lose(lambda _, entry: entry.data, f" (its data socket: {why})")
 
     def _on_socket_events(self) -> bool:
         """Follow the DEALER's events (`zmq.EVENTS`, read last: the descriptor the I/O thread
@@ -375,6 +366,7 @@ class ZmqTransport:
         if self._monitor is not None:
             self._close_monitor(self._monitor)
         self._sender.send_held()
+        self._data.reconnected()
 
     def _on_lost(self) -> None:
         """The connection is down: the requests it carried are lost, failed to be retried.
@@ -417,9 +409,7 @@ class ZmqTransport:
         if self._watched:
             self._io.unwatch(self._dealer)
         self._dealer.close(linger=0)
-        if self._data is not None:
-            self._data.abandon("the transport closed")
-            self._drop_data(self._data, "the transport closed")
+        self._data.close()
         self._same_host.close()
         self._sockets_closed.set()
         zmq_io.SHARED.release(self._io)

@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import logging
 import socket
+import threading
 from collections.abc import Callable
 from typing import Any
 
 from loadax.buffers import BufferPool
+from loadax.client.transports.zmq_io import ZmqIo
 from loadax.client.transports.zmq_pending import Pending, fail
 from loadax.errors import WorkerError
 from loadax.wire import zmq_data, zmq_frames
@@ -23,19 +25,13 @@ log = logging.getLogger(__name__)
 CONNECT_TIMEOUT_S = 2.0
 """How long opening a data socket (connecting, and the worker's answer to its hello) may take;
 then batch replies keep coming over ZeroMQ."""
+REHANDSHAKE_S = 5.0
+"""How long the handshake for a new data socket, once a worker is back, may take."""
 _TURN_BYTES = 16 << 20  # read per turn of the I/O thread, so that other workers are served too
 _LOW_WATER = 512 << 10  # the most bytes a reply's payload waits for before it is read on
 # The most bytes received at once: hashed right after, while they are in the CPU's cache (XXH3
 # runs at 16 GB/s over bytes out of it here, at 60 over bytes in it).
 _PIECE_BYTES = 256 << 10
-
-
-def asking(request: wire.HandshakeRequest) -> wire.HandshakeRequest:
-    """`request`, asking for a data socket."""
-    asked = wire.HandshakeRequest()
-    asked.CopyFrom(request)
-    asked.data_socket = True
-    return asked
 
 
 def flagged(request: wire.BatchRequest) -> wire.BatchRequest:
@@ -88,6 +84,104 @@ def open_data_socket(
 
 
 Answered = Callable[[int], "Pending[Any] | None"]
+
+
+class DataChannel:
+    """The data socket of one transport to the worker `name`, if `enabled`: asked for at the
+    handshake (`asking`), opened once answered (`learn`), read by the I/O thread `io`
+    (`adopt`: a `DataReader` with `buffers`, `max_payload` and `answered`), and asked for again
+    once the connection is back after a loss (`reconnected`), as a worker that came back has
+    none of its old process's. The transport `hand_over(peer)`s a socket opened to the I/O
+    thread (False: the transport is closed), is told when one is `lost(why)`, and shakes hands
+    (`rehandshake(request)`) for a new one; `up()`: whether one is open."""
+
+    def __init__(
+        self,
+        name: str,
+        enabled: bool,
+        token: str | None,
+        io: ZmqIo,
+        reading: tuple[BufferPool, int, Answered],
+        hand_over: Callable[[socket.socket], bool],
+        lost: Callable[[str], None],
+        rehandshake: Callable[[wire.HandshakeRequest], wire.HandshakeResponse],
+        up: Callable[[], bool],
+    ) -> None:
+        self._name, self.enabled, self._token, self._io = name, enabled, token, io
+        self._reading = reading
+        self._hand_over, self._lost, self._rehandshake = hand_over, lost, rehandshake
+        self._up = up
+        # Held while one is opened: a handshake and a new one after a reconnection open one.
+        self._opening = threading.Lock()
+        self._reader: DataReader | None = None  # the I/O thread's
+        # The handshake that asked for one (None until answered), and whether a new one is
+        # being asked for.
+        self._asked: wire.HandshakeRequest | None = None
+        self._reopening = threading.Event()
+
+    def asking(self, request: wire.HandshakeRequest) -> wire.HandshakeRequest:
+        """`request` as sent: asking for a data socket, if enabled."""
+        if not self.enabled:
+            return request
+        asked = wire.HandshakeRequest()
+        asked.CopyFrom(request)
+        asked.data_socket = True
+        return asked
+
+    def learn(self, request: wire.HandshakeRequest, response: wire.HandshakeResponse) -> None:
+        """The worker answered `request` (as sent) with `response`: open the data socket it
+        offers, unless one is open."""
+        if not self.enabled:
+            return
+        with self._opening:
+            if not self._up():
+                peer = open_data_socket(self._name, response, self._token)
+                if peer is not None and not self._hand_over(peer):
+                    peer.close()
+        self._asked = request
+
+    def adopt(self, peer: socket.socket) -> None:
+        """Read the data socket `peer` from now on; on the I/O thread."""
+        if self._reader is not None:
+            self._dropped(self._reader, "a new one was opened")
+        buffers, max_payload, answered = self._reading
+        self._reader = DataReader(peer, self._name, buffers, max_payload, answered, self._dropped)
+        self._io.watch(peer, self._reader)
+
+    def reconnected(self) -> None:
+        """The connection is up again: ask for a new data socket, unless one is open or being
+        asked for; on the I/O thread (the handshake runs on a thread of its own)."""
+        request = self._asked
+        if request is None or self._up() or self._reopening.is_set():
+            return
+        self._reopening.set()
+        threading.Thread(
+            target=self._reopen, args=(request,), name="loadax-zmq-data", daemon=True
+        ).start()
+
+    def close(self) -> None:
+        """Close the data socket, failing the request whose reply was being read; on the I/O
+        thread."""
+        if self._reader is not None:
+            self._reader.abandon("the transport closed")
+            self._dropped(self._reader, "the transport closed")
+
+    def _reopen(self, request: wire.HandshakeRequest) -> None:
+        try:
+            self.learn(request, self._rehandshake(request))
+        except WorkerError as error:
+            log.info("no new data socket to %s: %s", self._name, error)
+        finally:
+            self._reopening.clear()
+
+    def _dropped(self, reader: DataReader, why: str) -> None:
+        """The data socket of `reader` ended, for `why`."""
+        if self._reader is not reader:
+            return
+        self._reader = None
+        self._io.unwatch(reader.socket)
+        reader.socket.close()
+        self._lost(why)
 
 
 class DataReader:
