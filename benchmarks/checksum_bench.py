@@ -3,7 +3,9 @@ and their labels, 38.5 MB), and the client's whole check of a reply (`ReplyDecod
 identity, request digest, checksum, decode, schema). A client checksums a reply's frames as each
 lands in its buffer (`client/transports/zmq_receive.py`): "as received" copies the batch into a
 reused buffer in 1 MiB pieces, as the receive does, with and without XXH3 of each piece as it
-lands; the difference is what the checksum adds there.
+lands; the difference is what the checksum adds there. A same-host worker stacks a batch into
+its client's memory file row by row and hashes XXH3's chunks as the rows complete them
+("stacked, each chunk hashed as it is complete"), against one pass over the stacked batch.
 
 Usage: `python benchmarks/checksum_bench.py [--repeats N] [--batch-ms MS] [--json PATH]`.
 Each candidate runs over several distinct batches in turn, so that no batch is still in the
@@ -28,7 +30,7 @@ from workloads import CROP_SIDE, SEED
 from loadax.client.replies import ReplyDecoder
 from loadax.plan.planner import Plan
 from loadax.plan.work import StepWork
-from loadax.wire.checksum import new_hasher, payload_checksum
+from loadax.wire.checksum import ChunkDigests, new_hasher, payload_checksum
 from loadax.wire.codec import encode_frames
 from loadax.wire.payloads import EncodedBatch
 from loadax.wire.plans import batch_request
@@ -101,6 +103,37 @@ def _as_received(hashed: bool) -> Callable[[Frames], Any]:
     return receive
 
 
+def _stacked(hashed: bool, as_written: bool = False) -> Callable[[Frames], Any]:
+    """Copy `frames` into a reused buffer one image row at a time (what a same-host worker's
+    stacking does), then if `hashed` XXH3 in chunks over it, or (`as_written`) each chunk as
+    soon as the rows copied complete it (`ChunkDigests`, what the loading threads do)."""
+    buffer = np.empty(0, np.uint8)
+    row = CROP_SIDE * CROP_SIDE * 3 * 4
+
+    def stack(frames: Frames) -> int | None:
+        nonlocal buffer
+        size = sum(len(frame) for frame in frames)
+        if len(buffer) < size:
+            buffer = np.empty(size, np.uint8)
+        chunks = ChunkDigests(buffer, size) if as_written else None
+        offset = 0
+        for frame in frames:
+            view = np.frombuffer(memoryview(frame).cast("B"), np.uint8)
+            for start in range(0, len(view), row):
+                piece = view[start : start + row]
+                buffer[offset : offset + len(piece)] = piece
+                if chunks is not None:
+                    chunks.written(offset, offset + len(piece))
+                offset += len(piece)
+        if chunks is not None:
+            return chunks.value()
+        if not hashed:
+            return None
+        return payload_checksum([buffer[:size].data], wire.CHECKSUM_XXH3_CHUNKS)
+
+    return stack
+
+
 def _verifier() -> Callable[[Frames], Any]:
     """The client's whole check of a reply to step 0, as a target runs it."""
     plan = Plan(BATCH * 10, BATCH)
@@ -128,7 +161,13 @@ CANDIDATES: dict[str, Callable[[], Callable[[Frames], Any]]] = {
     "loadax payload_checksum XXH3 (xxhash)": lambda: (
         lambda frames: payload_checksum(frames, wire.CHECKSUM_XXH3_64)
     ),
+    "loadax payload_checksum XXH3 in chunks": lambda: (
+        lambda frames: payload_checksum(frames, wire.CHECKSUM_XXH3_CHUNKS)
+    ),
     "loadax payload_checksum (weighted uint64 sums)": lambda: payload_checksum,
+    "stacked row by row": lambda: _stacked(hashed=False),
+    "stacked, then XXH3 in chunks over the batch": lambda: _stacked(hashed=True),
+    "stacked, each chunk hashed as it is complete": lambda: _stacked(True, as_written=True),
     "as received: copy in 1 MiB pieces": lambda: _as_received(hashed=False),
     "as received: copy + XXH3 of each piece": lambda: _as_received(hashed=True),
     "zlib.crc32": lambda: _crc32,
