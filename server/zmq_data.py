@@ -14,8 +14,8 @@ import collections
 import contextlib
 import logging
 import secrets
-import select
 import socket
+import struct
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -184,6 +184,14 @@ class DataPort:
             log.debug("a data socket from %s closed as it was taken: %s", greeting.name, error)
             greeting.socket.close()
             return
+        # Replies are sent by blocking calls, each ended by the kernel after `SEND_TIMEOUT_S`
+        # without room (a Python loop of waits costs a wake-up of the interpreter per ACK); the
+        # I/O thread's reads never block (MSG_DONTWAIT).
+        greeting.socket.setblocking(True)
+        seconds = int(SEND_TIMEOUT_S)
+        greeting.socket.setsockopt(
+            socket.SOL_SOCKET, socket.SO_SNDTIMEO, struct.pack("ll", seconds, 0)
+        )
         connection = _Connection(greeting.socket, greeting.name)
         with self._lock:
             replaced = self._connections.get(identity)
@@ -290,7 +298,7 @@ class _Connection:
                 return False
             started = time.monotonic()
             try:
-                _send_all(self.socket, buffers, started + SEND_TIMEOUT_S)
+                _send_all(self.socket, buffers)
             except OSError as error:
                 log.warning(
                     "closed the data socket from %s: the reply to request %d failed after "
@@ -315,20 +323,15 @@ class _Connection:
             self.socket.shutdown(socket.SHUT_RDWR)
 
 
-def _send_all(peer: socket.socket, buffers: list[memoryview], deadline: float) -> None:
-    """Send `buffers`, in order, whole, on the non-blocking socket `peer` (`sendmsg` sends a part
-    of them at a time), waiting for room until `deadline` at most: then a TimeoutError."""
+def _send_all(peer: socket.socket, buffers: list[memoryview]) -> None:
+    """Send `buffers`, in order, whole, on the blocking socket `peer` (a `sendmsg` cut short by
+    its send timeout sends a part of them); a TimeoutError once one sends nothing in that time."""
     pending = collections.deque(view for view in buffers if len(view))
     while pending:
         try:
             sent = peer.sendmsg(list(pending)[:_MAX_BUFFERS])
         except BlockingIOError:
-            left = deadline - time.monotonic()
-            room = select.poll()
-            room.register(peer, select.POLLOUT)
-            if left <= 0 or not room.poll(1000 * left):
-                raise TimeoutError(f"no room to send for {SEND_TIMEOUT_S} s") from None
-            continue
+            raise TimeoutError(f"no room to send for {SEND_TIMEOUT_S} s") from None
         while sent:
             first = pending[0]
             if sent < len(first):
