@@ -35,12 +35,17 @@ from loadax.wire.v1 import worker_pb2 as wire
 RECORDS, SIDE, BATCH = 24, 16, 4
 
 
-def test_a_batch_is_stacked_in_its_clients_file_as_the_payload_it_would_send() -> None:
+@pytest.mark.parametrize(
+    "kind", [wire.CHECKSUM_XXH3_CHUNKS, wire.CHECKSUM_XXH3_64, wire.CHECKSUM_WEIGHTED_SUM]
+)
+def test_a_batch_is_stacked_in_its_clients_file_as_the_payload_it_would_send(kind: int) -> None:
+    # Older clients ask for the other kinds: the batch is stacked alike, checksummed as asked.
     worker = Worker({"images": pipelines.images(RECORDS, SIDE)}, threads=2, share_cache_bytes=0)
     file = MemoryFile()
     try:
         fingerprint = worker.info(wire.InfoRequest()).pipelines[0].fingerprint
         request = batch_request("images", fingerprint, Plan(RECORDS, BATCH), StepWork(1))
+        request.checksum = kind  # type: ignore[assignment]
         request.shared_memory.CopyFrom(file.wire)
         sent = worker.load_batch(request)  # in the worker's memory, as a socket sends it
         same_host = SameHost(enabled=True)
@@ -51,6 +56,7 @@ def test_a_batch_is_stacked_in_its_clients_file_as_the_payload_it_would_send() -
                 placed = same_host.place(request, built, into)
             built.release()
             assert (placed.frames, placed.checksum) == ((), sent.checksum)
+            assert placed.checksum_kind == sent.checksum_kind == kind
             assert bytes(file.payload(sent.size)) == sent.payload
         sent.release()
     finally:
