@@ -13,7 +13,7 @@ from typing import Any
 
 from loadax.buffers import BufferPool
 from loadax.client.transports.zmq_io import ZmqIo
-from loadax.client.transports.zmq_pending import Pending, fail
+from loadax.client.transports.zmq_pending import Pending, complete, fail
 from loadax.errors import WorkerError
 from loadax.wire import zmq_data, zmq_frames
 from loadax.wire.checksum import Hasher, available, new_hasher
@@ -323,12 +323,4 @@ class DataReader:
             return  # nobody waits for it (cancelled, or failed already): dropped
         frames = [zmq_frames.encode_request_id(self._request_id), zmq_frames.OK, bytes(head)]
         checksum = None if hasher is None else hasher.value()
-        try:
-            result = entry.complete([*frames, payload], checksum)
-        except WorkerError as error:
-            fail(entry.future, error)
-        except Exception as error:
-            fail(entry.future, WorkerError(BAD_REPLY, f"bad reply from {self._name}: {error}"))
-        else:
-            if entry.future.set_running_or_notify_cancel():
-                entry.future.set_result(result)
+        complete(entry, self._name, lambda: ([*frames, payload], checksum))

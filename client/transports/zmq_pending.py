@@ -10,7 +10,9 @@ from typing import Any, Generic, TypeVar
 
 from loadax.client.transports.memory_files import Lease
 from loadax.client.transports.reply import Reply
+from loadax.errors import WorkerError
 from loadax.wire import zmq_frames
+from loadax.wire.failures import BAD_REPLY
 
 T = TypeVar("T")
 Frames = Sequence[bytes | memoryview]
@@ -50,6 +52,24 @@ def reply_of(kind: type[zmq_frames.R]) -> Callable[[Frames, int | None], zmq_fra
     """How the frames of a reply that answers with a `kind` become it; the worker's error
     raised."""
     return lambda frames, _: zmq_frames.parse_reply(frames, kind).response
+
+
+def complete(
+    entry: Pending[Any], worker: str, received: Callable[[], tuple[Frames, int | None]]
+) -> None:
+    """Complete `entry` with its reply from `worker`: the frames and payload checksum that
+    `received()` gives. The worker's error fails it, and so does anything else that goes wrong,
+    as BAD_REPLY (a reply that does not hold)."""
+    try:
+        frames, checksum = received()
+        result = entry.complete(frames, checksum)
+    except WorkerError as error:
+        fail(entry.future, error)
+    except Exception as error:
+        fail(entry.future, WorkerError(BAD_REPLY, f"bad reply from {worker}: {error}"))
+    else:
+        if entry.future.set_running_or_notify_cancel():
+            entry.future.set_result(result)
 
 
 def fail(future: Future[Any], error: Exception) -> None:

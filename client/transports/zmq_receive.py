@@ -4,6 +4,7 @@ as they come, and checksummed as each lands (while it is in the CPU's cache)."""
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Callable
 from typing import Any
@@ -11,7 +12,7 @@ from typing import Any
 import zmq
 
 from loadax.buffers import BufferPool
-from loadax.client.transports.zmq_pending import Pending, fail
+from loadax.client.transports.zmq_pending import Pending, complete
 from loadax.errors import WorkerError
 from loadax.wire import zmq_frames
 from loadax.wire.checksum import available, new_hasher
@@ -56,17 +57,13 @@ class ReplyReader:
                 self.discard_rest()
                 log.debug("dropped a reply from %s to unknown request %d", self._name, request_id)
                 continue
-            try:
-                rest, checksum = self.rest(entry.batch)
-                result = entry.complete([first, *rest], checksum)
-            except WorkerError as error:
-                fail(entry.future, error)
-            except Exception as error:
-                fail(entry.future, WorkerError(BAD_REPLY, f"bad reply from {self._name}: {error}"))
-            else:
-                if entry.future.set_running_or_notify_cancel():
-                    entry.future.set_result(result)
+            complete(entry, self._name, functools.partial(self._frames, first, entry.batch))
         return False
+
+    def _frames(self, first: bytes, batch: bool) -> tuple[Frames, int | None]:
+        """The frames of the reply whose first frame is `first`, and its payload's checksum."""
+        rest, checksum = self.rest(batch)
+        return [first, *rest], checksum
 
     def rest(self, batch: bool) -> tuple[Frames, int | None]:
         """The frames of a reply after its request id, and its payload's checksum (None if not
