@@ -373,6 +373,9 @@ class ZmqTransport:
         Those not sent yet (submitted, or held for a connection) wait for the next one."""
         lost_ids = self._sender.lost()
         self._lose(lambda key, _: key in lost_ids, "")
+        # Its data socket carries the replies of that connection only (a new one, even to the
+        # same worker, is another client to it): a new one comes with the next connection.
+        self._data.close("the connection it belongs to was lost")
 
     def _lose(self, lost: Callable[[int, Pending[Any]], bool], what: str) -> None:
         """Fail the requests pending that are `lost(id, entry)` with UNAVAILABLE, lost with
@@ -409,7 +412,7 @@ class ZmqTransport:
         if self._watched:
             self._io.unwatch(self._dealer)
         self._dealer.close(linger=0)
-        self._data.close()
+        self._data.close("the transport closed")
         self._same_host.close()
         self._sockets_closed.set()
         zmq_io.SHARED.release(self._io)

@@ -89,11 +89,12 @@ Answered = Callable[[int], "Pending[Any] | None"]
 class DataChannel:
     """The data socket of one transport to the worker `name`, if `enabled`: asked for at the
     handshake (`asking`), opened once answered (`learn`), read by the I/O thread `io`
-    (`adopt`: a `DataReader` with `buffers`, `max_payload` and `answered`), and asked for again
-    once the connection is back after a loss (`reconnected`), as a worker that came back has
-    none of its old process's. The transport `hand_over(peer)`s a socket opened to the I/O
-    thread (False: the transport is closed), is told when one is `lost(why)`, and shakes hands
-    (`rehandshake(request)`) for a new one; `up()`: whether one is open."""
+    (`adopt`: a `DataReader` with `buffers`, `max_payload` and `answered`), closed with the
+    connection it belongs to (the worker binds it to the connection that shook hands), and asked
+    for again once a connection is back (`reconnected`). The transport `hand_over(peer)`s a
+    socket opened to the I/O thread (False: the transport is closed), is told when one is
+    `lost(why)`, and shakes hands (`rehandshake(request)`) for a new one; `up()`: whether one
+    is open."""
 
     def __init__(
         self,
@@ -159,12 +160,12 @@ class DataChannel:
             target=self._reopen, args=(request,), name="loadax-zmq-data", daemon=True
         ).start()
 
-    def close(self) -> None:
-        """Close the data socket, failing the request whose reply was being read; on the I/O
-        thread."""
+    def close(self, why: str) -> None:
+        """Close the data socket (for `why`), failing the request whose reply was being read;
+        on the I/O thread."""
         if self._reader is not None:
-            self._reader.abandon("the transport closed")
-            self._dropped(self._reader, "the transport closed")
+            self._reader.abandon(why)
+            self._dropped(self._reader, why)
 
     def _reopen(self, request: wire.HandshakeRequest) -> None:
         try:
