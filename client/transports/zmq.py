@@ -27,11 +27,7 @@ from loadax.client.transports import zmq_io
 from loadax.client.transports.memory_files import MemoryFiles, SameHostFiles
 from loadax.client.transports.reply import Reply
 from loadax.client.transports.zmq_connection import Connection, connect_dealer
-from loadax.client.transports.zmq_data import (
-    REHANDSHAKE_S,
-    DataChannel,
-    flagged,
-)
+from loadax.client.transports.zmq_data import REHANDSHAKE_S, DataChannel, flagged
 from loadax.client.transports.zmq_pending import (
     Cancel,
     Frames,
@@ -42,13 +38,10 @@ from loadax.client.transports.zmq_pending import (
     shared_batch_reply,
 )
 from loadax.client.transports.zmq_receive import ReplyReader
-from loadax.client.transports.zmq_send import RequestSender
+from loadax.client.transports.zmq_send import Outbox, RequestSender
 from loadax.errors import WorkerError
 from loadax.wire import zmq_frames
-from loadax.wire.limits import (
-    DEFAULT_TIMEOUT_S,
-    MAX_BATCH_BYTES,
-)
+from loadax.wire.limits import DEFAULT_TIMEOUT_S, MAX_BATCH_BYTES
 from loadax.wire.messages import RequestMessage, method_of
 from loadax.wire.v1 import worker_pb2 as wire
 
@@ -74,14 +67,15 @@ class ZmqTransport:
     connection (a CURVE key it does not allow, or CURVE on one side only) fails every request
     with UNAUTHENTICATED, for good: ZeroMQ does not retry such a connection.
 
-    A transport costs two file descriptors (the socket's and its connection's) and no thread:
-    the process's ZeroMQ context and I/O thread serve them all, and end with the last closed.
+    A transport costs two file descriptors (the socket's and its connection's; a data socket
+    adds one) and no thread: the process's ZeroMQ context and I/O thread serve them all.
 
     A batch's payload is received into a buffer of `buffers` (by default a pool of its own),
     and a reply whose payload is larger than `max_reply_bytes` (by default `MAX_BATCH_BYTES`) is
     refused (BAD_REPLY) before anything is allocated for it; so is one whose payload frames hold
     more than its header declares. A worker on this host writes it into a memory file of `files`
-    instead (`send`), unless `shared_memory` is False.
+    instead (`send`), unless `shared_memory` is False; one that offers a data socket sends it
+    there, unless `data_socket` is False (`handshake`).
     """
 
     def __init__(
@@ -121,8 +115,7 @@ class ZmqTransport:
         self._refused: WorkerError | None = None
         # Whether a data socket is open: batch requests then ask for their replies on it.
         self._data_up = False
-        # Owned by the I/O thread: the connection; the requests' sending; whether the sockets
-        # are watched.
+        # The I/O thread's: the connection, the requests' sending, whether sockets are watched.
         self._connection = Connection(address, security.curve_server_key is not None)
         self._sender = RequestSender(
             self._dealer, address, self._token, self._connection, self._waiting, self._fail_request
@@ -142,9 +135,7 @@ class ZmqTransport:
         # Set once the I/O thread has closed the sockets.
         self._sockets_closed = threading.Event()
         # Requests to send, cancels of requests (their ids), data sockets to read, and None: stop.
-        self._outbox: queue.SimpleQueue[tuple[int, list[bytes]] | Cancel | socket.socket | None] = (
-            queue.SimpleQueue()
-        )
+        self._outbox: Outbox = queue.SimpleQueue()
         self._ids = itertools.count(1)
         self._io.wake(self)
 
@@ -162,12 +153,11 @@ class ZmqTransport:
         return response
 
     def _hand_over_data(self, peer: socket.socket) -> bool:
-        """Have the I/O thread read the data socket `peer`: False if closed."""
+        """Have the I/O thread read the data socket `peer` (before it sends the requests
+        queued after it, which ask for their replies on it): False if closed."""
         with self._lock:
             if self._closed:
                 return False
-            # Read before the requests queued after it are sent, which ask for their replies
-            # on it.
             self._outbox.put(peer)
             self._data_up = True
             self._io.wake(self)
@@ -306,20 +296,7 @@ class ZmqTransport:
 
     def _send_submitted(self) -> bool:
         """Send what callers submitted; False once close() asked to close the sockets."""
-        # Every submission is queued before its wake-up is sent, so none is missed here.
-        while True:
-            try:
-                item = self._outbox.get_nowait()
-            except queue.Empty:
-                return True
-            if item is None:
-                return False
-            if isinstance(item, Cancel):
-                self._sender.cancel(item.request_id)
-            elif isinstance(item, socket.socket):
-                self._data.adopt(item)
-            else:
-                self._sender.send(*item)
+        return self._sender.take(self._outbox, self._data.adopt)
 
     def _on_socket_events(self) -> bool:
         """Follow the DEALER's events (`zmq.EVENTS`, read last: the descriptor the I/O thread

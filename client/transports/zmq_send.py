@@ -6,16 +6,22 @@ from __future__ import annotations
 
 import collections
 import logging
+import queue
+import socket
 from collections.abc import Callable
 from typing import Any
 
 import zmq
 
 from loadax.client.transports.zmq_connection import Connection
-from loadax.client.transports.zmq_pending import Pending
+from loadax.client.transports.zmq_pending import Cancel, Pending
 from loadax.wire import zmq_frames
 
 log = logging.getLogger(__name__)
+
+Outbox = queue.SimpleQueue[tuple[int, list[bytes]] | Cancel | socket.socket | None]
+"""What callers hand the I/O thread: requests to send (id, frames), cancels, data sockets to read,
+and None: close."""
 
 
 class RequestSender:
@@ -39,6 +45,24 @@ class RequestSender:
         # connection, held for one in order.
         self._sent: set[int] = set()
         self._held: collections.deque[tuple[int, list[bytes]]] = collections.deque()
+
+    def take(self, outbox: Outbox, adopt: Callable[[socket.socket], None]) -> bool:
+        """Send the requests and cancels of `outbox`, and `adopt` its data sockets, until it is
+        empty (True) or says to close (False)."""
+        # Every submission is queued before its wake-up is sent, so none is missed here.
+        while True:
+            try:
+                item = outbox.get_nowait()
+            except queue.Empty:
+                return True
+            if item is None:
+                return False
+            if isinstance(item, Cancel):
+                self.cancel(item.request_id)
+            elif isinstance(item, socket.socket):
+                adopt(item)
+            else:
+                self.send(*item)
 
     def send(self, request_id: int, frames: list[bytes]) -> None:
         """Send the request `request_id` now, or hold or fail it when no connection takes it."""
