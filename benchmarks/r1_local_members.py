@@ -1,14 +1,13 @@
-"""R1 with the trainer's own cores: W2's images (full scale) from the local loader (2 threads),
-from one `loadax-worker` on loopback (ZeroMQ, 2 threads), and from that worker with
-`local_members("auto")` beside it, in turn, each run in a process of its own (A B C per round).
-A rate is images / wall time from creating the iterator to the last batch of one epoch; the
-loader's build (the worker's handshake, the local members' identity) comes before. The worker is
-on the trainer's host: while the local members hold every usable core it is passed over, their
-fallback (`loadax.client.host_cores`). After the timed rounds, one more pass of each hashes
-every batch (XXH3 of each array's bytes): the three must agree. Beside each rate, the CPU
-seconds the trainer's process and the worker spent on the epoch; of the mixed run, what "auto"
-chose when and the requests each member answered. The section goes into SIZING.md (and
-RESULTS.md's copy).
+"""R1 with the trainer's own cores: W2's images (full scale) from the local loader (2 threads), from
+one `loadax-worker` on loopback (ZeroMQ, 2 threads), and from that worker with
+`local_members("auto")` beside it, in turn, each run in a process of its own, forward in one round
+and reversed in the next. A rate is images / wall time from creating the iterator to the last batch
+of one epoch; the loader's build (the worker's handshake, the local members' identity) comes before.
+The worker is on the trainer's host: while the local members hold every usable core it is passed
+over, their fallback (`loadax.client.host_cores`). After the timed rounds, one more pass of each
+hashes every batch (XXH3 of each array's bytes): the three must agree. Beside each rate, the CPU
+seconds the trainer's process and the worker spent on the epoch; of the mixed run, what "auto" chose
+when and the requests each member answered. The section goes into SIZING.md (and RESULTS.md's copy).
 
     .venv/bin/python benchmarks/r1_local_members.py --rounds 3
 """
@@ -146,7 +145,11 @@ def main(argv: list[str] | None = None) -> int:
     folder = Path(tempfile.mkdtemp(prefix="loadax-r1-"))
     with worker(config(folder, "R1", 0, "zmq"), "zmq") as served:
         for round_ in range(args.rounds):
-            for system in SYSTEMS:
+            # Forward, then reversed: a run right after the remote one was slower (the cause is
+            # not known; the worker's own CPU meanwhile is 0.03 s), and in one order the mixed
+            # run always came right after it: 0.76-0.85x the local loader in 5-round runs, and
+            # 0.93-0.97x with the two swapped. Reversed, the local loader comes after it.
+            for system in SYSTEMS if round_ % 2 == 0 else SYSTEMS[::-1]:
                 worker_cpu = process_cpu(served.pid)
                 result = in_process(system, served.address, hashed=False)
                 rates[system].append(result["rate"])
@@ -168,7 +171,8 @@ def main(argv: list[str] | None = None) -> int:
         "load average "
         f"{load:.1f} at the start, {os.getloadavg()[0]:.1f} at the end): W2 at full scale (4,096 "
         f"images, batch {BATCH}), one epoch per run, each in its own process, systems in turn "
-        "within each round; the worker (ZeroMQ, 2 threads) on the same machine. Target: "
+        "within each round, forward then reversed (A B C, C B A); the worker "
+        "(ZeroMQ, 2 threads) on the same machine. Target: "
         "local members + 1 worker >= the better of local-only and remote-only, identical "
         "batches.",
         "",
