@@ -196,20 +196,27 @@ def _answered(step: int) -> Iterator[None]:
 
 class _LocalTransport:
     """One local member as a transport: `worker`'s pipeline on an executor of its own (of
-    `threads` threads, of kind threads), named `name`. One thread starts each batch as its
-    request comes, in the order sent (never the driver's, which a child process's start would
-    hold up), so that the executor's threads go on to the next batch's records while the last
-    of one's finish, as the local loader's do (no barrier between batches); `LOCAL_DEPTH`
-    threads wait for them. Its batch's frames are views of arrays made in this process and
-    handed over in it: nothing could change them on the way, so they are not checksummed (the
-    reply's checksum is its header's); its other checks stand. Its replies name its threads as
-    its loading slots, so that the policy weighs it against workers by their slots (its load
-    is this loader's alone)."""
+    `threads` threads, of kind threads), named `name`. Each batch is started as its request is
+    sent, in the order sent, so that the executor's threads go on to the next batch's records
+    while the last of one's finish, as the local loader's do (no barrier between batches);
+    `LOCAL_DEPTH` threads wait for them. Threads are started on the sender's (the driver's)
+    thread: queueing a batch's chunks is quick, and a thread of its own would be one more
+    thread to wake per batch, on cores the executor's threads keep busy. A child process is
+    started on a thread of its own (it starts at its first batch, the forkserver first, which
+    would hold up every other member's events on the driver's). Its batch's frames are views of
+    arrays made in this process and handed over in it: nothing could change them on the way, so
+    they are not checksummed (the reply's checksum is its header's); its other checks stand.
+    Its replies name its threads as its loading slots, so that the policy weighs it against
+    workers by their slots (its load is this loader's alone)."""
 
     def __init__(self, worker: LocalWorker, threads: int, name: str) -> None:
         self.name, self._worker, self._threads = name, worker, threads
         self._executor = worker.executor(threads)
-        self._starting = ThreadPoolExecutor(1, thread_name_prefix="loadax-local")
+        self._starting = (
+            None
+            if isinstance(self._executor, ThreadExecutor)
+            else ThreadPoolExecutor(1, thread_name_prefix="loadax-local")
+        )
         self._waiting = ThreadPoolExecutor(LOCAL_DEPTH, thread_name_prefix="loadax-local")
         self._lock = threading.Lock()  # a batch is not started on threads being resized
 
@@ -228,7 +235,10 @@ class _LocalTransport:
 
     def send(self, request: wire.BatchRequest) -> Future[Reply]:
         reply: Future[Reply] = Future()
-        self._starting.submit(self._start, request, reply)
+        if self._starting is None:
+            self._start(request, reply)
+        else:
+            self._starting.submit(self._start, request, reply)
         return reply
 
     def _start(self, request: wire.BatchRequest, reply: Future[Reply]) -> None:
@@ -259,7 +269,8 @@ class _LocalTransport:
     def close(self) -> None:
         """Stop starting and waiting for batches (the driver's call); `release` stops making
         them."""
-        self._starting.shutdown(wait=False, cancel_futures=True)
+        if self._starting is not None:
+            self._starting.shutdown(wait=False, cancel_futures=True)
         self._waiting.shutdown(wait=False, cancel_futures=True)
 
     def release(self) -> None:

@@ -142,6 +142,28 @@ def test_a_local_members_threads_go_on_to_the_next_batch_while_one_finishes() ->
     assert [batch[:, 0].tolist() for batch in batches] == [[0, 1, 2, 3], [4, 5, 6, 7]]
 
 
+def test_a_thread_members_batch_is_started_on_the_senders_thread() -> None:
+    # Queueing a batch's chunks is quick; a thread of its own to start them would be one more
+    # thread woken per batch, on the cores the member's threads keep busy.
+    started_on: list[threading.Thread] = []
+
+    class Recorded(LocalWorker):
+        def start(self, executor: Any, request: Any) -> Any:
+            started_on.append(threading.current_thread())
+            return super().start(executor, request)
+
+    worker = Recorded("p", Pipeline(RangeDataset(0, 8), Batcher()), None)
+    transport = _LocalTransport(worker, threads=2, name="local 0")
+    plan = Plan(num_records=8, batch_size=4)
+    try:
+        reply = transport.send(batch_request("p", worker.fingerprint, plan, StepWork(1)))
+        assert started_on == [threading.current_thread()]
+        assert decode_frames(reply.result(timeout=10).payload).tolist() == [4, 5, 6, 7]
+    finally:
+        transport.close()
+        transport.release()
+
+
 def test_a_worker_alone_gives_the_local_batches(reference: list[str]) -> None:
     worker = Worker({"noisy": local_member_pipelines.noisy_records(RECORDS)}, threads=1)
     with builder([worker]).build() as loader:
