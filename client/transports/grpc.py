@@ -24,6 +24,7 @@ from loadax.client.transports.reply import Reply, bad_reply
 from loadax.client.transports.shared import Shared
 from loadax.client.transports.silence import Silence
 from loadax.errors import WorkerError
+from loadax.execution.heap import keep_freed_memory
 from loadax.wire.credentials import bearer
 from loadax.wire.failures import ERROR_METADATA, error_from_reply
 from loadax.wire.limits import (
@@ -101,6 +102,9 @@ class GrpcTransport:
     ) -> None:
         self.name = address
         self._stream_from_bytes = stream_from_bytes
+        # grpcio receives each message into a fresh `bytes`: from the heap kept, not from a
+        # mapping faulted in afresh (R1 over the sockets: 35-66 k faults/GB -> 0.3-0.5 k).
+        keep_freed_memory(arenas=None)
         security = security or ClientSecurity()
         options: list[tuple[str, Any]] = [
             ("grpc.max_receive_message_length", MAX_BATCH_BYTES),
