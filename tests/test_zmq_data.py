@@ -22,6 +22,7 @@ from workers import worker_process
 
 import loadax
 from loadax.client.security import ClientSecurity
+from loadax.client.transports import zmq_data as zmq_data_client
 from loadax.client.transports.zmq import ZmqTransport
 from loadax.client.transports.zmq_data import open_data_socket
 from loadax.errors import WorkerError
@@ -138,6 +139,46 @@ def test_without_a_data_socket_replies_come_over_zeromq(
     assert response.data_port == 0
     assert sent_on_data_sockets == []
     assert_batches_equal(batches, expected([3, 7]))
+
+
+@pytest.mark.parametrize("same_host", [True, False])
+def test_a_client_opens_a_data_socket_unless_the_worker_writes_into_its_memory_files(
+    worker: Worker, monkeypatch: pytest.MonkeyPatch, same_host: bool
+) -> None:
+    """A worker that writes batches into the client's memory files answers with headers only:
+    a data socket would carry none of them, and its connection and hello would delay the
+    first batch."""
+    opened: list[str] = []
+    open_socket = zmq_data_client.open_data_socket
+
+    def counted(address: str, *rest: Any) -> socket.socket | None:
+        opened.append(address)
+        return open_socket(address, *rest)
+
+    monkeypatch.setattr(zmq_data_client, "open_data_socket", counted)
+    server = ZmqServer(worker, "tcp://127.0.0.1:0")
+    steps = [2, 9]
+    try:
+        endpoint = server.start().replace("tcp://", "zmq://")
+        with ZmqTransport(endpoint, shared_memory=same_host) as transport:
+            target = Verifying(transport)
+            response = target.handshake(handshake_request(), WAIT_S)
+            batches = [
+                target.load(
+                    wire.BatchRequest(
+                        pipeline="numbers",
+                        fingerprint=response.fingerprint,
+                        plan=plan_to_wire(PLAN),
+                        step=step,
+                    ),
+                    WAIT_S,
+                )
+                for step in steps
+            ]
+    finally:
+        server.stop(grace=WAIT_S)
+    assert_batches_equal(batches, [NUMBERS.load(PLAN, step) for step in steps])
+    assert opened == ([] if same_host else [endpoint])
 
 
 def test_a_data_port_that_cannot_be_reached_leaves_replies_on_zeromq(

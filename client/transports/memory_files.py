@@ -245,10 +245,15 @@ class SameHostFiles:
         files, every batch is asked that way."""
         self._taken = self._taken or (self._probe is not None and response.shared_memory)
 
+    @property
+    def taken(self) -> bool:
+        """Whether the worker's handshake took shared memory: it writes batches into files."""
+        return self._taken
+
     def lease(self, request: wire.BatchRequest) -> Lease | None:
         """A file lent to `request` (`Lease.request` to send), None if the worker does not
         write into them."""
-        return Lease(self._files, request) if self._taken else None
+        return Lease(self._files, request) if self.taken else None
 
     def close(self) -> None:
         if self._probe is not None:

@@ -145,11 +145,12 @@ class ZmqTransport:
         """The worker's answer; one that can write into this process's memory files has its
         batches written there from then on (unless `shared_memory` was False). One that offers
         a data socket (`loadax.wire.zmq_data`) sends batch replies on it, once open (unless
-        `data_socket` was False)."""
+        `data_socket` was False, or the worker writes into memory files: then none is opened)."""
         request = self._data.asking(self._same_host.handshake(request))
         response = self._call(request, reply_of(wire.HandshakeResponse), timeout)
         self._same_host.learn(response)
-        self._data.learn(request, response)
+        if not self._same_host.taken:  # its connection and hello would delay the first batch
+            self._data.learn(request, response)
         return response
 
     def _hand_over_data(self, peer: socket.socket) -> bool:
