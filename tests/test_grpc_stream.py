@@ -92,23 +92,6 @@ def test_a_batch_of_large_and_small_arrays_decodes_from_its_segments() -> None:
     assert_batches_equal([decode_frames(segments)], [tree])
 
 
-@pytest.mark.parametrize(("payload_mib", "message_kib"), [(8, 512), (40, 2560), (96, 4096)])
-def test_a_batch_is_streamed_in_messages_of_a_sixteenth_of_it_from_512_kib_to_4_mib(
-    payload_mib: int, message_kib: int
-) -> None:
-    # Fewer messages for a large batch (each is a hand-off between the worker's threads); no
-    # more than a 16th of a batch, so that the client's memory stays within its bound.
-    size = payload_mib << 20
-    payload = (bytes(range(251)) * (size // 251 + 1))[:size]  # a message out of place shows
-    batch = EncodedBatch(1, [b"LDX1", payload])
-    messages = list(stream_messages(batch))
-    assert {len(message) for message in messages[2:-1]} == {message_kib << 10}
-    assert 0 < len(messages[-1]) <= message_kib << 10
-    header, segments = read_stream(messages, writable)
-    assert list(header.segment_sizes) == [4, size]
-    assert bytes(segments[1]) == payload
-
-
 # --- streams that break the format, from a real server -------------------------------------------
 
 

@@ -9,7 +9,7 @@ schema's `Worker.LoadBatch` stays, for standard gRPC tools):
 - `LOAD_BATCH_PAYLOAD`, unary: the header and the payload joined in one reply (`payload_reply`,
   read back by `parse_payload_reply`, its payload a view of the reply);
 - `STREAM_BATCH`, server streaming: the header, then the payload in messages of at most
-  `message_bytes` (`stream_messages`, read back by `read_stream`), which neither end joins: only an
+  `CHUNK_BYTES` (`stream_messages`, read back by `read_stream`), which neither end joins: only an
   array larger than a message is put together again, in a buffer the client reuses.
   A client that sends the metadata `HEARTBEAT_METADATA` ("loadax-heartbeat-ms": N) gets
   heartbeats before the header: an empty message (`HEARTBEAT`) at once, then one every N ms
@@ -60,23 +60,16 @@ grows it, and streamed 8 MiB batches then peaked at base + 64-82 MiB). Measured 
 rounds) vs 48-56 (the bound allows 48); 4 MiB took it to base + 72. A window for each call in
 flight (6 at prefetch 4) is 6 MiB per worker: about 1.2 GB/s at a round trip of 5 ms, 12 at 0.5."""
 CHUNK_BYTES = 512 << 10
-"""The largest message of the stream of a batch of 8 MiB or less (`message_bytes`). Measured on
-loopback, 2 cores, alternated, with `STREAM_WINDOW_BYTES`: the client's CPU at 8 MiB batches
-0.81-0.88 s/GB with 512 KiB, 1.0-1.14 with 1 MiB (grpcio's fresh `bytes` of a 1 MiB message
-page-fault far more: 70-140 k vs 4-23 k faults/GB; a client now keeps its freed heap), 0.97-1.07
-with 256 KiB (more messages, each with a cost); at 64 MiB 0.71-0.87 vs 0.84-0.99. The client's
-peak memory at 8 MiB, prefetch 2: base + 40-44 MiB vs 46-50."""
-MAX_CHUNK_BYTES = 4 << 20
-"""The largest message of a stream of a large batch. The worker hands each message from its
-handler thread to gRPC's and waits for it to be sent: at 512 KiB (R1, 38.5 MB batches, 77
-messages) these hand-offs were about 17 % of its samples. R1 over the sockets, alternated (2
-rounds, load 1.8-3.4, the client keeping its heap): worker 1.53, 1.35 s/GB with 512 KiB
-messages, 1.45, 1.43 with 2 MiB, 1.38, 1.28 with 4 MiB; client 0.90, 0.78 / 0.94, 0.81 / 0.84,
-0.84."""
-_MESSAGES_PER_BATCH = 16
-"""A stream's messages are a 16th of its payload or more (`message_bytes`): a client holds about
-one message in gRPC core and one in grpcio per call in flight, so with 6 calls in flight well
-under one batch more than the stream of a batch at a time."""
+"""The largest message of a stream after its header. Measured on loopback, 2 cores, alternated, with
+`STREAM_WINDOW_BYTES`: the client's CPU at 8 MiB batches 0.81-0.88 s/GB with 512 KiB, 1.0-1.14 with
+1 MiB (grpcio's fresh `bytes` of a 1 MiB message page-fault far more: 70-140 k vs 4-23 k faults/GB),
+0.97-1.07 with 256 KiB (more messages, each with a cost); at 64 MiB 0.71-0.87 vs 0.84-0.99. The
+worker pays for the messages: 0.56-0.65 vs 0.49-0.58 s/GB at 64 MiB. The client's peak memory at
+8 MiB, prefetch 2: base + 40-44 MiB vs 46-50. With the client's heap kept (`GrpcTransport`), R1
+over the sockets (38.5 MB batches) with 512 KiB, 1 MiB and 2.4 MiB messages, 6 rounds
+alternated (load 1.9-3.6): worker 1.47, 1.50 and 1.48 s/GB (medians; 1.27-1.62 in all), client
+0.85, 0.85 and 0.87: fewer messages halved the worker's thread switches in its profile (9 % of
+its samples -> 4 %) and the cost moved to copies of messages no longer in the cache."""
 _HEADER_LENGTH = struct.Struct("<I")
 _MAX_HEADER_BYTES = 64 << 10  # about 100 bytes; a stream's adds about 8 per MiB of payload
 
@@ -217,24 +210,11 @@ class MalformedReply(ValueError):
     fault, which a client refuses as a bad reply."""
 
 
-def message_bytes(payload_size: int) -> int:
-    """The largest message of the stream of a payload of `payload_size` bytes: a 16th of it,
-    from `CHUNK_BYTES` to `MAX_CHUNK_BYTES`. A client takes messages of any size up to what is
-    left of their segment, so this is the worker's choice alone.
-
-    >>> from loadax.wire.payloads import message_bytes
-    >>> [message_bytes(size) >> 10 for size in (8 << 20, 40 << 20, 1 << 30)]
-    [512, 2560, 4096]
-    """
-    return min(MAX_CHUNK_BYTES, max(CHUNK_BYTES, payload_size // _MESSAGES_PER_BATCH))
-
-
-def stream_messages(batch: EncodedBatch, chunk: int | None = None) -> Iterator[bytes]:
+def stream_messages(batch: EncodedBatch, chunk: int = CHUNK_BYTES) -> Iterator[bytes]:
     """The messages of a `STREAM_BATCH` reply: the header, whose `segment_sizes` say how the
     payload is cut, then each segment in one message, or in messages of `chunk` bytes if it is
-    larger (by default `message_bytes` of the batch). A segment is a frame larger than
-    `chunk`, or a run of smaller frames joined; arrays never span frames, so they never span
-    segments.
+    larger. A segment is a frame larger than `chunk`, or a run of smaller frames joined; arrays
+    never span frames, so they never span segments.
 
     Each message is a `bytes` made here, as grpcio sends nothing else (and copies it again into
     a buffer of its own); none is larger than `chunk`, so no whole batch is copied at once.
@@ -248,7 +228,6 @@ def stream_messages(batch: EncodedBatch, chunk: int | None = None) -> Iterator[b
     >>> header.step, list(header.segment_sizes), [bytes(s) for s in segments][0]
     (3, [7, 10], b'LDX1...')
     """
-    chunk = message_bytes(batch.size) if chunk is None else chunk
     segments = _segments(batch.frames, chunk)
     header = batch.header
     header.segment_sizes.extend(sum(len(frame) for frame in parts) for parts in segments)
