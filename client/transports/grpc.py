@@ -24,7 +24,6 @@ from loadax.client.transports.reply import Reply, bad_reply
 from loadax.client.transports.shared import Shared
 from loadax.client.transports.silence import Silence
 from loadax.errors import WorkerError
-from loadax.execution.heap import keep_freed_memory
 from loadax.wire.credentials import bearer
 from loadax.wire.failures import ERROR_METADATA, error_from_reply
 from loadax.wire.limits import (
@@ -102,11 +101,6 @@ class GrpcTransport:
     ) -> None:
         self.name = address
         self._stream_from_bytes = stream_from_bytes
-        # grpcio receives each message into a fresh `bytes`: from a heap kept, not from memory
-        # trimmed and faulted in again (R1 over the sockets: 35-69 k faults/GB -> 0.2-1.1 k),
-        # one heap for the reader threads, so that the client's peak stays that of the
-        # messages in flight (a heap per thread each kept its own: over the memory bound).
-        keep_freed_memory()
         security = security or ClientSecurity()
         options: list[tuple[str, Any]] = [
             ("grpc.max_receive_message_length", MAX_BATCH_BYTES),
