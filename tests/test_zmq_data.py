@@ -337,7 +337,9 @@ def test_a_worker_back_at_its_address_gets_a_new_data_socket(
                 batches.append(step(2))
         finally:
             second.stop(grace=WAIT_S)
-    assert len(sent_on_data_sockets) == 2
+    # The first worker's data socket sent the first batch; the second's sent the later ones
+    # (one more than the loop waited for when its client read a reply before its worker counted it).
+    assert len(sent_on_data_sockets) in (2, 3), sent_on_data_sockets
     assert_batches_equal(
         batches, [NUMBERS.load(PLAN, 1)] + [NUMBERS.load(PLAN, 2)] * (len(batches) - 1)
     )
