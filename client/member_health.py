@@ -42,7 +42,8 @@ class MemberHealth:
         self.quarantined: str | None = None  # why, until it answers again
         self.wrong = False  # quarantined for serving another pipeline identity
         self.failing = False  # its last attempt failed (back-pressure aside) or hung
-        self.answers = 0  # 0: cold, its attempts given up as hung are not held against it
+        self.answers = 0
+        self.warm_since: float | None = None  # when it first answered (`warm_at`)
         self.last_error = "none"
         self.counts = MemberCounts()
         self._sending = DecayingRate()  # this client's requests to it
@@ -89,6 +90,11 @@ class MemberHealth:
             # This attempt probes it: the others keep away until it answers.
             self.down_until = now + self._quarantine_backoff()
 
+    def warm_at(self, sent: float) -> bool:
+        """Whether it had answered by `sent`: an attempt sent while it was cold (its loader
+        processes may still be starting), given up as hung, is not held against it."""
+        return self.warm_since is not None and self.warm_since <= sent
+
     def answered(self, attempt: int, now: float) -> bool:
         """Attempt `attempt` answered: its latency counts, and its member is well again;
         whether that released it from quarantine."""
@@ -100,6 +106,7 @@ class MemberHealth:
         self.counts.answered(age)
         released = self.quarantined is not None
         self.answers += 1
+        self.warm_since = now if self.warm_since is None else self.warm_since
         self.wrong = self.failing = False
         self.failures = self.hangs = self.quarantines = 0
         self.down_until, self.quarantined = 0.0, None

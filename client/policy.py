@@ -378,7 +378,7 @@ class Policy:
         for attempt in overdue(attempts, now, hung):
             attempt.given_up = True
             self._note_failure(request, now)
-            if attempt.member.answers:  # a cold member is slow to start: not held against it
+            if attempt.member.warm_at(attempt.sent):  # one sent cold is not held against it
                 age = now - attempt.sent
                 error = f"no answer within {hung:.3g} s (after {age:.3g} s)"
                 entered = attempt.member.hung(error, now)

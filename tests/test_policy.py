@@ -27,7 +27,7 @@ from loadax.client.fleet_events import (
 )
 from loadax.client.fleet_options import FleetOptions
 from loadax.client.member_choice import SLOWER
-from loadax.client.member_health import HUNG_STRIKES, LATENCY_SAMPLES
+from loadax.client.member_health import HUNG_STRIKES, LATENCY_SAMPLES, MemberHealth
 from loadax.client.policy import TICK, Policy, replay
 from loadax.client.tails import EXTRA_BURST, EXTRA_SHARE, HEDGE_FACTOR, HUNG_FLOOR
 from loadax.errors import PoisonedRecords, WorkerError
@@ -494,3 +494,17 @@ def test_a_recorded_run_replays_to_the_same_decisions() -> None:
     again = [repr(actions) for actions in replay(made.policy.options, made.log)]
     assert again == decided
     assert sum(len(actions) for _, _, actions in made.log) > 100
+
+
+def test_an_attempt_sent_while_its_member_was_cold_is_not_held_against_it() -> None:
+    # A worker whose loader processes start one by one answers its first attempt before the
+    # second one sent with it: given up as hung, that second one does not count as a failure.
+    member = MemberHealth("w", 2, FleetOptions())
+    member.send(1, now=0.0)
+    member.send(2, now=0.0)
+    assert not member.warm_at(0.0)
+    member.answered(1, now=2.0)
+    assert not member.warm_at(0.0)  # attempt 2 was sent cold
+    assert member.warm_at(2.5)  # one sent after its first answer is held against it
+    member.answered(2, now=3.0)
+    assert member.warm_since == 2.0  # its first answer, not its latest

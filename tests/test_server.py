@@ -50,8 +50,6 @@ SLOW = """
 factory = "pipelines:slow"
 args = { records = 8, delay = 1.0 }
 """
-SLOWER = SLOW.replace("delay = 1.0", "delay = 2.0")
-"""SLOW at 2 s a record: time for a second client's call to start while the first still loads."""
 GOOD = """
 [server]
 grpc = "0.0.0.0:50051"
@@ -554,7 +552,8 @@ def test_sigterm_finishes_the_request_in_flight_and_exits_0(tmp_path: Path) -> N
 
 def test_a_client_over_its_in_flight_limit_is_refused(tmp_path: Path) -> None:
     with (
-        worker_process(tmp_path, SLOWER, max_in_flight_per_client=1) as worker,
+        # 4 loading threads: the first call's 2 records may take 2, and the other's must start.
+        worker_process(tmp_path, SLOW, max_in_flight_per_client=1, threads=4) as worker,
         grpc.insecure_channel(worker.grpc_address) as channel,
         # Its own connection: another client, as far as the worker can tell.
         grpc.insecure_channel(
