@@ -46,6 +46,7 @@ _SERVER_KEYS = (
     "shared_memory",
     "share_cache_mb",
     "zmq_data_port",
+    "grpc_data_port",
 )
 LOG_FORMATS = ("text", "json")
 
@@ -77,9 +78,11 @@ class WorkerConfig:
     shared_memory: bool = True
     # Replies built lately, kept for requests with the same digest; None: 1/4 of the budget
     share_cache_bytes: int | None = None
-    # The port beside the ZeroMQ endpoint whose plain sockets carry batch replies to clients
-    # (server/zmq_data.py; 0: any free port); None: none, every reply goes over ZeroMQ
+    # The ports beside the ZeroMQ endpoint and the gRPC address whose plain sockets carry batch
+    # replies to clients (server/zmq_data.py; 0: any free port); None: none, every reply goes
+    # over ZeroMQ or gRPC
     zmq_data_port: int | None = 0
+    grpc_data_port: int | None = 0
 
     def error(self, message: str) -> ConfigError:
         return ConfigError(f"{self.source}: {message}")
@@ -191,7 +194,8 @@ def _parse(
             if "share_cache_mb" in server
             else None
         ),
-        zmq_data_port=_data_port(source, server),
+        zmq_data_port=_data_port(source, server, "zmq_data_port"),
+        grpc_data_port=_data_port(source, server, "grpc_data_port"),
     )
 
 
@@ -204,14 +208,13 @@ def _log_format(source: str, server: Mapping[str, Any]) -> str:
     return str(value)
 
 
-def _data_port(source: str, server: Mapping[str, Any]) -> int | None:
-    value = server.get("zmq_data_port", 0)
+def _data_port(source: str, server: Mapping[str, Any], key: str) -> int | None:
+    value = server.get(key, 0)
     if value is False:
         return None
     if not is_int(value, minimum=0) or value > 65535:
         raise ConfigError(
-            f"{source}: [server].zmq_data_port must be a port (0: any free one) or false, got "
-            f"{show(value)}"
+            f"{source}: [server].{key} must be a port (0: any free one) or false, got {show(value)}"
         )
     return int(value)
 

@@ -5,12 +5,15 @@ It keeps sockets and framing: every call goes to its `RequestPath`, and its `Led
 call until it has ended. Memory stays bounded: few batches load at once, each client has few calls
 in flight, and a call counts until its reply has left (gRPC holds a reply its client does not
 read). Optionally TLS (mutual, with a client CA) secures the connection and a shared token must
-come with every Worker call; health checks and reflection stay open to probes.
+come with every Worker call; health checks and reflection stay open to probes. Without TLS, a
+data port beside the gRPC port carries batch replies to the clients that ask for it at their
+handshake (`loadax.server.grpc_data`).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import logging
 import socket
 import threading
 
@@ -20,6 +23,7 @@ from grpc_reflection.v1alpha import reflection
 
 from loadax.server.admission import Transport
 from loadax.server.config_security import TlsConfig
+from loadax.server.grpc_data import GrpcDataPort
 from loadax.server.grpc_service import SERVICE, TokenCheck, worker_handlers
 from loadax.server.handler_pool import HandlerPool
 from loadax.server.ledger import Ledger
@@ -30,6 +34,8 @@ from loadax.validation import require_int
 from loadax.wire.limits import GRPC_MIN_PING_INTERVAL_MS, MAX_BATCH_BYTES, MAX_REQUEST_BYTES
 
 __all__ = ["HEALTH_CHECK_S", "SERVICE", "GrpcServer"]
+
+log = logging.getLogger(__name__)
 
 HEALTH_CHECK_S = 0.5
 """How often the health service's status follows whether the worker can load."""
@@ -60,6 +66,11 @@ class GrpcServer:
     With `tls` the server speaks only TLS; with `token`, Worker calls without the metadata
     `authorization: Bearer <token>` get UNAUTHENTICATED. Every Worker call is counted in
     `metrics` (by default, metrics of its own).
+
+    On `data_port` (0: any free port; None: none), on the address's host, clients that ask for
+    it at their handshake open a data socket that their successful batch replies come on
+    (`loadax.wire.zmq_data`); never with `tls`, whose protection covers the gRPC connection
+    only: its payloads stay inside.
     """
 
     def __init__(
@@ -74,6 +85,7 @@ class GrpcServer:
         tls: TlsConfig | None = None,
         token: str | None = None,
         metrics: WorkerMetrics | None = None,
+        data_port: int | None = 0,
     ) -> None:
         require_int("max_reply_bytes", max_reply_bytes, minimum=1)
         requests = RequestPath(
@@ -85,6 +97,12 @@ class GrpcServer:
             metrics=metrics,
         )
         require_int("max_concurrent_rpcs", max_concurrent_rpcs, minimum=1)
+        # TLS protects the gRPC connection, not a plain socket: its payloads stay inside.
+        self._data: GrpcDataPort | None = None
+        if data_port is not None and tls is None:
+            require_int("data_port", data_port, minimum=0)
+            host = address.rpartition(":")[0].strip("[]")
+            self._data = GrpcDataPort(host, data_port, requests.admission.authenticate)
         self._address = address
         self._tls = tls
         self._requests = requests
@@ -115,7 +133,7 @@ class GrpcServer:
                 ("grpc.http2.min_ping_interval_without_data_ms", GRPC_MIN_PING_INTERVAL_MS),
             ],
         )
-        self._server.add_generic_rpc_handlers(worker_handlers(requests))
+        self._server.add_generic_rpc_handlers(worker_handlers(requests, self._data))
         self._health = health.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self._health, self._server)
         health_service = health_pb2.DESCRIPTOR.services_by_name["Health"].full_name
@@ -155,12 +173,20 @@ class GrpcServer:
             ) from error
         if not port:
             raise OSError(f"gRPC cannot listen on {self._address}: {_why_not(self._address)}")
+        if self._data is not None:
+            log.info("gRPC batch replies on data port %d", self._data.open())
         self._server.start()
         self._started = True
         for service in ("", SERVICE):
             self._health.set(service, health_pb2.HealthCheckResponse.SERVING)
         self._health_watch.start()
         return f"{host}:{port}"
+
+    @property
+    def data_port(self) -> int | None:
+        """The data port once started (`loadax.wire.zmq_data`); None: batch replies go over
+        gRPC only (turned off, or TLS)."""
+        return None if self._data is None else self._data.port
 
     def _watch_health(self) -> None:
         """Report NOT_SERVING while the worker cannot load (`Worker.serving`), SERVING again
@@ -184,6 +210,8 @@ class GrpcServer:
         self._health.enter_graceful_shutdown()
         self._requests.stop()
         self._server.stop(grace).wait()
+        if self._data is not None:  # ends the sends of handlers still running past the grace
+            self._data.stop()
         self._executor.shutdown(wait=True)
 
 

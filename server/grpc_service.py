@@ -1,7 +1,8 @@
 """The `loadax.wire.v1.Worker` service over gRPC: its handlers on the worker's request path, the
 token check in front of them, and how a refused or failed request becomes the call's status (a
 failed record, poisoned work or a failed pipeline also its `ErrorReply`, in the trailing metadata
-`loadax-error-bin`).
+`loadax-error-bin`). A batch whose request asks for it on the client's data socket is sent there
+(`loadax.server.grpc_data`), and its streamed call ends after its heartbeats.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from google.protobuf.message import DecodeError, Message
 
 from loadax.errors import WorkerError
 from loadax.server.admission import Admission
+from loadax.server.grpc_data import GrpcDataPort
 from loadax.server.ledger import Held
 from loadax.server.request_path import RequestPath
 from loadax.wire.failures import (
@@ -48,10 +50,13 @@ R = TypeVar("R")
 Q = TypeVar("Q", bound=Message)
 
 
-def worker_handlers(requests: RequestPath) -> tuple[grpc.GenericRpcHandler, ...]:
+def worker_handlers(
+    requests: RequestPath, data: GrpcDataPort | None = None
+) -> tuple[grpc.GenericRpcHandler, ...]:
     """The handlers of the Worker service (the schema's methods) and of its raw payload
-    service (`PAYLOAD_SERVICE`: the same batches without a copy into a protobuf)."""
-    servicer = WorkerServicer(requests)
+    service (`PAYLOAD_SERVICE`: the same batches without a copy into a protobuf), which sends
+    batches on the data sockets of `data`, if given, to the requests that ask for it."""
+    servicer = WorkerServicer(requests, data)
     methods = {
         "Handshake": _method(servicer.Handshake, wire.HandshakeRequest, wire.HandshakeResponse),
         "Info": _method(servicer.Info, wire.InfoRequest, wire.InfoResponse),
@@ -103,15 +108,19 @@ class TokenCheck(grpc.ServerInterceptor):  # type: ignore[misc]
 
 class WorkerServicer:
     """The `loadax.wire.v1.Worker` service: every call takes the request path and is held in its
-    ledger until the call has ended; an error becomes the call's status."""
+    ledger until the call has ended; an error becomes the call's status. With `data`, a
+    handshake that asks for a data socket is offered one, and streamed batches go there."""
 
-    def __init__(self, requests: RequestPath) -> None:
-        self._requests = requests
+    def __init__(self, requests: RequestPath, data: GrpcDataPort | None = None) -> None:
+        self._requests, self._data = requests, data
 
     def Handshake(self, request: wire.HandshakeRequest, context: Any) -> wire.HandshakeResponse:
         with self._held(request, context) as held:
             self._admit(request, context, held)
-            return _replied(context, self._requests.answer(request, held))
+            response = _replied(context, self._requests.answer(request, held))
+            if self._data is not None:
+                self._data.offer(request, response)
+            return response
 
     def Info(self, request: wire.InfoRequest, context: Any) -> wire.InfoResponse:
         with self._held(request, context) as held:
@@ -134,13 +143,24 @@ class WorkerServicer:
 
     def stream_batch(self, request: wire.BatchRequest, context: Any) -> Iterator[bytes]:
         """The raw stream's messages: heartbeats while the batch is made if the client asks
-        (`HEARTBEAT_METADATA`), then the header and the payload (`stream_messages`). gRPC
-        sends each before it asks for the next, and drops the rest when the call ends."""
+        (`HEARTBEAT_METADATA`), and sent on its data socket if it asks for that, then the header
+        and the payload (`stream_messages`), unless sent there. gRPC sends each before it asks
+        for the next, and drops the rest when the call ends."""
         with self._held(request, context) as held:
             every = _heartbeat_interval(context)
-            make = functools.partial(self._batch, request, context, held)
+            make = functools.partial(self._batch_unless_sent, request, context, held)
             batch = make() if every is None else (yield from _beating(make, every))
-            yield from stream_messages(batch)
+            if batch is not None:
+                yield from stream_messages(batch)
+
+    def _batch_unless_sent(
+        self, request: wire.BatchRequest, context: Any, held: Held
+    ) -> EncodedBatch | None:
+        """The batch, or None once sent on the data socket that `request` names."""
+        batch = self._batch(request, context, held)
+        if self._data is not None and self._data.send(request, batch):
+            return None
+        return batch
 
     def _batch(self, request: wire.BatchRequest, context: Any, held: Held) -> EncodedBatch:
         """A batch, given up as soon as the client stops waiting while the call waits its turn."""

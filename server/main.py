@@ -210,6 +210,7 @@ def _serve(config: WorkerConfig, worker: Worker, grace: float) -> None:
                     tls=config.tls,
                     token=config.token,
                     metrics=metrics,
+                    data_port=config.grpc_data_port,
                     **limits,
                 )
             )

@@ -1,11 +1,12 @@
 """The worker's data port (`loadax.wire.zmq_data`): a plain TCP listener beside the ROUTER socket
-whose connections carry batch replies straight to their clients' buffers.
+or the gRPC port whose connections carry batch replies straight to their clients' buffers.
 
-The ZeroMQ server's I/O thread accepts connections, reads their hellos (without blocking, each
-within `HELLO_TIMEOUT_S`) and watches the connections it took for their end; handler threads send
-replies on them (`send`), one at a time per connection, each within `SEND_TIMEOUT_S`. Whatever a
-peer sends (a bad hello, a wrong token, a spent nonce, bytes after its hello, an early close), the
-worker logs it and closes that connection; nothing else is touched.
+The ZeroMQ server's I/O thread (the gRPC server's data thread: `loadax.server.grpc_data`)
+accepts connections, reads their hellos (without blocking, each within `HELLO_TIMEOUT_S`) and
+watches the connections it took for their end; handler threads send replies on them (`send`),
+one at a time per connection, each within `SEND_TIMEOUT_S`. Whatever a peer sends (a bad hello,
+a wrong token, a spent nonce, bytes after its hello, an early close), the worker logs it and
+closes that connection; nothing else is touched.
 """
 
 from __future__ import annotations
@@ -43,8 +44,8 @@ Authenticate = Callable[[Sequence[bytes]], None]
 
 
 class DataPort:
-    """The data port of a ZeroMQ server bound to `host` (its endpoint's: "" for every address),
-    on `port` (0: any free port). `authenticate([credential])` raises unless the hello's token
+    """The data port of a server bound to `host` (its endpoint's: "" for every address), on
+    `port` (0: any free port). `authenticate([credential])` raises unless the hello's token
     is the worker's, as a request's (`Admission.authenticate`)."""
 
     def __init__(self, host: str, port: int, authenticate: Authenticate) -> None:
@@ -69,15 +70,15 @@ class DataPort:
         try:
             listener = socket.create_server((host, port), family=family, backlog=64)
         except OSError as error:
-            raise OSError(f"cannot bind the ZeroMQ data port to {host}:{port}: {error}") from error
+            raise OSError(f"cannot bind the data port to {host}:{port}: {error}") from error
         listener.setblocking(False)
         self._listener = listener
         self.port = listener.getsockname()[1]
         return self.port
 
     def offer(self, identity: bytes) -> bytes:
-        """A nonce for a data socket of the connection of routing `identity` (from a handler
-        thread, answering its handshake)."""
+        """A nonce for a data socket of the connection of routing `identity` (ZeroMQ's), or of
+        the client's key (gRPC's), from a handler thread answering its handshake."""
         nonce = secrets.token_bytes(zmq_data.NONCE_BYTES)
         with self._lock:
             self._nonces[nonce] = identity
@@ -87,9 +88,10 @@ class DataPort:
 
     def send(self, identity: bytes, request_id: int, batch: EncodedBatch) -> bool:
         """Send the reply `batch` to the request `request_id` on the data socket of the
-        connection of routing `identity` (from a handler thread): False if it has none (nothing
-        was sent: send it over ZeroMQ). A reply cut short (its client gone or too slow) closes
-        the data socket, which fails the client's requests that wait on it."""
+        connection of routing `identity` or key (from a handler thread): False if it has none
+        (nothing was sent: send it on the request's own connection). A reply cut short (its
+        client gone or too slow) closes the data socket, which fails the client's requests that
+        wait on it."""
         with self._lock:
             connection = self._connections.get(identity)
         return connection is not None and connection.send(request_id, batch)

@@ -1,13 +1,15 @@
 """The gRPC transport: `GrpcTransport`, a channel to one worker at "grpc://host:port".
 
 A batch comes streamed (`STREAM_BATCH`, its large arrays received into pooled buffers) or in one
-reply (`LOAD_BATCH_PAYLOAD`), as the size of the pipeline's last batch says; either way it is
-handed over as its header and payload frames, unverified.
+reply (`LOAD_BATCH_PAYLOAD`), as the size of the pipeline's last batch says, or on the worker's
+data socket (`grpc_data`); either way it is handed over as its header and payload frames,
+unverified.
 """
 
 from __future__ import annotations
 
 import functools
+import itertools
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -19,10 +21,13 @@ from google.protobuf.message import DecodeError
 
 from loadax.buffers import BufferPool
 from loadax.client.security import ClientSecurity
+from loadax.client.transports.grpc_data import GrpcDataSocket
 from loadax.client.transports.memory_files import Lease, MemoryFiles, SameHostFiles
 from loadax.client.transports.reply import Reply, bad_reply
 from loadax.client.transports.shared import Shared
 from loadax.client.transports.silence import Silence
+from loadax.client.transports.zmq_data import REHANDSHAKE_S
+from loadax.client.transports.zmq_pending import fail
 from loadax.errors import WorkerError
 from loadax.wire.credentials import bearer
 from loadax.wire.failures import ERROR_METADATA, error_from_reply
@@ -50,6 +55,13 @@ from loadax.wire.v1 import worker_pb2 as wire
 from loadax.wire.v1 import worker_pb2_grpc
 
 _SILENCE = Silence(GRPC_SILENCE_MS / 1000)
+
+
+class _Cancelled:
+    """What `GrpcTransport._outcome` answers for a reply cancelled, or a channel closed."""
+
+
+_CANCELLED = _Cancelled()
 STREAM_FROM_S = 0.25
 """A batch that took this long or longer is streamed, with heartbeats, whatever its size: its
 worker is found frozen within `GRPC_SILENCE_MS`. A faster one the placement policy gives up at
@@ -79,7 +91,9 @@ class GrpcTransport:
     streamed and its large arrays received into buffers of `buffers` (by default a pool of its
     own); a smaller, faster one comes in one reply. The first batch of a pipeline is streamed,
     and each next one as the last one's size and time say. A worker on this host writes batches
-    into memory files of `files` instead (`send`), unless `shared_memory` is False.
+    into memory files of `files` instead (`send`), unless `shared_memory` is False; one that
+    offers a data socket at the handshake sends them there (`grpc_data`), unless `data_socket`
+    is False or the channel is TLS (whose protection the data socket would not have).
     """
 
     LIVENESS: tuple[tuple[str, int], ...] = (
@@ -98,6 +112,7 @@ class GrpcTransport:
         stream_from_bytes: int = STREAM_FROM_BYTES,
         shared_memory: bool = True,
         files: MemoryFiles | None = None,
+        data_socket: bool = True,
     ) -> None:
         self.name = address
         self._stream_from_bytes = stream_from_bytes
@@ -154,6 +169,13 @@ class GrpcTransport:
         self._same_host = SameHostFiles(shared_memory, files)
         self._readers = _SHARED_READERS.acquire()
         self._closed = False
+        self._data = (
+            GrpcDataSocket(
+                address, security.token, self._buffers, MAX_BATCH_BYTES, self._rehandshake
+            )
+            if data_socket and security.ca_cert is None
+            else None
+        )
 
     @property
     def channel(self) -> grpc.Channel:
@@ -164,10 +186,27 @@ class GrpcTransport:
         self, request: wire.HandshakeRequest, timeout: float = DEFAULT_TIMEOUT_S
     ) -> wire.HandshakeResponse:
         """The worker's answer; one that can write into this process's memory files has its
-        batches written there from then on (unless `shared_memory` was False)."""
+        batches written there from then on (unless `shared_memory` was False). One that offers
+        a data socket sends batch replies on it, once open (unless the worker writes into
+        memory files: then none is opened)."""
         request = self._same_host.handshake(request)
+        if self._data is not None:
+            request = self._data.asking(request)
         response: wire.HandshakeResponse = self._call(self._stub.Handshake, request, timeout)
         self._same_host.learn(response)
+        if self._data is not None and not self._same_host.taken:
+            self._data.learn(request, response)
+        return response
+
+    def _rehandshake(self, request: wire.HandshakeRequest) -> wire.HandshakeResponse:
+        """The answer to the handshake `request` (as sent before) that asks for a new data
+        socket."""
+        try:
+            response: wire.HandshakeResponse = self._call(
+                self._stub.Handshake, request, REHANDSHAKE_S
+            )
+        except ValueError:  # grpcio's refusal of a call on a closed channel
+            raise WorkerError("UNAVAILABLE", f"{self.name} is closed") from None
         return response
 
     def info(
@@ -190,6 +229,9 @@ class GrpcTransport:
         sent = time.monotonic()
         # Fail fast on a lost connection: the request is sent elsewhere.
         lease = self._same_host.lease(request)
+        expected = None if self._data is None or lease else self._data.expect(request)
+        if expected is not None:
+            return self._send_on_data_socket(request, *expected)
         if lease is not None:
             reply.add_done_callback(lease.settle)
             stream = self._stream_batch(
@@ -216,6 +258,31 @@ class GrpcTransport:
             self._closed = True
             _SHARED_READERS.release(self._readers)
             self._same_host.close()
+            if self._data is not None:
+                self._data.close()
+
+    def _send_on_data_socket(
+        self,
+        request: wire.BatchRequest,
+        request_id: int,
+        asked: wire.BatchRequest,
+        reply: Future[Reply],
+    ) -> Future[Reply]:
+        """Send `asked` (`request`, asking for its reply on the data socket as `request_id`):
+        `reply` is completed there, or by its call if the worker answers on it (an error, or
+        the batch when the worker has no data socket for it any more). A reply that fails
+        otherwise (its data socket lost) or is cancelled cancels its call."""
+        stream = self._stream_batch(asked, wait_for_ready=False, metadata=self._stream_metadata)
+
+        def ended(future: Future[Reply]) -> None:
+            if future.cancelled() or future.exception() is not None:
+                stream.cancel()
+            if future.cancelled() and self._data is not None:
+                self._data.forget(request_id)
+
+        reply.add_done_callback(ended)
+        self._readers.submit(self._settle_on_data_socket, request, request_id, stream)
+        return reply
 
     def _settle(
         self,
@@ -227,11 +294,50 @@ class GrpcTransport:
     ) -> None:
         """Finish `reply` with what `read()` receives of `call`, the answer to `request` sent at
         `sent` (`time.monotonic()`), unless it was cancelled."""
-        try:
-            received = read()
-        except grpc.FutureCancelledError:  # the reply was cancelled, or the channel closed
+        outcome = self._outcome(request, call, read)
+        if isinstance(outcome, _Cancelled):
             reply.cancel()
+        elif isinstance(outcome, Reply):
+            self._streamed[request.pipeline] = (
+                outcome.header.payload_size >= self._stream_from_bytes
+                or time.monotonic() - sent >= STREAM_FROM_S
+            )
+            if reply.set_running_or_notify_cancel():
+                reply.set_result(outcome)
+            if self._data is not None:
+                self._data.answered_elsewhere()
+        elif outcome is not None:
+            fail(reply, outcome)
+
+    def _settle_on_data_socket(
+        self, request: wire.BatchRequest, request_id: int, call: grpc.Future
+    ) -> None:
+        """Finish the reply to `request` (`request_id` on the data socket) with what its call
+        answers, if anything: a call that ends with no message was answered on the data socket,
+        whose reader finishes it."""
+        read = functools.partial(_unless_on_data_socket, self._messages(call), self._buffers.take)
+        outcome = self._outcome(request, call, read)
+        if outcome is None or isinstance(outcome, _Cancelled) or self._data is None:
+            return  # its reply comes on the data socket, or nobody waits for it any more
+        entry = self._data.forget(request_id)
+        if entry is None:  # the data socket took it, or failed it
             return
+        if isinstance(outcome, Reply):
+            if entry.future.set_running_or_notify_cancel():
+                entry.future.set_result(outcome)
+        else:
+            fail(entry.future, outcome)
+
+    def _outcome(
+        self, request: wire.BatchRequest, call: grpc.Future, read: Callable[[], Reply | None]
+    ) -> Reply | Exception | _Cancelled | None:
+        """What `read()` receives of `call`, the answer to `request`: the reply (None: none came,
+        as `read` allows), the error that fails it (the call then cancelled: nothing more of it
+        is read), or `_CANCELLED` (the reply was cancelled, or the channel closed)."""
+        try:
+            return read()
+        except grpc.FutureCancelledError:
+            return _CANCELLED
         except grpc.RpcError as error:
             outcome: Exception = _worker_error(error)
         except MalformedReply as error:
@@ -240,17 +346,8 @@ class GrpcTransport:
             outcome = error
         except Exception as error:  # a bug: raised as it is, not taken for a hang
             outcome = error
-        else:
-            self._streamed[request.pipeline] = (
-                received.header.payload_size >= self._stream_from_bytes
-                or time.monotonic() - sent >= STREAM_FROM_S
-            )
-            if reply.set_running_or_notify_cancel():
-                reply.set_result(received)
-            return
-        call.cancel()  # nothing more of it is read (nothing happens if it is over)
-        if reply.set_running_or_notify_cancel():
-            reply.set_exception(outcome)
+        call.cancel()  # nothing happens if it is over
+        return outcome
 
     def _messages(self, stream: Any) -> Iterator[bytes]:
         """The messages of `stream` without its heartbeats; a wait for one longer than
@@ -276,6 +373,17 @@ class GrpcTransport:
             return method(request, timeout=timeout, wait_for_ready=True, metadata=self._metadata)
         except grpc.RpcError as error:
             raise _worker_error(error) from None
+
+
+def _unless_on_data_socket(
+    messages: Iterator[bytes], take: Callable[[int], memoryview]
+) -> Reply | None:
+    """The reply of a `STREAM_BATCH` call's `messages` whose request asks for its reply on the
+    data socket, as `_streamed`; None if it ends with no message (its reply went there)."""
+    first = next(messages, None)
+    if first is None:
+        return None
+    return _streamed(itertools.chain([first], messages), take)
 
 
 def _reply(call: Iterator[bytes]) -> Reply:

@@ -45,21 +45,23 @@ def flagged(request: wire.BatchRequest) -> wire.BatchRequest:
 def open_data_socket(
     address: str, response: wire.HandshakeResponse, token: str | None
 ) -> socket.socket | None:
-    """The data socket that the handshake `response` of the worker at `address` ("zmq://host:port")
-    offers, open, its hello taken, non-blocking; None if it offers none or it cannot be opened
-    (logged: batch replies come over ZeroMQ)."""
+    """The data socket that the handshake `response` of the worker at `address` ("zmq://host:port"
+    or "grpc://host:port") offers, open, its hello taken, non-blocking; None if it offers none or
+    it cannot be opened (logged: batch replies come over ZeroMQ or gRPC)."""
     if not response.data_port:
         return None
+    carrier = "gRPC" if address.startswith("grpc://") else "ZeroMQ"
     host = address.split("://", 1)[-1].rpartition(":")[0].strip("[]")
     try:
         peer = socket.create_connection((host, response.data_port), CONNECT_TIMEOUT_S)
     except OSError as error:
         log.info(
             "%s offers a data socket on port %d that this client cannot reach (%s): batch "
-            "replies come over ZeroMQ",
+            "replies come over %s",
             address,
             response.data_port,
             error,
+            carrier,
         )
         return None
     try:
@@ -75,7 +77,10 @@ def open_data_socket(
             raise zmq_data.DataSocketError(f"the worker answered the hello {answer!r}")
     except (OSError, ValueError) as error:
         log.warning(
-            "cannot open the data socket to %s: %s; batch replies come over ZeroMQ", address, error
+            "cannot open the data socket to %s: %s; batch replies come over %s",
+            address,
+            error,
+            carrier,
         )
         peer.close()
         return None

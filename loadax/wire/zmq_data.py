@@ -1,15 +1,23 @@
-"""The data socket of the ZeroMQ transport, shared by the worker and the client: a plain TCP
-connection beside the worker's ROUTER socket that carries successful batch replies, so that a
-client receives a payload straight into its own buffer (libzmq receives only into messages of its
-own, which costs a copy more). Requests, cancels, errors and heartbeats stay on ZeroMQ.
+"""The data socket of the ZeroMQ and gRPC transports, shared by the worker and the client: a plain
+TCP connection beside the worker's ROUTER socket or gRPC port that carries successful batch
+replies, so that a client receives a payload straight into its own buffer (libzmq receives only
+into messages of its own, grpcio into fresh `bytes` of each message: a copy more). Requests,
+cancels, errors and heartbeats stay on ZeroMQ or gRPC.
 
-A handshake over ZeroMQ that asks for it (`HandshakeRequest.data_socket`) is answered with the
+A handshake that asks for it (`HandshakeRequest.data_socket`) is answered with the
 worker's data port and a nonce (`HandshakeResponse.data_port`, `data_nonce`). The client connects
 to that port on the host it reached the worker at and sends a hello: `HELLO_MAGIC`, the nonce, the
 length of the token (uint16) and the token (the worker's, when it has one: empty otherwise).
 A worker that takes it answers `ACCEPTED` and from then on may send the replies to the requests
 of the connection that shook hands, those that ask for it (`BatchRequest.data_socket`), on it;
 a worker that refuses it closes the connection. A nonce is good for one data socket.
+
+Over gRPC, whose connection a proxy may share between clients, the handshake also names a random
+key of the client's (`HandshakeRequest.data_key`, `KEY_BYTES`): the nonce binds the data socket
+to that key, and a batch request that asks for its reply there names the key and the id its reply
+carries (`BatchRequest.data_key`, `data_id`). Its call, once the reply is on the data socket,
+ends after its heartbeats with no message; one answered otherwise (an error, no data socket any
+more) is answered on the call as ever.
 
 A reply is `REPLY_HEAD` (its request id, uint64, and its header's length, uint32, big-endian),
 the header (a `BatchResponse` whose `payload_size` says how many bytes follow), then the payload.
@@ -24,6 +32,7 @@ from loadax.wire.credentials import MAX_TOKEN_CHARS
 
 HELLO_MAGIC = b"LDXD\x01"
 NONCE_BYTES = 16
+KEY_BYTES = 16
 ACCEPTED = b"LDXD ok\n"
 MAX_HEADER_BYTES = 64 << 10
 """The longest header a reply may declare (a `BatchResponse` without payload is ~100 bytes)."""

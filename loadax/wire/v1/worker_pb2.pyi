@@ -74,20 +74,22 @@ class PlanStart(_message.Message):
     def __init__(self, step: _Optional[int] = ..., epoch: _Optional[int] = ..., delivered: _Optional[int] = ...) -> None: ...
 
 class HandshakeRequest(_message.Message):
-    __slots__ = ("library_version", "pipeline", "plan", "host", "probe", "data_socket")
+    __slots__ = ("library_version", "pipeline", "plan", "host", "probe", "data_socket", "data_key")
     LIBRARY_VERSION_FIELD_NUMBER: _ClassVar[int]
     PIPELINE_FIELD_NUMBER: _ClassVar[int]
     PLAN_FIELD_NUMBER: _ClassVar[int]
     HOST_FIELD_NUMBER: _ClassVar[int]
     PROBE_FIELD_NUMBER: _ClassVar[int]
     DATA_SOCKET_FIELD_NUMBER: _ClassVar[int]
+    DATA_KEY_FIELD_NUMBER: _ClassVar[int]
     library_version: str
     pipeline: str
     plan: Plan
     host: str
     probe: SharedMemory
     data_socket: bool
-    def __init__(self, library_version: _Optional[str] = ..., pipeline: _Optional[str] = ..., plan: _Optional[_Union[Plan, _Mapping]] = ..., host: _Optional[str] = ..., probe: _Optional[_Union[SharedMemory, _Mapping]] = ..., data_socket: _Optional[bool] = ...) -> None: ...
+    data_key: bytes
+    def __init__(self, library_version: _Optional[str] = ..., pipeline: _Optional[str] = ..., plan: _Optional[_Union[Plan, _Mapping]] = ..., host: _Optional[str] = ..., probe: _Optional[_Union[SharedMemory, _Mapping]] = ..., data_socket: _Optional[bool] = ..., data_key: _Optional[bytes] = ...) -> None: ...
 
 class SharedMemory(_message.Message):
     __slots__ = ("pid", "fd", "name")
@@ -152,7 +154,7 @@ class StreamWindow(_message.Message):
     def __init__(self, shards: _Optional[int] = ..., shard: _Optional[int] = ..., index: _Optional[int] = ...) -> None: ...
 
 class BatchRequest(_message.Message):
-    __slots__ = ("pipeline", "fingerprint", "plan", "step", "rows", "window", "client", "checksum", "shared_memory", "records", "data_socket")
+    __slots__ = ("pipeline", "fingerprint", "plan", "step", "rows", "window", "client", "checksum", "shared_memory", "records", "data_socket", "data_key", "data_id")
     PIPELINE_FIELD_NUMBER: _ClassVar[int]
     FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
     PLAN_FIELD_NUMBER: _ClassVar[int]
@@ -164,6 +166,8 @@ class BatchRequest(_message.Message):
     SHARED_MEMORY_FIELD_NUMBER: _ClassVar[int]
     RECORDS_FIELD_NUMBER: _ClassVar[int]
     DATA_SOCKET_FIELD_NUMBER: _ClassVar[int]
+    DATA_KEY_FIELD_NUMBER: _ClassVar[int]
+    DATA_ID_FIELD_NUMBER: _ClassVar[int]
     pipeline: str
     fingerprint: str
     plan: Plan
@@ -175,7 +179,9 @@ class BatchRequest(_message.Message):
     shared_memory: SharedMemory
     records: ListedRecords
     data_socket: bool
-    def __init__(self, pipeline: _Optional[str] = ..., fingerprint: _Optional[str] = ..., plan: _Optional[_Union[Plan, _Mapping]] = ..., step: _Optional[int] = ..., rows: _Optional[_Iterable[int]] = ..., window: _Optional[_Union[StreamWindow, _Mapping]] = ..., client: _Optional[str] = ..., checksum: _Optional[_Union[Checksum, str]] = ..., shared_memory: _Optional[_Union[SharedMemory, _Mapping]] = ..., records: _Optional[_Union[ListedRecords, _Mapping]] = ..., data_socket: _Optional[bool] = ...) -> None: ...
+    data_key: bytes
+    data_id: int
+    def __init__(self, pipeline: _Optional[str] = ..., fingerprint: _Optional[str] = ..., plan: _Optional[_Union[Plan, _Mapping]] = ..., step: _Optional[int] = ..., rows: _Optional[_Iterable[int]] = ..., window: _Optional[_Union[StreamWindow, _Mapping]] = ..., client: _Optional[str] = ..., checksum: _Optional[_Union[Checksum, str]] = ..., shared_memory: _Optional[_Union[SharedMemory, _Mapping]] = ..., records: _Optional[_Union[ListedRecords, _Mapping]] = ..., data_socket: _Optional[bool] = ..., data_key: _Optional[bytes] = ..., data_id: _Optional[int] = ...) -> None: ...
 
 class ListedRecords(_message.Message):
     __slots__ = ("indices", "epoch")

@@ -1,0 +1,299 @@
+"""The data socket of the gRPC transport (`loadax.wire.zmq_data`): batch replies on a plain TCP
+connection beside the worker's gRPC port, received straight into the client's buffer, while
+requests, errors and heartbeats stay on gRPC."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+import socket
+from collections.abc import Iterator
+from concurrent.futures import wait
+from pathlib import Path
+from typing import Any
+
+import grpc
+import numpy as np
+import pytest
+from helpers import assert_batches_equal
+from processes import free_port
+from test_security import make_pki
+from verifying import Verifying
+from workers import worker_process
+
+import loadax
+from loadax.client.security import ClientSecurity
+from loadax.client.transports.grpc import GrpcTransport
+from loadax.client.transports.zmq_data import open_data_socket
+from loadax.errors import WorkerError
+from loadax.server.config import load_config
+from loadax.server.config_checks import ConfigError
+from loadax.server.config_security import TlsConfig
+from loadax.server.grpc_server import GrpcServer
+from loadax.server.worker import Worker
+from loadax.server.zmq_data import DataPort
+from loadax.wire import zmq_data
+from loadax.wire.plans import plan_to_wire
+from loadax.wire.v1 import worker_pb2 as wire
+from loadax.wire.v1 import worker_pb2_grpc
+
+WAIT_S = 10.0  # the most any test waits for something that should happen at once
+TOKEN = "s3cret"
+NUMBERS = loadax.Pipeline(
+    loadax.RangeDataset(0, 100).map(
+        lambda i: {"x": np.full(3000, i, dtype=np.float32), "y": np.int64(2 * i)}
+    ),
+    loadax.Batcher(),
+)
+PLAN = loadax.Plan(100, 8, seed=3, shuffle=True, num_epochs=2)
+
+
+@pytest.fixture(scope="module")
+def worker() -> Iterator[Worker]:
+    worker = Worker({"numbers": NUMBERS})
+    yield worker
+    worker.close()
+
+
+@pytest.fixture
+def sent_on_data_sockets(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The ids of the replies every `DataPort` sends on a data socket."""
+    sent: list[int] = []
+    send = DataPort.send
+
+    def counted(port: DataPort, identity: bytes, request_id: int, batch: Any) -> bool:
+        taken = send(port, identity, request_id, batch)
+        if taken:
+            sent.append(request_id)
+        return taken
+
+    monkeypatch.setattr(DataPort, "send", counted)
+    return sent
+
+
+def server(worker: Worker, address: str = "127.0.0.1:0", **options: Any) -> GrpcServer:
+    return GrpcServer(worker, address, threads=2, max_in_flight_per_client=16, **options)
+
+
+def handshake_request() -> wire.HandshakeRequest:
+    return wire.HandshakeRequest(
+        library_version=loadax.__version__, pipeline="numbers", plan=plan_to_wire(PLAN)
+    )
+
+
+def batch_request(fingerprint: str, step: int, rows: list[int] | None = None) -> wire.BatchRequest:
+    return wire.BatchRequest(
+        pipeline="numbers", fingerprint=fingerprint, plan=plan_to_wire(PLAN), step=step, rows=rows
+    )
+
+
+def load(
+    address: str, steps: list[int], **options: Any
+) -> tuple[wire.HandshakeResponse, list[Any]]:
+    """The handshake with the worker at `address` (from another host: no shared memory), and
+    the batches of `steps` (the last one's rows 1 and 3 only), verified."""
+    with contextlib.closing(
+        GrpcTransport(f"grpc://{address}", shared_memory=False, **options)
+    ) as transport:
+        target = Verifying(transport)
+        response = target.handshake(handshake_request(), WAIT_S)
+        requests = [
+            batch_request(response.fingerprint, step, [1, 3] if index == len(steps) - 1 else None)
+            for index, step in enumerate(steps)
+        ]
+        replies = [transport.send(request) for request in requests]
+        return response, [
+            target.verify(*each, WAIT_S) for each in zip(requests, replies, strict=True)
+        ]
+
+
+def expected(steps: list[int]) -> list[Any]:
+    return [NUMBERS.load(PLAN, step, [1, 3] if step == steps[-1] else None) for step in steps]
+
+
+def test_batches_over_the_data_socket_are_the_local_loaders(
+    worker: Worker, sent_on_data_sockets: list[int]
+) -> None:
+    served = server(worker, token=TOKEN)
+    steps = [0, 5, 12, 24, 25]  # 24: the short last batch of the second epoch
+    try:
+        response, batches = load(served.start(), steps, security=ClientSecurity(token=TOKEN))
+    finally:
+        served.stop(grace=WAIT_S)
+    assert response.data_port == served.data_port != 0
+    assert len(response.data_nonce) == zmq_data.NONCE_BYTES
+    assert sorted(sent_on_data_sockets) == list(range(1, len(steps) + 1))
+    assert_batches_equal(batches, expected(steps))
+
+
+@pytest.mark.parametrize("off", ["worker", "client", "tls"])
+def test_without_a_data_socket_replies_come_over_grpc(
+    worker: Worker, sent_on_data_sockets: list[int], tmp_path: Path, off: str
+) -> None:
+    """A worker without a data port (as one from before it), a client that does not ask (as
+    one from before it), and TLS, whose protection covers the gRPC connection only."""
+    options: dict[str, Any] = {"data_socket": off != "client"}
+    tls = None
+    if off == "tls":
+        pki = make_pki(tmp_path)
+        tls = TlsConfig(pki.server_cert.read_bytes(), pki.server_key.read_bytes())
+        options["security"] = ClientSecurity(ca_cert=pki.ca)
+    served = server(worker, data_port=None if off == "worker" else 0, tls=tls)
+    try:
+        response, batches = load(served.start(), [3, 7], **options)
+    finally:
+        served.stop(grace=WAIT_S)
+    assert response.data_port == 0
+    assert sent_on_data_sockets == []
+    assert_batches_equal(batches, expected([3, 7]))
+
+
+def test_a_data_port_that_cannot_be_reached_leaves_replies_on_grpc(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    offered = wire.HandshakeResponse(data_port=free_port(), data_nonce=bytes(16))
+    with caplog.at_level(logging.INFO):
+        assert open_data_socket("grpc://127.0.0.1:1", offered, None) is None
+    assert "batch replies come over gRPC" in caplog.text
+
+
+def closed_by_worker(port: int, sent: bytes, after: bytes = b"") -> bytes:
+    """What the worker answers on a data socket that sends `sent`, then `after`, before it
+    closes it (it must)."""
+    with socket.create_connection(("127.0.0.1", port), WAIT_S) as peer:
+        peer.settimeout(WAIT_S)
+        peer.sendall(sent)
+        answer = b""
+        try:
+            if after:
+                answer = peer.recv(len(zmq_data.ACCEPTED))
+                peer.sendall(after)
+            left = peer.recv(64)
+        except ConnectionResetError:  # closed with bytes it never read
+            left = b""
+        assert left == b"", "the worker left the data socket open"
+    return answer
+
+
+def test_the_worker_closes_data_sockets_that_misbehave_and_serves_on(
+    worker: Worker, sent_on_data_sockets: list[int], caplog: pytest.LogCaptureFixture
+) -> None:
+    served = server(worker, token=TOKEN)
+    address = served.start()
+    port = served.data_port
+    assert port is not None
+
+    def nonce() -> bytes:
+        request = handshake_request()
+        request.data_socket, request.data_key = True, os.urandom(zmq_data.KEY_BYTES)
+        with grpc.insecure_channel(address) as channel:
+            stub = worker_pb2_grpc.WorkerStub(channel)
+            metadata = (("authorization", f"Bearer {TOKEN}"),)
+            response = stub.Handshake(request, timeout=WAIT_S, metadata=metadata)
+        return bytes(response.data_nonce)
+
+    try:
+        with caplog.at_level(logging.WARNING, logger="loadax.server.zmq_data"):
+            closed_by_worker(port, b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n")
+            closed_by_worker(port, zmq_data.hello(bytes(16), TOKEN))  # a nonce never offered
+            closed_by_worker(port, zmq_data.hello(nonce(), "wrong"))
+            taken = closed_by_worker(port, zmq_data.hello(nonce(), TOKEN), b"junk")
+        assert taken == zmq_data.ACCEPTED
+        refusals = [record.getMessage() for record in caplog.records]
+        for why in (
+            "starts b'LDXD\\x01', got b'PRI *'",
+            "its nonce was never offered",
+            "the token is wrong",
+            "it sent bytes after its hello",
+        ):
+            assert any(why in line for line in refusals), (why, refusals)
+        _, batches = load(address, [2, 9], security=ClientSecurity(token=TOKEN))
+    finally:
+        served.stop(grace=WAIT_S)
+    assert len(sent_on_data_sockets) == 2
+    assert_batches_equal(batches, expected([2, 9]))
+
+
+def test_a_worker_killed_mid_stream_fails_what_it_held_at_once(tmp_path: Path) -> None:
+    served = """
+[pipelines.blobs]
+factory = "pipelines:blobs"
+args = { records = 64, floats = 524288 }
+"""
+    with (
+        worker_process(tmp_path, served) as process,
+        contextlib.closing(GrpcTransport(process.grpc, shared_memory=False)) as transport,
+    ):
+        blobs = loadax.Plan(64, 4, num_epochs=1)  # 8 MiB batches
+        request = wire.HandshakeRequest(
+            library_version=loadax.__version__, pipeline="blobs", plan=plan_to_wire(blobs)
+        )
+        response = transport.handshake(request, WAIT_S)
+        assert response.data_port
+        replies = [
+            transport.send(
+                wire.BatchRequest(
+                    pipeline="blobs",
+                    fingerprint=response.fingerprint,
+                    plan=plan_to_wire(blobs),
+                    step=step,
+                )
+            )
+            for step in range(16)
+        ]
+        replies[0].result(WAIT_S)  # the batches are streaming
+        os.kill(process.process.pid, signal.SIGKILL)
+        waiting = wait(replies, WAIT_S).not_done
+    assert not waiting, "requests still wait on a worker that was killed"
+    failed = [reply.exception() for reply in replies if reply.exception() is not None]
+    assert failed, "every batch arrived before the worker was killed"
+    for error in failed:
+        assert isinstance(error, WorkerError), error
+        assert error.code == "UNAVAILABLE", error
+
+
+def test_a_worker_back_at_its_address_gets_a_new_data_socket(
+    worker: Worker, sent_on_data_sockets: list[int]
+) -> None:
+    address = f"127.0.0.1:{free_port()}"
+    first = server(worker, address)
+    first.start()
+    with contextlib.closing(GrpcTransport(f"grpc://{address}", shared_memory=False)) as transport:
+        target = Verifying(transport)
+        fingerprint = target.handshake(handshake_request(), WAIT_S).fingerprint
+        batches = [target.load(batch_request(fingerprint, 1), WAIT_S)]
+        first.stop(grace=WAIT_S)
+        second = server(worker, address)
+        second.start()
+        try:
+            transport.info(wire.InfoRequest(), WAIT_S)  # connected again
+            # Until the new handshake is answered, replies come over gRPC.
+            while len(sent_on_data_sockets) < 2 and len(batches) < 100:
+                batches.append(target.load(batch_request(fingerprint, 2), WAIT_S))
+        finally:
+            second.stop(grace=WAIT_S)
+    # The first worker's data socket sent the first batch; the second's sent the later ones
+    # (one more than the loop waited for when its client read a reply before its worker counted it).
+    assert len(sent_on_data_sockets) in (2, 3), sent_on_data_sockets
+    assert_batches_equal(
+        batches, [NUMBERS.load(PLAN, 1)] + [NUMBERS.load(PLAN, 2)] * (len(batches) - 1)
+    )
+
+
+def test_the_config_sets_the_grpc_data_port_or_turns_it_off(tmp_path: Path) -> None:
+    path = tmp_path / "worker.toml"
+
+    def config(line: str) -> Path:
+        path.write_text(f'[server]\ngrpc = "127.0.0.1:0"\n{line}\n{SERVED}')
+        return path
+
+    ports = [load_config(config(line)).grpc_data_port for line in PORT_LINES]
+    assert ports == list(PORT_LINES.values())
+    with pytest.raises(ConfigError, match=r"\[server\].grpc_data_port must be a port"):
+        load_config(config("grpc_data_port = true"))
+
+
+SERVED = '[pipelines.numbers]\nfactory = "pipelines:numbers"\n'
+PORT_LINES = {"": 0, "grpc_data_port = 7002": 7002, "grpc_data_port = false": None}
