@@ -36,9 +36,14 @@ DIFFERENCES = {
     "junk": r"its payload does not decode: ",
 }
 # Each transport, and whether the client takes the same-host path (shared memory) or receives
-# over the sockets, as from another host (ZeroMQ's data socket); and whether the client is also
+# over the sockets, as from another host (the data socket); and whether the client is also
 # tried alone with the tampered worker (once per way the payload travels).
-TRANSPORTS = (("grpc", True, True), ("zmq", True, False), ("zmq", False, True))
+TRANSPORTS = (
+    ("grpc", True, True),
+    ("zmq", True, False),
+    ("zmq", False, True),
+    ("grpc", False, False),
+)
 
 
 def test_every_tamper_has_its_expected_difference() -> None:
