@@ -1,9 +1,9 @@
 """A client's resources do not grow with its fleet: with 64 real workers (served by one other
 process, tests/many_workers.py) a client's loader that reads batches from all of them adds at
 most 32 threads to its process and 2 file descriptors per member over gRPC and 3 over ZeroMQ
-(the socket of its connection, a ZeroMQ socket's mailbox, and ZeroMQ's data socket); measured by
-benchmarks/client_resources.py. The ZeroMQ transports of a process share one I/O thread, which
-ends with the last of them, and a forked child makes its own."""
+(the socket of its connection, a ZeroMQ socket's mailbox, and the data socket); measured by
+benchmarks/client_resources.py. The ZeroMQ transports and gRPC data sockets of a process share
+one I/O thread, which ends with the last of them, and a forked child makes its own."""
 
 from __future__ import annotations
 
@@ -29,8 +29,8 @@ FDS_PER_MEMBER = {"grpc": 2, "zmq": 3}
 SHARED_FDS = 16
 """File descriptors a client's transports share, whatever its fleet: ZeroMQ's context (its
 mailbox, and an epoll and a mailbox for each of its 2 I/O threads and its reaper: 7) and the
-I/O thread's epoll and wake-up pipe (3): 10; gRPC's pollers and wake-ups: 4 here; and room for
-a few more (a library's version)."""
+I/O thread's epoll and wake-up pipe (3): 10; gRPC's pollers and wake-ups: 4 here (8 with the
+I/O thread and a context, for its data sockets); and room for a few more (a library's version)."""
 
 
 @pytest.mark.parametrize("transport", ["grpc", "zmq"])
