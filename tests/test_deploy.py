@@ -391,7 +391,7 @@ def test_every_worker_flag_is_one_the_worker_accepts() -> None:
 
 def test_ports_match_the_worker_config(config: WorkerConfig) -> None:
     ports = {"grpc": port(config.grpc), "zmq": port(config.zmq), "metrics": port(config.metrics)}
-    ports["zmq-data"] = config.zmq_data_port
+    ports["zmq-data"], ports["grpc-data"] = config.zmq_data_port, config.grpc_data_port
     assert {p["name"]: p["containerPort"] for p in container()["ports"]} == ports
     assert {int(p) for p in worker_image().last("EXPOSE").split()} == set(ports.values())
     service_ports = manifests()["Service"]["spec"]["ports"]
