@@ -7,47 +7,42 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import signal
-import socket
 from collections.abc import Iterator
-from concurrent.futures import wait
 from pathlib import Path
 from typing import Any
 
 import grpc
-import numpy as np
 import pytest
 from helpers import assert_batches_equal
 from processes import free_port
 from test_security import make_pki
+from test_zmq_data import (
+    BLOBS,
+    NUMBERS,
+    PLAN,
+    TOKEN,
+    WAIT_S,
+    expected,
+    handshake_request,
+    killed_while_streaming,
+    refuses_what_misbehaves,
+)
 from verifying import Verifying
 from workers import worker_process
 
-import loadax
 from loadax.client.security import ClientSecurity
 from loadax.client.transports.grpc import GrpcTransport
 from loadax.client.transports.zmq_data import open_data_socket
-from loadax.errors import WorkerError
 from loadax.server.config import load_config
 from loadax.server.config_checks import ConfigError
 from loadax.server.config_security import TlsConfig
+from loadax.server.grpc_data import GrpcDataPort
 from loadax.server.grpc_server import GrpcServer
 from loadax.server.worker import Worker
-from loadax.server.zmq_data import DataPort
 from loadax.wire import zmq_data
 from loadax.wire.plans import plan_to_wire
 from loadax.wire.v1 import worker_pb2 as wire
 from loadax.wire.v1 import worker_pb2_grpc
-
-WAIT_S = 10.0  # the most any test waits for something that should happen at once
-TOKEN = "s3cret"
-NUMBERS = loadax.Pipeline(
-    loadax.RangeDataset(0, 100).map(
-        lambda i: {"x": np.full(3000, i, dtype=np.float32), "y": np.int64(2 * i)}
-    ),
-    loadax.Batcher(),
-)
-PLAN = loadax.Plan(100, 8, seed=3, shuffle=True, num_epochs=2)
 
 
 @pytest.fixture(scope="module")
@@ -59,28 +54,22 @@ def worker() -> Iterator[Worker]:
 
 @pytest.fixture
 def sent_on_data_sockets(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """The ids of the replies every `DataPort` sends on a data socket."""
+    """The ids (`BatchRequest.data_id`) of the replies that gRPC servers send on data sockets."""
     sent: list[int] = []
-    send = DataPort.send
+    send = GrpcDataPort.send
 
-    def counted(port: DataPort, identity: bytes, request_id: int, batch: Any) -> bool:
-        taken = send(port, identity, request_id, batch)
+    def counted(port: GrpcDataPort, request: wire.BatchRequest, batch: Any) -> bool:
+        taken = send(port, request, batch)
         if taken:
-            sent.append(request_id)
+            sent.append(request.data_id)
         return taken
 
-    monkeypatch.setattr(DataPort, "send", counted)
+    monkeypatch.setattr(GrpcDataPort, "send", counted)
     return sent
 
 
 def server(worker: Worker, address: str = "127.0.0.1:0", **options: Any) -> GrpcServer:
     return GrpcServer(worker, address, threads=2, max_in_flight_per_client=16, **options)
-
-
-def handshake_request() -> wire.HandshakeRequest:
-    return wire.HandshakeRequest(
-        library_version=loadax.__version__, pipeline="numbers", plan=plan_to_wire(PLAN)
-    )
 
 
 def batch_request(fingerprint: str, step: int, rows: list[int] | None = None) -> wire.BatchRequest:
@@ -107,10 +96,6 @@ def load(
         return response, [
             target.verify(*each, WAIT_S) for each in zip(requests, replies, strict=True)
         ]
-
-
-def expected(steps: list[int]) -> list[Any]:
-    return [NUMBERS.load(PLAN, step, [1, 3] if step == steps[-1] else None) for step in steps]
 
 
 def test_batches_over_the_data_socket_are_the_local_loaders(
@@ -159,24 +144,6 @@ def test_a_data_port_that_cannot_be_reached_leaves_replies_on_grpc(
     assert "batch replies come over gRPC" in caplog.text
 
 
-def closed_by_worker(port: int, sent: bytes, after: bytes = b"") -> bytes:
-    """What the worker answers on a data socket that sends `sent`, then `after`, before it
-    closes it (it must)."""
-    with socket.create_connection(("127.0.0.1", port), WAIT_S) as peer:
-        peer.settimeout(WAIT_S)
-        peer.sendall(sent)
-        answer = b""
-        try:
-            if after:
-                answer = peer.recv(len(zmq_data.ACCEPTED))
-                peer.sendall(after)
-            left = peer.recv(64)
-        except ConnectionResetError:  # closed with bytes it never read
-            left = b""
-        assert left == b"", "the worker left the data socket open"
-    return answer
-
-
 def test_the_worker_closes_data_sockets_that_misbehave_and_serves_on(
     worker: Worker, sent_on_data_sockets: list[int], caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -195,20 +162,7 @@ def test_the_worker_closes_data_sockets_that_misbehave_and_serves_on(
         return bytes(response.data_nonce)
 
     try:
-        with caplog.at_level(logging.WARNING, logger="loadax.server.zmq_data"):
-            closed_by_worker(port, b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n")
-            closed_by_worker(port, zmq_data.hello(bytes(16), TOKEN))  # a nonce never offered
-            closed_by_worker(port, zmq_data.hello(nonce(), "wrong"))
-            taken = closed_by_worker(port, zmq_data.hello(nonce(), TOKEN), b"junk")
-        assert taken == zmq_data.ACCEPTED
-        refusals = [record.getMessage() for record in caplog.records]
-        for why in (
-            "starts b'LDXD\\x01', got b'PRI *'",
-            "its nonce was never offered",
-            "the token is wrong",
-            "it sent bytes after its hello",
-        ):
-            assert any(why in line for line in refusals), (why, refusals)
+        refuses_what_misbehaves(port, nonce, caplog)
         _, batches = load(address, [2, 9], security=ClientSecurity(token=TOKEN))
     finally:
         served.stop(grace=WAIT_S)
@@ -217,41 +171,11 @@ def test_the_worker_closes_data_sockets_that_misbehave_and_serves_on(
 
 
 def test_a_worker_killed_mid_stream_fails_what_it_held_at_once(tmp_path: Path) -> None:
-    served = """
-[pipelines.blobs]
-factory = "pipelines:blobs"
-args = { records = 64, floats = 524288 }
-"""
     with (
-        worker_process(tmp_path, served) as process,
+        worker_process(tmp_path, BLOBS) as process,
         contextlib.closing(GrpcTransport(process.grpc, shared_memory=False)) as transport,
     ):
-        blobs = loadax.Plan(64, 4, num_epochs=1)  # 8 MiB batches
-        request = wire.HandshakeRequest(
-            library_version=loadax.__version__, pipeline="blobs", plan=plan_to_wire(blobs)
-        )
-        response = transport.handshake(request, WAIT_S)
-        assert response.data_port
-        replies = [
-            transport.send(
-                wire.BatchRequest(
-                    pipeline="blobs",
-                    fingerprint=response.fingerprint,
-                    plan=plan_to_wire(blobs),
-                    step=step,
-                )
-            )
-            for step in range(16)
-        ]
-        replies[0].result(WAIT_S)  # the batches are streaming
-        os.kill(process.process.pid, signal.SIGKILL)
-        waiting = wait(replies, WAIT_S).not_done
-    assert not waiting, "requests still wait on a worker that was killed"
-    failed = [reply.exception() for reply in replies if reply.exception() is not None]
-    assert failed, "every batch arrived before the worker was killed"
-    for error in failed:
-        assert isinstance(error, WorkerError), error
-        assert error.code == "UNAVAILABLE", error
+        killed_while_streaming(process, transport)
 
 
 def test_a_worker_back_at_its_address_gets_a_new_data_socket(

@@ -7,7 +7,7 @@ import logging
 import os
 import signal
 import socket
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import wait
 from pathlib import Path
 from typing import Any
@@ -18,10 +18,11 @@ import zmq
 from helpers import assert_batches_equal
 from processes import free_port
 from verifying import Verifying
-from workers import worker_process
+from workers import WorkerProcess, worker_process
 
 import loadax
 from loadax.client.security import ClientSecurity
+from loadax.client.transports import Transport
 from loadax.client.transports import zmq_data as zmq_data_client
 from loadax.client.transports.zmq import ZmqTransport
 from loadax.client.transports.zmq_data import open_data_socket
@@ -230,22 +231,7 @@ def test_the_worker_closes_data_sockets_that_misbehave_and_serves_on(
     port = server.data_port
     assert port is not None
     try:
-        with caplog.at_level(logging.WARNING, logger="loadax.server.zmq_data"):
-            closed_by_worker(port, b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
-            closed_by_worker(port, zmq_data.hello(bytes(16), TOKEN))  # a nonce never offered
-            closed_by_worker(port, zmq_data.hello(raw_nonce(endpoint), "wrong"))
-            taken = closed_by_worker(port, zmq_data.hello(raw_nonce(endpoint), TOKEN), b"junk")
-            with socket.create_connection(("127.0.0.1", port), WAIT_S):
-                pass  # closed before its hello
-        assert taken == zmq_data.ACCEPTED
-        refusals = [record.getMessage() for record in caplog.records]
-        for why in (
-            "starts b'LDXD\\x01', got b'GET /'",
-            "its nonce was never offered",
-            "the token is wrong",
-            "it sent bytes after its hello",
-        ):
-            assert any(why in line for line in refusals), (why, refusals)
+        refuses_what_misbehaves(port, lambda: raw_nonce(endpoint), caplog)
         _, batches = load(endpoint, [2, 9], security=ClientSecurity(token=TOKEN))
     finally:
         server.stop(grace=WAIT_S)
@@ -253,42 +239,76 @@ def test_the_worker_closes_data_sockets_that_misbehave_and_serves_on(
     assert_batches_equal(batches, expected([2, 9]))
 
 
-def test_a_worker_killed_mid_stream_fails_what_it_held_at_once(tmp_path: Path) -> None:
-    served = """
+def refuses_what_misbehaves(
+    port: int, nonce: Callable[[], bytes], caplog: pytest.LogCaptureFixture
+) -> None:
+    """The worker's data port `port` (its token `TOKEN`) logs and closes data sockets that send
+    what is not a hello, a nonce never offered, a wrong token, bytes after their hello, or close
+    before it; `nonce()` is one offered by a handshake."""
+    with caplog.at_level(logging.WARNING, logger="loadax.server.zmq_data"):
+        closed_by_worker(port, b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+        closed_by_worker(port, zmq_data.hello(bytes(16), TOKEN))  # a nonce never offered
+        closed_by_worker(port, zmq_data.hello(nonce(), "wrong"))
+        taken = closed_by_worker(port, zmq_data.hello(nonce(), TOKEN), b"junk")
+        with socket.create_connection(("127.0.0.1", port), WAIT_S):
+            pass  # closed before its hello
+    assert taken == zmq_data.ACCEPTED
+    refusals = [record.getMessage() for record in caplog.records]
+    for why in (
+        "starts b'LDXD\\x01', got b'GET /'",
+        "its nonce was never offered",
+        "the token is wrong",
+        "it sent bytes after its hello",
+    ):
+        assert any(why in line for line in refusals), (why, refusals)
+
+
+BLOBS = """
 [pipelines.blobs]
 factory = "pipelines:blobs"
 args = { records = 64, floats = 524288 }
 """
-    with worker_process(tmp_path, served, grpc=False, zmq=True) as process:
+
+
+def test_a_worker_killed_mid_stream_fails_what_it_held_at_once(tmp_path: Path) -> None:
+    with worker_process(tmp_path, BLOBS, grpc=False, zmq=True) as process:
         assert process.zmq is not None
         with ZmqTransport(process.zmq, shared_memory=False) as transport:
-            blobs = loadax.Plan(64, 4, num_epochs=1)  # 8 MiB batches
-            request = wire.HandshakeRequest(
-                library_version=loadax.__version__, pipeline="blobs", plan=plan_to_wire(blobs)
+            failed = killed_while_streaming(process, transport)
+    for error in failed:
+        assert "lost the connection" in error.message
+
+
+def killed_while_streaming(process: WorkerProcess, transport: Transport) -> list[WorkerError]:
+    """The errors of the requests for 8 MiB batches of `BLOBS` that `transport` sends on its
+    data socket, its worker `process` killed as they stream: each fails at once, UNAVAILABLE."""
+    blobs = loadax.Plan(64, 4, num_epochs=1)
+    request = wire.HandshakeRequest(
+        library_version=loadax.__version__, pipeline="blobs", plan=plan_to_wire(blobs)
+    )
+    response = transport.handshake(request, WAIT_S)
+    assert response.data_port
+    replies = [
+        transport.send(
+            wire.BatchRequest(
+                pipeline="blobs",
+                fingerprint=response.fingerprint,
+                plan=plan_to_wire(blobs),
+                step=step,
             )
-            response = transport.handshake(request, WAIT_S)
-            assert response.data_port
-            replies = [
-                transport.send(
-                    wire.BatchRequest(
-                        pipeline="blobs",
-                        fingerprint=response.fingerprint,
-                        plan=plan_to_wire(blobs),
-                        step=step,
-                    )
-                )
-                for step in range(16)
-            ]
-            replies[0].result(WAIT_S)  # the batches are streaming
-            os.kill(process.process.pid, signal.SIGKILL)
-            waiting = wait(replies, WAIT_S).not_done
+        )
+        for step in range(16)
+    ]
+    replies[0].result(WAIT_S)  # the batches are streaming
+    os.kill(process.process.pid, signal.SIGKILL)
+    waiting = wait(replies, WAIT_S).not_done
     assert not waiting, "requests still wait on a worker that was killed"
     failed = [reply.exception() for reply in replies if reply.exception() is not None]
     assert failed, "every batch arrived before the worker was killed"
     for error in failed:
         assert isinstance(error, WorkerError), error
         assert error.code == "UNAVAILABLE", error
-        assert "lost the connection" in error.message
+    return [error for error in failed if isinstance(error, WorkerError)]
 
 
 @pytest.mark.parametrize(
