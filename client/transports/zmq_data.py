@@ -12,8 +12,9 @@ from collections.abc import Callable
 from typing import Any
 
 from loadax.buffers import BufferPool
+from loadax.client.transports.reply import Reply
 from loadax.client.transports.zmq_io import ZmqIo
-from loadax.client.transports.zmq_pending import Pending, complete, fail
+from loadax.client.transports.zmq_pending import Pending, batch_reply, complete, fail, settle
 from loadax.errors import WorkerError
 from loadax.wire import zmq_data, zmq_frames
 from loadax.wire.checksum import Hasher, available, new_hasher
@@ -213,11 +214,13 @@ class DataReader:
         self._answered, self._closed = answered, closed
         self._low_water = 1
         self._head = bytearray(zmq_data.REPLY_HEAD.size)
-        # The reply being read: what of it was received, and, once its header is, the request
-        # it answers (None: none waits for it), its header, payload buffer and checksum.
+        # The reply being read: what of it was received, and, once its head is, the request id
+        # and the bytes of its header; once that is whole, the request it answers (None: none
+        # waits for it), the header parsed, the payload's buffer and its checksum.
         self._received = 0
         self._request_id = 0
-        self._header: bytearray | None = None
+        self._head_bytes: bytearray | None = None
+        self._header: wire.BatchResponse | None = None
         self._entry: Pending[Any] | None = None
         self._payload: memoryview | None = None
         self._hasher: Hasher | None = None
@@ -229,8 +232,11 @@ class DataReader:
         budget = _TURN_BYTES
         try:
             while budget > 0:
+                if self._payload is not None:
+                    budget -= self._read_payload(self._payload, budget)
+                    continue
                 target = self._target()
-                length = self.socket.recv_into(target, min(len(target), _PIECE_BYTES))
+                length = self.socket.recv_into(target)
                 if not length and len(target):
                     raise zmq_data.DataSocketError("the worker closed it")
                 budget -= length
@@ -248,6 +254,26 @@ class DataReader:
         self.abandon(why)
         self._closed(self, why)
         return False
+
+    def _read_payload(self, payload: memoryview, budget: int) -> int:
+        """Receive the rest of `payload` in pieces, each hashed as it lands, up to `budget`
+        bytes (more once a piece is under way): the bytes received. The reply is completed
+        once whole; BlockingIOError once nothing more has come."""
+        receive, hasher, size = self.socket.recv_into, self._hasher, len(payload)
+        start = received = self._received
+        try:
+            while received < size and received - start < budget:
+                length = receive(payload[received:], min(size - received, _PIECE_BYTES))
+                if not length:
+                    raise zmq_data.DataSocketError("the worker closed it")
+                if hasher is not None:
+                    hasher.update(payload[received : received + length])
+                received += length
+        finally:
+            self._received = received
+        if received == size:
+            self._complete()
+        return received - start
 
     def _wake_at(self, wanted: int) -> None:
         """Have the socket readable (for the I/O thread) only once `wanted` bytes have come, up
@@ -273,28 +299,22 @@ class DataReader:
         """Where the next bytes go: the rest of the reply's head, header or payload."""
         if self._payload is not None:
             return self._payload[self._received :]
-        if self._header is not None:
-            return memoryview(self._header)[self._received :]
+        if self._head_bytes is not None:
+            return memoryview(self._head_bytes)[self._received :]
         return memoryview(self._head)[self._received :]
 
     def _took(self, target: memoryview, length: int) -> None:
-        """`length` bytes landed at the start of `target`."""
+        """`length` bytes of the reply's head or header landed at the start of `target`."""
         self._received += length
-        if self._payload is not None:
-            if self._hasher is not None:
-                self._hasher.update(target[:length])
-            if self._received == len(self._payload):
-                self._complete()
-            return
         if length < len(target):
             return
-        if self._header is None:
+        if self._head_bytes is None:
             self._request_id, header_length = zmq_data.parse_reply_head(self._head)
-            self._header = bytearray(header_length)
+            self._head_bytes = bytearray(header_length)
             self._received = 0
             if header_length:
                 return
-        self._start_payload(self._header)
+        self._start_payload(self._head_bytes)
 
     def _start_payload(self, head: bytearray) -> None:
         """The header `head` is whole: find its request and take the payload's buffer."""
@@ -315,6 +335,7 @@ class DataReader:
         kind = header.checksum_kind
         waited = self._entry is not None and available(kind)
         self._hasher = new_hasher(kind) if waited else None
+        self._header = header
         self._payload = self._buffers.take(header.payload_size)
         self._received = 0
         if not header.payload_size:
@@ -322,11 +343,17 @@ class DataReader:
 
     def _complete(self) -> None:
         """The payload is whole: complete its request, and wait for the next reply."""
-        entry, head, payload, hasher = self._entry, self._header, self._payload, self._hasher
-        self._entry, self._header, self._payload, self._hasher = None, None, None, None
+        entry, head, header = self._entry, self._head_bytes, self._header
+        payload, hasher = self._payload, self._hasher
+        self._entry, self._head_bytes, self._header = None, None, None
+        self._payload, self._hasher = None, None
         self._received = 0
-        if entry is None or head is None or payload is None:
+        if entry is None or head is None or header is None or payload is None:
             return  # nobody waits for it (cancelled, or failed already): dropped
-        frames = [zmq_frames.encode_request_id(self._request_id), zmq_frames.OK, bytes(head)]
         checksum = None if hasher is None else hasher.value()
+        if entry.complete is batch_reply:  # its reply as it is: no frames made, parsed again
+            reply = Reply(header, (payload.toreadonly(),), checksum)
+            settle(entry, self._name, lambda: reply)
+            return
+        frames = [zmq_frames.encode_request_id(self._request_id), zmq_frames.OK, bytes(head)]
         complete(entry, self._name, lambda: ([*frames, payload], checksum))

@@ -112,11 +112,9 @@ class ZmqIo:
             self.context.term()
 
     def _drain_wake_ups(self) -> None:
-        try:
-            while os.read(self._wake_in, 4096):
-                pass
-        except BlockingIOError:
-            pass
+        # Readable, so this does not block; a byte is written per wake-up, and `_woken` lets
+        # one more come only once the wake-ups read here are taken: a few bytes at most.
+        os.read(self._wake_in, 4096)
 
 
 SHARED: Shared[ZmqIo] = Shared(ZmqIo, ZmqIo.close)

@@ -60,16 +60,21 @@ def complete(
     """Complete `entry` with its reply from `worker`: the frames and payload checksum that
     `received()` gives. The worker's error fails it, and so does anything else that goes wrong,
     as BAD_REPLY (a reply that does not hold)."""
+    settle(entry, worker, lambda: entry.complete(*received()))
+
+
+def settle(entry: Pending[Any], worker: str, result: Callable[[], Any]) -> None:
+    """Complete `entry` with what `result()` gives (its reply from `worker`, made); its
+    `WorkerError` fails it, and so does anything else it raises, as BAD_REPLY."""
     try:
-        frames, checksum = received()
-        result = entry.complete(frames, checksum)
+        value = result()
     except WorkerError as error:
         fail(entry.future, error)
     except Exception as error:
         fail(entry.future, WorkerError(BAD_REPLY, f"bad reply from {worker}: {error}"))
     else:
         if entry.future.set_running_or_notify_cancel():
-            entry.future.set_result(result)
+            entry.future.set_result(value)
 
 
 def fail(future: Future[Any], error: Exception) -> None:
