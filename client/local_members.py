@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import threading
 from collections.abc import Iterator
 from concurrent.futures import Future, InvalidStateError, ThreadPoolExecutor
@@ -31,7 +32,7 @@ from loadax.client.member import Identity, ask
 from loadax.client.spare_cores import spare_cores
 from loadax.client.transports.reply import Reply
 from loadax.errors import RecordError, WorkerError
-from loadax.execution.executor import Executor, Pending
+from loadax.execution.executor import Executor, FuturePending, Pending
 from loadax.execution.heap import keep_freed_memory
 from loadax.execution.pickled import PickledPipeline
 from loadax.execution.pipeline import Pipeline
@@ -159,9 +160,10 @@ class LocalWorker:
             max_in_flight_per_client=LOCAL_DEPTH,
         )
 
-    def start(self, executor: Executor[Any], request: wire.BatchRequest) -> Pending[Any]:
-        """The batch `request` asks for, started on `executor` now; a `WorkerError` as a worker
-        would answer it when the request is not this member's or its pipeline's code fails."""
+    def start(self, executor: Executor[Any], request: wire.BatchRequest) -> FuturePending[Any]:
+        """The batch `request` asks for, started on `executor` (`executor()`'s, whose batches
+        are futures) now; a `WorkerError` as a worker would answer it when the request is not
+        this member's or its pipeline's code fails."""
         if request.fingerprint != self.fingerprint:
             raise WorkerError(
                 "FAILED_PRECONDITION",
@@ -170,7 +172,9 @@ class LocalWorker:
             )
         plan, work = plan_from_wire(request.plan), work_from_wire(request)
         with _answered(request.step):
-            return executor.submit(plan, work)
+            making = executor.submit(plan, work)
+        assert isinstance(making, FuturePending), "a member's executor hands out futures"
+        return making
 
     def answer(self, request: wire.BatchRequest, making: Pending[Any]) -> EncodedBatch:
         """The answer to `request` once `making` (`start`) is made, without a checksum (0: it
@@ -198,16 +202,17 @@ class _LocalTransport:
     """One local member as a transport: `worker`'s pipeline on an executor of its own (of
     `threads` threads, of kind threads), named `name`. Each batch is started as its request is
     sent, in the order sent, so that the executor's threads go on to the next batch's records
-    while the last of one's finish, as the local loader's do (no barrier between batches);
-    `LOCAL_DEPTH` threads wait for them. Threads are started on the sender's (the driver's)
-    thread: queueing a batch's chunks is quick, and a thread of its own would be one more
-    thread to wake per batch, on cores the executor's threads keep busy. A child process is
-    started on a thread of its own (it starts at its first batch, the forkserver first, which
-    would hold up every other member's events on the driver's). Its batch's frames are views of
-    arrays made in this process and handed over in it: nothing could change them on the way, so
-    they are not checksummed (the reply's checksum is its header's); its other checks stand.
-    Its replies name its threads as its loading slots, so that the policy weighs it against
-    workers by their slots (its load is this loader's alone)."""
+    while the last of one's finish, as the local loader's do (no barrier between batches), and
+    each is answered on the thread that finishes it (`FuturePending.when_done`), not by a
+    thread waiting for it. Threads are started on the sender's (the driver's) thread: queueing
+    a batch's chunks is quick. Either thread of its own would be one more thread to wake per
+    batch, on cores the executor's threads keep busy. A child process is started on a thread of
+    its own (it starts at its first batch, the forkserver first, which would hold up every
+    other member's events on the driver's). Its batch's frames are views of arrays made in this
+    process and handed over in it: nothing could change them on the way, so they are not
+    checksummed (the reply's checksum is its header's); its other checks stand. Its replies
+    name its threads as its loading slots, so that the policy weighs it against workers by
+    their slots (its load is this loader's alone)."""
 
     def __init__(self, worker: LocalWorker, threads: int, name: str) -> None:
         self.name, self._worker, self._threads = name, worker, threads
@@ -217,7 +222,6 @@ class _LocalTransport:
             if isinstance(self._executor, ThreadExecutor)
             else ThreadPoolExecutor(1, thread_name_prefix="loadax-local")
         )
-        self._waiting = ThreadPoolExecutor(LOCAL_DEPTH, thread_name_prefix="loadax-local")
         self._lock = threading.Lock()  # a batch is not started on threads being resized
 
     def split(self, threads: int) -> None:
@@ -242,8 +246,8 @@ class _LocalTransport:
         return reply
 
     def _start(self, request: wire.BatchRequest, reply: Future[Reply]) -> None:
-        """Start the batch `request` asks for, unless `reply` was cancelled; a waiting thread
-        settles `reply` once it is made (cancelling `reply` drops it)."""
+        """Start the batch `request` asks for, unless `reply` was cancelled; `reply` is settled
+        on the thread that makes it, once it is made (cancelling `reply` drops it)."""
         if reply.cancelled():
             return
         try:
@@ -253,10 +257,10 @@ class _LocalTransport:
             _settle(reply, error)
             return
         reply.add_done_callback(lambda done: making.cancel() if done.cancelled() else None)
-        self._waiting.submit(self._finish, request, making, slots, reply)
+        making.when_done(functools.partial(self._finish, request, slots, reply))
 
     def _finish(
-        self, request: wire.BatchRequest, making: Pending[Any], slots: int, reply: Future[Reply]
+        self, request: wire.BatchRequest, slots: int, reply: Future[Reply], making: Pending[Any]
     ) -> None:
         try:
             answer = self._worker.answer(request, making)
@@ -267,11 +271,9 @@ class _LocalTransport:
         _settle(reply, Reply(answer.header, answer.frames, answer.checksum))
 
     def close(self) -> None:
-        """Stop starting and waiting for batches (the driver's call); `release` stops making
-        them."""
+        """Stop starting batches (the driver's call); `release` stops making them."""
         if self._starting is not None:
             self._starting.shutdown(wait=False, cancel_futures=True)
-        self._waiting.shutdown(wait=False, cancel_futures=True)
 
     def release(self) -> None:
         """Stop the executor's threads or child process, once they are done."""

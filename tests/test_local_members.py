@@ -5,10 +5,12 @@ and the loader runs from its local members while no worker answers, then returns
 from __future__ import annotations
 
 import functools
+import gc
 import itertools
 import logging
 import threading
 import time
+import weakref
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -162,6 +164,52 @@ def test_a_thread_members_batch_is_started_on_the_senders_thread() -> None:
     finally:
         transport.close()
         transport.release()
+
+
+def test_a_members_batch_is_answered_on_the_thread_that_made_it_then_let_go() -> None:
+    # No thread waits for a batch to answer it (one more thread to wake per batch, on the cores
+    # the member's threads keep busy), and the hook that answers it is let go once called: a
+    # cycle through it would keep the batch (and the pooled buffers of its leaves) until the
+    # garbage collector ran.
+    answered_on: list[str] = []
+    made: list[weakref.ref[np.ndarray[Any, Any]]] = []
+    armed, sent = threading.Event(), threading.Event()  # armed: after the identity's probe
+
+    def record(index: int) -> np.ndarray[Any, Any]:
+        if armed.is_set():  # made once the request is sent and its hook is set
+            assert sent.wait(timeout=10)
+        return np.full(2, index)
+
+    def collate(records: list[np.ndarray[Any, Any]]) -> np.ndarray[Any, Any]:
+        batch = np.stack(records)  # the last one made is the request's (the first: the probe's)
+        made.append(weakref.ref(batch))
+        return batch
+
+    class Recorded(LocalWorker):
+        def answer(self, request: Any, making: Any) -> Any:
+            answered_on.append(threading.current_thread().name)
+            return super().answer(request, making)
+
+    worker = Recorded("p", Pipeline(RangeDataset(0, 8).map(record), Batcher(collate)), None)
+    transport = _LocalTransport(worker, threads=2, name="local 0")
+    plan = Plan(num_records=8, batch_size=4)
+    armed.set()
+    gc.disable()
+    try:
+        try:
+            reply = transport.send(batch_request("p", worker.fingerprint, plan, StepWork(1)))
+            sent.set()
+            batch = decode_frames(reply.result(timeout=10).payload)
+            assert batch[:, 0].tolist() == [4, 5, 6, 7]
+            assert made[-1]() is not None  # its reply's frames are views of it
+            del reply, batch
+        finally:
+            transport.close()
+            transport.release()  # its threads are done: none of their frames holds the batch
+        assert [name.rsplit("_", 1)[0] for name in answered_on] == ["loadax"]  # the executor's
+        assert made[-1]() is None, "the batch outlived its reply"
+    finally:
+        gc.enable()
 
 
 def test_a_worker_alone_gives_the_local_batches(reference: list[str]) -> None:

@@ -7,6 +7,7 @@ keep several in flight and take them in order.
 from __future__ import annotations
 
 import abc
+from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any, Generic, Protocol
 
@@ -43,6 +44,27 @@ class FuturePending(Generic[B]):
 
     def cancel(self) -> None:
         self._future.cancel()
+
+    def when_done(self, callback: Callable[[FuturePending[B]], None]) -> None:
+        """Call `callback` with the batch once it is settled (loaded, failed or cancelled), on
+        the thread that settles it, or at once if it is settled: no thread waits for it. The
+        future lets go of `callback` once it is called, so that a callback that refers back to
+        this batch makes no lasting cycle: one would keep the batch, and the pooled buffers of
+        its leaves, until the garbage collector ran."""
+        self._future.add_done_callback(_Once(callback))
+
+
+class _Once(Generic[B]):
+    """A future's done-callback that calls `callback` with the settled batch once, then lets
+    go of it (a future keeps its done-callbacks as long as it lives)."""
+
+    def __init__(self, callback: Callable[[FuturePending[B]], None]) -> None:
+        self._callback: Callable[[FuturePending[B]], None] | None = callback
+
+    def __call__(self, future: Future[B]) -> None:
+        callback, self._callback = self._callback, None
+        if callback is not None:
+            callback(FuturePending(future))
 
 
 class Executor(abc.ABC, Generic[B]):

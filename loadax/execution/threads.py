@@ -11,7 +11,7 @@ import functools
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future, InvalidStateError, ThreadPoolExecutor
-from typing import Any, Generic, cast
+from typing import Any, cast
 
 import numpy as np
 from typing_extensions import TypeVar
@@ -82,7 +82,7 @@ class ThreadExecutor(Executor[B]):
         return np.array_split(values, max(1, min(self._threads, values.size)))
 
 
-class _ChunkedBatch(Generic[B]):
+class _ChunkedBatch(FuturePending[B]):
     """One batch being read in chunks by the pool; the last chunk to finish collates it."""
 
     def __init__(
@@ -93,8 +93,8 @@ class _ChunkedBatch(Generic[B]):
         finish: Callable[[list[Any]], B],
         place: Callable[[int, list[Any]], None] | None = None,
     ) -> None:
+        super().__init__(Future())
         self._read, self._finish, self._place = read, finish, place
-        self._batch: Future[B] = Future()
         self._lock = threading.Lock()
         self._parts: list[list[Any]] = [[] for _ in chunks]
         self._chunks_left = len(chunks)
@@ -105,19 +105,16 @@ class _ChunkedBatch(Generic[B]):
         # would keep the batch (and the pooled buffers of its leaves) until the garbage collector
         # ran, so that every batch stacked into a fresh buffer, faulted in page by page.
         for task in self._chunk_tasks:
-            task.add_done_callback(functools.partial(_cancel_if_cancelled, self._batch))
-
-    def result(self, timeout: float | None = None) -> B:
-        return self._batch.result(timeout)
+            task.add_done_callback(functools.partial(_cancel_if_cancelled, self._future))
 
     def cancel(self) -> None:
         for task in self._chunk_tasks:
             task.cancel()
         # Whoever waits on a dropped batch gets CancelledError instead of waiting forever.
-        self._batch.cancel()
+        self._future.cancel()
 
     def _read_chunk(self, position: int, indices: IndexArray, epochs: IndexArray) -> None:
-        if self._batch.done():  # another chunk failed already
+        if self._future.done():  # another chunk failed already
             return
         try:
             part = self._read(indices, epochs)
@@ -129,7 +126,7 @@ class _ChunkedBatch(Generic[B]):
         with self._lock:
             self._parts[position] = part
             self._chunks_left -= 1
-            if self._chunks_left or self._batch.done():
+            if self._chunks_left or self._future.done():
                 return
         records = [record for part in self._parts for record in part]
         try:
@@ -143,9 +140,9 @@ class _ChunkedBatch(Generic[B]):
         # The batch may have been cancelled meanwhile: then nobody wants the outcome.
         with contextlib.suppress(InvalidStateError):
             if error is None:
-                self._batch.set_result(batch)
+                self._future.set_result(batch)
             else:
-                self._batch.set_exception(error)
+                self._future.set_exception(error)
 
 
 def _cancel_if_cancelled(batch: Future[Any], task: Future[None]) -> None:
