@@ -49,12 +49,10 @@ class RequestSender:
     def take(self, outbox: Outbox, adopt: Callable[[socket.socket], None]) -> bool:
         """Send the requests and cancels of `outbox`, and `adopt` its data sockets, until it is
         empty (True) or says to close (False)."""
-        # Every submission is queued before its wake-up is sent, so none is missed here.
-        while True:
-            try:
-                item = outbox.get_nowait()
-            except queue.Empty:
-                return True
+        # Every submission is queued before its wake-up is sent, so none is missed here; this
+        # thread alone takes from it, so an outbox not empty holds an item for it.
+        while not outbox.empty():
+            item = outbox.get_nowait()
             if item is None:
                 return False
             if isinstance(item, Cancel):
@@ -63,6 +61,7 @@ class RequestSender:
                 adopt(item)
             else:
                 self.send(*item)
+        return True
 
     def send(self, request_id: int, frames: list[bytes]) -> None:
         """Send the request `request_id` now, or hold or fail it when no connection takes it."""
