@@ -55,32 +55,36 @@ class BufferPool:
         self._spare = spare
         self._spare_bytes = spare_bytes
         self._lock = threading.Lock()
-        self._buffers: list[_Buffer] = []
+        # Each kept buffer with the offset of its aligned start (computed once: asking an
+        # array for its address costs more than the rest of a `take`).
+        self._buffers: list[tuple[_Buffer, int]] = []
 
     def take(self, size: int) -> memoryview:
         """A writable buffer of `size` bytes: a free one that fits, else a new one."""
         if size < 0:
             raise ValueError(f"a buffer has a size >= 0, got {size}")
         with self._lock:
-            free: list[_Buffer] = []
-            in_use: list[_Buffer] = []
+            free: list[tuple[_Buffer, int]] = []
+            in_use: list[tuple[_Buffer, int]] = []
             for index in range(len(self._buffers)):
                 free_now = _references(self._buffers, index) == _FREE
                 (free if free_now else in_use).append(self._buffers[index])
-            free.sort(key=lambda buffer: abs(_usable(buffer) - size))  # the fittest first
-            fits = [buffer for buffer in free if size <= _usable(buffer) <= 2 * size]
-            chosen = fits[0] if fits else np.empty(_rounded(size + size // _GROWTH), np.uint8)
-            spares = self._spares([buffer for buffer in free if buffer is not chosen])
+            free.sort(key=lambda kept: abs(_usable(kept) - size))  # the fittest first
+            fits = [kept for kept in free if size <= _usable(kept) <= 2 * size]
+            chosen = (
+                fits[0] if fits else _aligned(np.empty(_rounded(size + size // _GROWTH), np.uint8))
+            )
+            spares = self._spares([kept for kept in free if kept is not chosen])
             self._buffers = [*in_use, *spares, chosen]
-            start = _start(chosen)
-            return chosen[start : start + size].data
+            buffer, start = chosen
+            return buffer[start : start + size].data
 
-    def _spares(self, free: list[_Buffer]) -> list[_Buffer]:
+    def _spares(self, free: list[tuple[_Buffer, int]]) -> list[tuple[_Buffer, int]]:
         """The first of the `free` buffers (fittest first) that `spare` and `spare_bytes` allow."""
-        kept: list[_Buffer] = []
+        kept: list[tuple[_Buffer, int]] = []
         total = 0
         for buffer in free[: self._spare]:
-            total += len(buffer)
+            total += len(buffer[0])
             if self._spare_bytes is not None and total > self._spare_bytes:
                 break
             kept.append(buffer)
@@ -93,14 +97,14 @@ class BufferPool:
             return len(self._buffers)
 
 
-def _references(buffers: list[_Buffer], index: int) -> int:
-    """The reference count of `buffers[index]` as `take` sees it."""
-    return sys.getrefcount(buffers[index])
+def _references(buffers: list[tuple[_Buffer, int]], index: int) -> int:
+    """The reference count of the array `buffers[index]` keeps, as `take` sees it."""
+    return sys.getrefcount(buffers[index][0])
 
 
-# What a kept buffer that nothing else refers to counts: the pool's list's reference and the
+# What a kept buffer that nothing else refers to counts: the pool's entry's reference and the
 # call's own. Measured the same way, so that it holds whatever the interpreter counts.
-_FREE = _references([np.empty(0, dtype=np.uint8)], 0)
+_FREE = _references([(np.empty(0, dtype=np.uint8), 0)], 0)
 
 
 def _rounded(size: int) -> int:
@@ -108,12 +112,13 @@ def _rounded(size: int) -> int:
     return -(-(size + ARRAY_ALIGN) // _PAGE) * _PAGE
 
 
-def _start(buffer: _Buffer) -> int:
-    """The offset in `buffer` of its first byte at a multiple of `ARRAY_ALIGN`."""
+def _aligned(buffer: _Buffer) -> tuple[_Buffer, int]:
+    """`buffer` and the offset in it of its first byte at a multiple of `ARRAY_ALIGN`."""
     address: int = buffer.ctypes.data
-    return -address % ARRAY_ALIGN
+    return buffer, -address % ARRAY_ALIGN
 
 
-def _usable(buffer: _Buffer) -> int:
-    """How many bytes of `buffer` are handed out from its aligned start on."""
-    return len(buffer) - _start(buffer)
+def _usable(kept: tuple[_Buffer, int]) -> int:
+    """How many bytes of a kept buffer are handed out from its aligned start on."""
+    buffer, start = kept
+    return len(buffer) - start
