@@ -9,7 +9,6 @@ unverified.
 from __future__ import annotations
 
 import functools
-import itertools
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -17,12 +16,18 @@ from typing import Any
 
 import grpc
 import grpc.experimental
-from google.protobuf.message import DecodeError
 
 from loadax.buffers import BufferPool
 from loadax.client.security import ClientSecurity
 from loadax.client.transports.grpc_data import GrpcDataSocket
-from loadax.client.transports.memory_files import Lease, MemoryFiles, SameHostFiles
+from loadax.client.transports.grpc_replies import (
+    shared_reply,
+    streamed_reply,
+    unary_reply,
+    unless_on_data_socket,
+    worker_error,
+)
+from loadax.client.transports.memory_files import MemoryFiles, SameHostFiles
 from loadax.client.transports.reply import Reply, bad_reply
 from loadax.client.transports.shared import Shared
 from loadax.client.transports.silence import Silence
@@ -30,7 +35,6 @@ from loadax.client.transports.zmq_data import REHANDSHAKE_S
 from loadax.client.transports.zmq_pending import fail
 from loadax.errors import WorkerError
 from loadax.wire.credentials import bearer
-from loadax.wire.failures import ERROR_METADATA, error_from_reply
 from loadax.wire.limits import (
     DEFAULT_TIMEOUT_S,
     GRPC_CONNECT_TIMEOUT_MS,
@@ -46,22 +50,12 @@ from loadax.wire.payloads import (
     STREAM_BATCH,
     STREAM_FROM_BYTES,
     STREAM_WINDOW_BYTES,
-    ChecksummedStream,
     MalformedReply,
-    parse_payload_reply,
-    read_stream,
 )
 from loadax.wire.v1 import worker_pb2 as wire
 from loadax.wire.v1 import worker_pb2_grpc
 
 _SILENCE = Silence(GRPC_SILENCE_MS / 1000)
-
-
-class _Cancelled:
-    """What `GrpcTransport._outcome` answers for a reply cancelled, or a channel closed."""
-
-
-_CANCELLED = _Cancelled()
 STREAM_FROM_S = 0.25
 """A batch that took this long or longer is streamed, with heartbeats, whatever its size: its
 worker is found frozen within `GRPC_SILENCE_MS`. A faster one the placement policy gives up at
@@ -75,6 +69,13 @@ _SHARED_READERS: Shared[ThreadPoolExecutor] = Shared(
     lambda: ThreadPoolExecutor(_READERS, thread_name_prefix="loadax-grpc-reader"),
     lambda readers: readers.shutdown(wait=False),
 )
+
+
+class _Cancelled:
+    """What `GrpcTransport._outcome` answers for a reply cancelled, or a channel closed."""
+
+
+_CANCELLED = _Cancelled()
 
 
 class GrpcTransport:
@@ -224,30 +225,32 @@ class GrpcTransport:
 
         To a worker on this host (see `handshake`), the request names a memory file of this
         process that the worker writes the payload into (the reply holds the header alone), and
-        the payload is a view of it."""
-        reply: Future[Reply] = Future()
-        sent = time.monotonic()
+        the payload is a view of it. To one with a data socket open, the request asks for its
+        reply there, and the payload is one buffer of `buffers`."""
         # Fail fast on a lost connection: the request is sent elsewhere.
         lease = self._same_host.lease(request)
-        expected = None if self._data is None or lease else self._data.expect(request)
-        if expected is not None:
-            return self._send_on_data_socket(request, *expected)
+        if lease is None and self._data is not None:
+            expected = self._data.expect(request)
+            if expected is not None:
+                return self._send_on_data_socket(request, *expected)
+        reply: Future[Reply] = Future()
+        sent = time.monotonic()
         if lease is not None:
             reply.add_done_callback(lease.settle)
             stream = self._stream_batch(
                 lease.request, wait_for_ready=False, metadata=self._stream_metadata
             )
             read: Callable[[], Reply] = functools.partial(
-                _shared, self._messages(stream), self._buffers.take, lease, self.name
+                shared_reply, self._messages(stream), self._buffers.take, lease, self.name
             )
         elif self._streamed.get(request.pipeline, True):
             stream = self._stream_batch(
                 request, wait_for_ready=False, metadata=self._stream_metadata
             )
-            read = functools.partial(_streamed, self._messages(stream), self._buffers.take)
+            read = functools.partial(streamed_reply, self._messages(stream), self._buffers.take)
         else:
             stream = self._load_payload(request, wait_for_ready=False, metadata=self._metadata)
-            read = functools.partial(_reply, stream)
+            read = functools.partial(unary_reply, stream)
         reply.add_done_callback(lambda future: future.cancelled() and stream.cancel())
         self._readers.submit(self._settle, request, reply, stream, read, sent)
         return reply
@@ -315,7 +318,7 @@ class GrpcTransport:
         """Finish the reply to `request` (`request_id` on the data socket) with what its call
         answers, if anything: a call that ends with no message was answered on the data socket,
         whose reader finishes it."""
-        read = functools.partial(_unless_on_data_socket, self._messages(call), self._buffers.take)
+        read = functools.partial(unless_on_data_socket, self._messages(call), self._buffers.take)
         outcome = self._outcome(request, call, read)
         if outcome is None or isinstance(outcome, _Cancelled) or self._data is None:
             return  # its reply comes on the data socket, or nobody waits for it any more
@@ -339,7 +342,7 @@ class GrpcTransport:
         except grpc.FutureCancelledError:
             return _CANCELLED
         except grpc.RpcError as error:
-            outcome: Exception = _worker_error(error)
+            outcome: Exception = worker_error(error)
         except MalformedReply as error:
             outcome = bad_reply(self.name, request, str(error))
         except WorkerError as error:  # the worker went silent
@@ -372,56 +375,4 @@ class GrpcTransport:
         try:
             return method(request, timeout=timeout, wait_for_ready=True, metadata=self._metadata)
         except grpc.RpcError as error:
-            raise _worker_error(error) from None
-
-
-def _unless_on_data_socket(
-    messages: Iterator[bytes], take: Callable[[int], memoryview]
-) -> Reply | None:
-    """The reply of a `STREAM_BATCH` call's `messages` whose request asks for its reply on the
-    data socket, as `_streamed`; None if it ends with no message (its reply went there)."""
-    first = next(messages, None)
-    if first is None:
-        return None
-    return _streamed(itertools.chain([first], messages), take)
-
-
-def _reply(call: Iterator[bytes]) -> Reply:
-    """The header and the payload of the `LOAD_BATCH_PAYLOAD` call `call`, once it ends."""
-    replies = list(call)
-    if len(replies) != 1:
-        raise MalformedReply(f"LoadBatchPayload answered {len(replies)} messages, not one")
-    header, payload = parse_payload_reply(replies[0])
-    return Reply(header, [payload])
-
-
-def _shared(
-    messages: Iterator[bytes], take: Callable[[int], memoryview], lease: Lease, worker: str
-) -> Reply:
-    """The reply of a `STREAM_BATCH` call's `messages` whose request names the memory file of
-    `lease`: its payload a view of that file (or, if the worker sent it, as `_streamed`)."""
-    header, payload, checksum = _streamed(messages, take)
-    return lease.reply(worker, header, payload, checksum, MAX_BATCH_BYTES)
-
-
-def _streamed(messages: Iterator[bytes], take: Callable[[int], memoryview]) -> Reply:
-    """The header and the payload of a `STREAM_BATCH` call's `messages` (segments larger than a
-    message joined into `take(size)`), checksummed as each message comes."""
-    stream = ChecksummedStream(messages)
-    header, segments = read_stream(stream, take)
-    return Reply(header, segments, stream.value())
-
-
-def _worker_error(error: grpc.RpcError) -> WorkerError:
-    """The worker's error: its `ErrorReply` when the call's trailing metadata carries one (a
-    failed record), else its status."""
-    # The error of a call is also the call itself.
-    metadata = error.trailing_metadata() if isinstance(error, grpc.Call) else None
-    for key, value in metadata or ():
-        if key == ERROR_METADATA and isinstance(value, bytes):
-            try:
-                return error_from_reply(wire.ErrorReply.FromString(value))
-            except DecodeError:
-                break  # the status still says what failed
-    code = error.code()
-    return WorkerError(code.name if code is not None else "UNKNOWN", error.details() or "")
+            raise worker_error(error) from None
