@@ -7,11 +7,13 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import socket
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import grpc
+import proxy_pipelines
 import pytest
 from helpers import assert_batches_equal
 from processes import free_port
@@ -30,16 +32,19 @@ from test_zmq_data import (
 from verifying import Verifying
 from workers import worker_process
 
+import loadax
 from loadax.client.security import ClientSecurity
 from loadax.client.transports.grpc import GrpcTransport
 from loadax.client.transports.zmq_data import open_data_socket
+from loadax.plan.work import StepWork
 from loadax.server.config import load_config
 from loadax.server.config_checks import ConfigError
 from loadax.server.config_security import TlsConfig
 from loadax.server.grpc_data import GrpcDataPort
 from loadax.server.grpc_server import GrpcServer
 from loadax.server.worker import Worker
-from loadax.wire import zmq_data
+from loadax.wire import plans, zmq_data
+from loadax.wire.payloads import HEARTBEAT, HEARTBEAT_METADATA, STREAM_BATCH
 from loadax.wire.plans import plan_to_wire
 from loadax.wire.v1 import worker_pb2 as wire
 from loadax.wire.v1 import worker_pb2_grpc
@@ -168,6 +173,43 @@ def test_the_worker_closes_data_sockets_that_misbehave_and_serves_on(
         served.stop(grace=WAIT_S)
     assert len(sent_on_data_sockets) == 2
     assert_batches_equal(batches, expected([2, 9]))
+
+
+def test_a_slow_batch_for_the_data_socket_is_heartbeats_then_no_message_on_its_call() -> None:
+    """Heartbeats still show a slow batch is being made; its reply comes on the data socket,
+    with the id its request named, and its call ends with no message after them."""
+    slow = loadax.Plan(8, batch_size=4)
+    worker = Worker({"slow": proxy_pipelines.slow_after(8, delay=0.2)}, threads=2)
+    served = server(worker)
+    address = served.start()
+    key = os.urandom(zmq_data.KEY_BYTES)
+    try:
+        with grpc.insecure_channel(address) as channel:
+            hello = wire.HandshakeRequest(
+                library_version=loadax.__version__,
+                pipeline="slow",
+                plan=plan_to_wire(slow),
+                data_socket=True,
+                data_key=key,
+            )
+            response = worker_pb2_grpc.WorkerStub(channel).Handshake(hello, timeout=WAIT_S)
+            peer = open_data_socket(f"grpc://{address}", response, None)
+            assert peer is not None
+            request = plans.batch_request("slow", response.fingerprint, slow, StepWork(1))
+            request.data_socket, request.data_key, request.data_id = True, key, 7
+            call = channel.unary_stream(
+                STREAM_BATCH, request_serializer=wire.BatchRequest.SerializeToString
+            )
+            messages = list(call(request, timeout=WAIT_S, metadata=((HEARTBEAT_METADATA, "100"),)))
+            with peer:
+                peer.settimeout(WAIT_S)
+                head = peer.recv(zmq_data.REPLY_HEAD.size, socket.MSG_WAITALL)
+    finally:
+        served.stop(grace=WAIT_S)
+        worker.close()
+    assert len(messages) >= 3, messages  # at once, then every 0.1 s for 0.4 s
+    assert set(messages) == {HEARTBEAT}, messages
+    assert zmq_data.parse_reply_head(head)[0] == 7
 
 
 def test_a_worker_killed_mid_stream_fails_what_it_held_at_once(tmp_path: Path) -> None:
