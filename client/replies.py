@@ -17,6 +17,7 @@ from typing import Any
 
 from loadax.client.transports.reply import Reply, bad_reply
 from loadax.errors import RecordError, WorkerError
+from loadax.plan import Plan
 from loadax.wire.checksum import available, kind_name, payload_checksum
 from loadax.wire.codec import CodecError, decode_frames
 from loadax.wire.failures import RecordFailed
@@ -35,6 +36,9 @@ class ReplyDecoder:
         self._worker = worker
         # By (pipeline, fingerprint): a batch is checked against its own identity's schema.
         self._schemas: dict[tuple[str, str], wire.BatchSchema] = {}
+        # The plan of the last request whose rows were counted, as sent and as read: the
+        # requests of a loader share one (reading it costs more than the rest of a check).
+        self._plan: tuple[bytes, Plan] | None = None
 
     def learn(self, response: wire.HandshakeResponse) -> wire.HandshakeResponse:
         """Remember the schema the worker announced for a pipeline; returns `response`."""
@@ -108,10 +112,25 @@ class ReplyDecoder:
             raise self.refusal(request, f"its payload does not decode: {error}") from error
         schema = self._schemas.get((request.pipeline, request.fingerprint))
         if schema is not None:
-            difference = schema_difference(batch, schema, _rows(request))
+            difference = schema_difference(batch, schema, self._rows(request))
             if difference is not None:
                 raise self.refusal(request, difference)
         return batch
+
+    def _rows(self, request: wire.BatchRequest) -> int | None:
+        """How many rows the batch that answers `request` holds; None for a window (they
+        vary)."""
+        if request.HasField("window"):
+            return None
+        if request.rows:
+            return len(request.rows)
+        sent = request.plan.SerializeToString()
+        try:
+            if self._plan is None or self._plan[0] != sent:
+                self._plan = (sent, plan_from_wire(request.plan))
+            return self._plan[1].batch_length(request.step)
+        except (WorkerError, IndexError):
+            return None  # a request the worker refuses: no batch to count
 
     def failure(self, error: WorkerError) -> WorkerError | RecordError:
         """What the training loop sees of the worker's `error`: the `RecordError` a local loader
@@ -122,15 +141,3 @@ class ReplyDecoder:
         """The DATA_LOSS error that refuses the reply to `request` for `difference` (e.g. a
         transport's framing that does not hold)."""
         return bad_reply(self._worker, request, difference)
-
-
-def _rows(request: wire.BatchRequest) -> int | None:
-    """How many rows the batch that answers `request` holds; None for a window (they vary)."""
-    if request.HasField("window"):
-        return None
-    if request.rows:
-        return len(request.rows)
-    try:
-        return plan_from_wire(request.plan).batch_length(request.step)
-    except (WorkerError, IndexError):
-        return None  # a request the worker refuses: no batch to count
