@@ -159,7 +159,8 @@ def request_digest(request: wire.BatchRequest) -> bytes:
     if listed is not None:  # absent: the digests of before, which a worker without it computes
         fields.append(["records", listed.epoch, len(listed.indices)])
     digest = hashlib.blake2b(json.dumps(fields).encode(), digest_size=16)
-    digest.update(np.array(request.rows, dtype="<u8").tobytes())
+    if request.rows:  # none adds no bytes: numpy is not asked to make an empty array
+        digest.update(np.array(request.rows, dtype="<u8").tobytes())
     if listed is not None:
         digest.update(listed.indices)
     return digest.digest()
