@@ -199,11 +199,11 @@ def main(argv: list[str] | None = None) -> int:
         "Mixed ÷ the better alone, round by round: "
         f'{", ".join(f"{ratio:.2f}" for ratio in paired)}. What "auto" chose in the last '
         f"mixed run: {', '.join(chosen) or 'nothing'} (cores of one local member, whose threads "
-        "split each batch as a worker's do and go on to the next batch's records as the local "
-        "loader's do: every core from the start when no worker on another host serves the "
-        "loader, else one per 8 batches after a 4-batch baseline of the loop's own step; one "
-        "given back when that step's median grows by more than 5 % of the whole step in two "
-        "windows running).",
+        "split each batch as a worker's do, go on to the next batch's records as the local "
+        "loader's do and answer a batch on the thread that finished it: every core from the "
+        "start when no worker on another host serves the loader, else one per 8 batches after "
+        "a 4-batch baseline of the loop's own step; one given back when that step's median "
+        "grows by more than 5 % of the whole step in two windows running).",
         "",
         "The worker is on the trainer's host (found at the handshake, as for shared memory) and "
         "its 2 cores: a batch it makes costs the host more CPU than a local member's (made in "
