@@ -1,8 +1,8 @@
 """The data socket of a gRPC transport (`loadax.wire.zmq_data`): batch replies on a plain TCP
 connection beside the worker's gRPC port, each payload received straight into a pooled buffer and
 checksummed as it lands, by the process's I/O thread (`zmq_io`: one thread for every data socket
-and ZeroMQ socket of the process, made with the first transport that may open one and ended with
-the last). Requests, cancels, errors and heartbeats stay on gRPC.
+and ZeroMQ socket of the process, started for the first handshake that offers a data socket and
+ended with the last transport). Requests, cancels, errors and heartbeats stay on gRPC.
 
 Its opening, reading and loss are the ZeroMQ transport's (`zmq_data.DataChannel`); what differs
 is how requests name it: gRPC's connection is no client's own, so the handshake names a random key
@@ -48,12 +48,15 @@ class GrpcDataSocket:
         max_payload: int,
         rehandshake: Handshake,
     ) -> None:
-        self._name = name
+        self._name, self._token, self._rehandshake = name, token, rehandshake
+        self._reading = (buffers, max_payload, self.forget)
         self._key = secrets.token_bytes(KEY_BYTES)
-        self._io = zmq_io.SHARED.acquire()
         # `_lock` guards what follows, which any thread uses, and orders every wake-up of the I/O
         # thread before `close` lets go of it.
         self._lock = threading.Lock()
+        # The process's I/O thread and the channel, from the first handshake that offers one.
+        self._io: zmq_io.ZmqIo | None = None
+        self._channel: DataChannel | None = None
         self._pending: dict[int, Pending[Reply]] = {}
         self._ids = itertools.count(1)
         self._up = False  # a data socket is open: batch requests ask for their replies on it
@@ -62,28 +65,37 @@ class GrpcDataSocket:
         self._reopen = False  # the I/O thread asks for a new one
         self._closed = False
         self._sockets_closed = threading.Event()
-        self._channel = DataChannel(
-            name,
-            True,
-            token,
-            self._io,
-            (buffers, max_payload, self.forget),
-            self._hand_over,
-            self._lost,
-            rehandshake,
-            lambda: self._up,
-        )
 
     def asking(self, request: wire.HandshakeRequest) -> wire.HandshakeRequest:
         """The handshake `request` as sent: asking for a data socket, bound to this key."""
-        asked = self._channel.asking(request)
-        asked.data_key = self._key
+        asked = wire.HandshakeRequest()
+        asked.CopyFrom(request)
+        asked.data_socket, asked.data_key = True, self._key
         return asked
 
     def learn(self, request: wire.HandshakeRequest, response: wire.HandshakeResponse) -> None:
         """The worker answered the handshake `request` (as sent) with `response`: open the data
         socket it offers, unless one is open."""
-        self._channel.learn(request, response)
+        if not response.data_port:
+            return
+        with self._lock:
+            if self._closed:
+                return
+            if self._channel is None:  # the process's I/O thread is started by its first user
+                self._io = zmq_io.SHARED.acquire()
+                self._channel = DataChannel(
+                    self._name,
+                    True,
+                    self._token,
+                    self._io,
+                    self._reading,
+                    self._hand_over,
+                    self._lost,
+                    self._rehandshake,
+                    lambda: self._up,
+                )
+            channel = self._channel
+        channel.learn(request, response)
 
     def expect(
         self, request: wire.BatchRequest
@@ -112,7 +124,7 @@ class GrpcDataSocket:
     def answered_elsewhere(self) -> None:
         """A batch came on its call: a data socket lost since is asked for again (once)."""
         with self._lock:
-            if not self._lost_one or self._closed:
+            if not self._lost_one or self._closed or self._io is None:
                 return
             self._lost_one = False
             self._reopen = True
@@ -126,15 +138,19 @@ class GrpcDataSocket:
                 return
             self._closed = True
             pending, self._pending = list(self._pending.values()), {}
-            self._io.wake(self)
+            io = self._io
+            if io is not None:
+                io.wake(self)
         for entry in pending:
             fail(entry.future, WorkerError("UNAVAILABLE", f"{self._name} was closed"))
-        if not self._io.on_thread():
+        if io is not None and not io.on_thread():
             self._sockets_closed.wait()
 
     def serve(self) -> bool:
-        """Read the data sockets handed over, ask for a new one, or close; on the I/O thread."""
-        if self._sockets_closed.is_set():
+        """Read the data sockets handed over, ask for a new one, or close; on the I/O thread
+        (which only a channel's handshake wakes for this)."""
+        channel, io = self._channel, self._io
+        if self._sockets_closed.is_set() or channel is None or io is None:
             return False
         with self._lock:
             handed, self._handed = self._handed, []
@@ -143,13 +159,13 @@ class GrpcDataSocket:
             if closing:
                 peer.close()
             else:
-                self._channel.adopt(peer)
+                channel.adopt(peer)
         if closing:
-            self._channel.close("the transport closed")
+            channel.close("the transport closed")
             self._sockets_closed.set()
-            zmq_io.SHARED.release(self._io)
+            zmq_io.SHARED.release(io)
         elif reopen:
-            self._channel.reconnected()
+            channel.reconnected()
         return False
 
     def _hand_over(self, peer: socket.socket) -> bool:
@@ -159,7 +175,8 @@ class GrpcDataSocket:
                 return False
             self._handed.append(peer)
             self._up = True
-            self._io.wake(self)
+            if self._io is not None:  # set with the channel that opened `peer`
+                self._io.wake(self)
         return True
 
     def _lost(self, why: str) -> None:
