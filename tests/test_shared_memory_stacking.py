@@ -11,6 +11,7 @@ import time
 import weakref
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 import jax
@@ -227,3 +228,26 @@ def test_a_mapping_is_kept_for_the_same_file_only_and_let_go_of_when_unused() ->
     finally:
         for file in files:
             file.close()
+
+
+@pytest.mark.parametrize("kind", [wire.CHECKSUM_XXH3_CHUNKS, wire.CHECKSUM_WEIGHTED_SUM])
+def test_a_file_copied_into_is_written_at_its_first_use_and_mapped_from_its_second(
+    kind: int,
+) -> None:
+    # Mapped at its first use, a file's pages would be zeroed before they are copied into.
+    mappings = shared_memory.Mappings(kept=2, kept_for_s=60)
+    file = MemoryFile(1 << 20)
+    try:
+        for use, mappings_of_file in enumerate([0, 2, 2]):  # then the client's and the worker's
+            frames = encode_frames({"x": np.arange(300_000, dtype=np.int64) + use, "y": np.ones(7)})
+            joined = b"".join(frames)
+            into = shared_memory.ClientFile(file.wire, mappings=mappings)
+            try:
+                written = into.write(frames, kind)
+            finally:
+                into.close()
+            assert written == (len(joined), checksum.payload_checksum(frames, kind))
+            assert Path("/proc/self/maps").read_text().count(file.name) == mappings_of_file
+            assert bytes(file.payload(len(joined))) == joined
+    finally:
+        file.close()
