@@ -12,12 +12,11 @@ once, and hash each chunk of the payload they complete while it is in their cach
 chunks, `loadax.wire.checksum.ChunkDigests`); then the payload's other bytes (its header, the
 padding) are written and the rest is checksummed. A batch made elsewhere (by a child process,
 or for another request) is copied in whole: written (`pwrite`) into a file the worker has not
-seen lately, whose pages a mapping would have zeroed first, else copied into its mapping. The
+used lately, whose pages a mapping would have zeroed first, else copied into its mapping. The
 worker then closes the file, but keeps its mapping for the next batches it carries (`Mappings`),
-for `KEPT_FOR_S` after its last use. A
-memfd has no name in any file system, so nothing is left behind when either process ends,
-however it ends (kill -9 included): its memory goes with the last descriptor and mapping, the
-worker's within `KEPT_FOR_S`.
+for `KEPT_FOR_S` after its last use. A memfd has no name in any file system, so nothing is left
+behind when either process ends, however it ends (kill -9 included): its memory goes with the
+last descriptor and mapping, the worker's within `KEPT_FOR_S`.
 
 Same host, and allowed: the client's handshake carries its host's boot id (`host_id`) and a file
 to open (`wire.HandshakeRequest.probe`); the worker answers `shared_memory` when both match and
