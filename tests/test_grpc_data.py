@@ -44,7 +44,12 @@ from loadax.server.grpc_data import GrpcDataPort
 from loadax.server.grpc_server import GrpcServer
 from loadax.server.worker import Worker
 from loadax.wire import plans, zmq_data
-from loadax.wire.payloads import HEARTBEAT, HEARTBEAT_METADATA, STREAM_BATCH
+from loadax.wire.payloads import (
+    DATA_SOCKET_FROM_BYTES,
+    HEARTBEAT,
+    HEARTBEAT_METADATA,
+    STREAM_BATCH,
+)
 from loadax.wire.plans import plan_to_wire
 from loadax.wire.v1 import worker_pb2 as wire
 from loadax.wire.v1 import worker_pb2_grpc
@@ -83,14 +88,32 @@ def batch_request(fingerprint: str, step: int, rows: list[int] | None = None) ->
     )
 
 
+class Opened(GrpcTransport):
+    """A transport whose handshake returns once the data socket it offers is open (or given
+    up), so that the batches asked for next may come there."""
+
+    def handshake(
+        self, request: wire.HandshakeRequest, timeout: float = WAIT_S
+    ) -> wire.HandshakeResponse:
+        response = super().handshake(request, timeout)
+        self.data_socket_open(timeout)
+        return response
+
+
+def transport_to(address: str, **options: Any) -> GrpcTransport:
+    """A transport to the worker at `address` as from another host (no shared memory), that
+    asks for every batch on the data socket (`NUMBERS`' are smaller than the default's bound),
+    unless `options` say otherwise."""
+    options = {"shared_memory": False, "data_socket_from_bytes": 0, **options}
+    return Opened(f"grpc://{address}", **options)
+
+
 def load(
     address: str, steps: list[int], **options: Any
 ) -> tuple[wire.HandshakeResponse, list[Any]]:
-    """The handshake with the worker at `address` (from another host: no shared memory), and
-    the batches of `steps` (the last one's rows 1 and 3 only), verified."""
-    with contextlib.closing(
-        GrpcTransport(f"grpc://{address}", shared_memory=False, **options)
-    ) as transport:
+    """The handshake with the worker at `address` (`transport_to(address, **options)`), and the
+    batches of `steps` (the last one's rows 1 and 3 only), verified."""
+    with contextlib.closing(transport_to(address, **options)) as transport:
         target = Verifying(transport)
         response = target.handshake(handshake_request(), WAIT_S)
         requests = [
@@ -116,6 +139,30 @@ def test_batches_over_the_data_socket_are_the_local_loaders(
     assert len(response.data_nonce) == zmq_data.NONCE_BYTES
     assert sorted(sent_on_data_sockets) == list(range(1, len(steps) + 1))
     assert_batches_equal(batches, expected(steps))
+
+
+def test_small_batches_come_on_their_calls_after_the_first(
+    worker: Worker, sent_on_data_sockets: list[int]
+) -> None:
+    """A reply on the data socket costs more than one on its call below
+    `DATA_SOCKET_FROM_BYTES`: the first batch of a pipeline (its size unknown) goes there, the
+    next ones, as small, on their calls; a bound below their size sends them all there."""
+    served = server(worker)
+    address = served.start()
+    steps = [0, 5, 12]
+    loaded = []
+    try:
+        for bound in (DATA_SOCKET_FROM_BYTES, 1):
+            with contextlib.closing(transport_to(address, data_socket_from_bytes=bound)) as client:
+                target = Verifying(client)
+                fingerprint = target.handshake(handshake_request(), WAIT_S).fingerprint
+                requests = [batch_request(fingerprint, step) for step in steps]
+                loaded.append([target.load(request, WAIT_S) for request in requests])
+    finally:
+        served.stop(grace=WAIT_S)
+    assert sent_on_data_sockets == [1, 1, 2, 3]
+    for batches in loaded:
+        assert_batches_equal(batches, [NUMBERS.load(PLAN, step) for step in steps])
 
 
 @pytest.mark.parametrize("off", ["worker", "client", "tls"])
@@ -215,7 +262,7 @@ def test_a_slow_batch_for_the_data_socket_is_heartbeats_then_no_message_on_its_c
 def test_a_worker_killed_mid_stream_fails_what_it_held_at_once(tmp_path: Path) -> None:
     with (
         worker_process(tmp_path, BLOBS) as process,
-        contextlib.closing(GrpcTransport(process.grpc, shared_memory=False)) as transport,
+        contextlib.closing(Opened(process.grpc, shared_memory=False)) as transport,
     ):
         killed_while_streaming(process, transport)
 
@@ -226,15 +273,15 @@ def test_a_worker_back_at_its_address_gets_a_new_data_socket(
     address = f"127.0.0.1:{free_port()}"
     first = server(worker, address)
     first.start()
-    with contextlib.closing(GrpcTransport(f"grpc://{address}", shared_memory=False)) as transport:
-        target = Verifying(transport)
+    with contextlib.closing(transport_to(address)) as client:
+        target = Verifying(client)
         fingerprint = target.handshake(handshake_request(), WAIT_S).fingerprint
         batches = [target.load(batch_request(fingerprint, 1), WAIT_S)]
         first.stop(grace=WAIT_S)
         second = server(worker, address)
         second.start()
         try:
-            transport.info(wire.InfoRequest(), WAIT_S)  # connected again
+            client.info(wire.InfoRequest(), WAIT_S)  # connected again
             # Until the new handshake is answered, replies come over gRPC.
             while len(sent_on_data_sockets) < 2 and len(batches) < 100:
                 batches.append(target.load(batch_request(fingerprint, 2), WAIT_S))

@@ -1,8 +1,8 @@
 """The gRPC transport: `GrpcTransport`, a channel to one worker at "grpc://host:port".
 
 A batch comes streamed (`STREAM_BATCH`, its large arrays received into pooled buffers) or in one
-reply (`LOAD_BATCH_PAYLOAD`), as the size of the pipeline's last batch says, or on the worker's
-data socket (`grpc_data`); either way it is handed over as its header and payload frames,
+reply (`LOAD_BATCH_PAYLOAD`), or on the worker's data socket (`grpc_data`), as the size of the
+pipeline's last batch says; either way it is handed over as its header and payload frames,
 unverified.
 """
 
@@ -44,6 +44,7 @@ from loadax.wire.limits import (
     MAX_BATCH_BYTES,
 )
 from loadax.wire.payloads import (
+    DATA_SOCKET_FROM_BYTES,
     HEARTBEAT,
     HEARTBEAT_METADATA,
     LOAD_BATCH_PAYLOAD,
@@ -93,8 +94,9 @@ class GrpcTransport:
     own); a smaller, faster one comes in one reply. The first batch of a pipeline is streamed,
     and each next one as the last one's size and time say. A worker on this host writes batches
     into memory files of `files` instead (`send`), unless `shared_memory` is False; one that
-    offers a data socket at the handshake sends them there (`grpc_data`), unless `data_socket`
-    is False or the channel is TLS (whose protection the data socket would not have).
+    offers a data socket at the handshake sends them there (`grpc_data`) from
+    `data_socket_from_bytes` on (and the first of a pipeline), unless `data_socket` is False or
+    the channel is TLS (whose protection the data socket would not have).
     """
 
     LIVENESS: tuple[tuple[str, int], ...] = (
@@ -114,9 +116,11 @@ class GrpcTransport:
         shared_memory: bool = True,
         files: MemoryFiles | None = None,
         data_socket: bool = True,
+        data_socket_from_bytes: int = DATA_SOCKET_FROM_BYTES,
     ) -> None:
         self.name = address
         self._stream_from_bytes = stream_from_bytes
+        self._data_socket_from_bytes = data_socket_from_bytes
         security = security or ClientSecurity()
         options: list[tuple[str, Any]] = [
             ("grpc.max_receive_message_length", MAX_BATCH_BYTES),
@@ -163,8 +167,8 @@ class GrpcTransport:
         self._stream_batch = self._channel.unary_stream(
             STREAM_BATCH, request_serializer=wire.BatchRequest.SerializeToString
         )
-        # By pipeline: whether its last batch was streamed (large), so its next one is too.
-        self._streamed: dict[str, bool] = {}
+        # By pipeline: its last batch's size and seconds, which choose how its next one comes.
+        self._last: dict[str, tuple[int, float]] = {}
         self._buffers = buffers or BufferPool()
         # The files a worker on this host writes batches into, once its handshake says it can.
         self._same_host = SameHostFiles(shared_memory, files)
@@ -188,8 +192,8 @@ class GrpcTransport:
     ) -> wire.HandshakeResponse:
         """The worker's answer; one that can write into this process's memory files has its
         batches written there from then on (unless `shared_memory` was False). One that offers
-        a data socket sends batch replies on it, once open (unless the worker writes into
-        memory files: then none is opened)."""
+        a data socket sends batch replies on it once open, which it is in the background
+        (`data_socket_open`), unless the worker writes into memory files: then none is opened."""
         request = self._same_host.handshake(request)
         if self._data is not None:
             request = self._data.asking(request)
@@ -198,6 +202,11 @@ class GrpcTransport:
         if self._data is not None and not self._same_host.taken:
             self._data.learn(request, response)
         return response
+
+    def data_socket_open(self, timeout: float) -> bool:
+        """Whether batch replies may come on a data socket: one is open, once the one that the
+        handshake offered is open or given up (waiting up to `timeout` seconds)."""
+        return self._data is not None and self._data.opened(timeout)
 
     def _rehandshake(self, request: wire.HandshakeRequest) -> wire.HandshakeResponse:
         """The answer to the handshake `request` (as sent before) that asks for a new data
@@ -218,23 +227,26 @@ class GrpcTransport:
 
     def send(self, request: wire.BatchRequest) -> Future[Reply]:
         """A future of the reply: streamed (`STREAM_BATCH`) unless the last batch of the same
-        pipeline was smaller than `stream_from_bytes`, then in one reply. Its payload frames
-        are the messages it came in, or a buffer of `buffers` for a segment larger than a
-        streamed message, not reused while they (or anything made from them without a copy)
-        are alive. Cancelling it cancels the call.
+        pipeline was smaller than `stream_from_bytes` and faster than `STREAM_FROM_S`, then in
+        one reply. Its payload frames are the messages it came in, or a buffer of `buffers` for
+        a segment larger than a streamed message, not reused while they (or anything made from
+        them without a copy) are alive. Cancelling it cancels the call.
 
         To a worker on this host (see `handshake`), the request names a memory file of this
         process that the worker writes the payload into (the reply holds the header alone), and
         the payload is a view of it. To one with a data socket open, the request asks for its
-        reply there, and the payload is one buffer of `buffers`."""
+        reply there unless the last batch of the same pipeline was smaller than
+        `data_socket_from_bytes`, and the payload is one buffer of `buffers`."""
         # Fail fast on a lost connection: the request is sent elsewhere.
         lease = self._same_host.lease(request)
-        if lease is None and self._data is not None:
+        last = self._last.get(request.pipeline)
+        sent = time.monotonic()
+        large = last is None or last[0] >= self._data_socket_from_bytes
+        if lease is None and self._data is not None and large:
             expected = self._data.expect(request)
             if expected is not None:
-                return self._send_on_data_socket(request, *expected)
+                return self._send_on_data_socket(request, *expected, sent)
         reply: Future[Reply] = Future()
-        sent = time.monotonic()
         if lease is not None:
             reply.add_done_callback(lease.settle)
             stream = self._stream_batch(
@@ -243,7 +255,7 @@ class GrpcTransport:
             read: Callable[[], Reply] = functools.partial(
                 shared_reply, self._messages(stream), self._buffers.take, lease, self.name
             )
-        elif self._streamed.get(request.pipeline, True):
+        elif last is None or last[0] >= self._stream_from_bytes or last[1] >= STREAM_FROM_S:
             stream = self._stream_batch(
                 request, wait_for_ready=False, metadata=self._stream_metadata
             )
@@ -270,18 +282,22 @@ class GrpcTransport:
         request_id: int,
         asked: wire.BatchRequest,
         reply: Future[Reply],
+        sent: float,
     ) -> Future[Reply]:
-        """Send `asked` (`request`, asking for its reply on the data socket as `request_id`):
-        `reply` is completed there, or by its call if the worker answers on it (an error, or
-        the batch when the worker has no data socket for it any more). A reply that fails
-        otherwise (its data socket lost) or is cancelled cancels its call."""
+        """Send `asked` (`request`, asking for its reply on the data socket as `request_id`) at
+        `sent` (`time.monotonic()`): `reply` is completed there, or by its call if the worker
+        answers on it (an error, or the batch when the worker has no data socket for it any
+        more). A reply that fails otherwise (its data socket lost) or is cancelled cancels its
+        call."""
         stream = self._stream_batch(asked, wait_for_ready=False, metadata=self._stream_metadata)
 
         def ended(future: Future[Reply]) -> None:
             if future.cancelled() or future.exception() is not None:
                 stream.cancel()
-            if future.cancelled() and self._data is not None:
-                self._data.forget(request_id)
+                if future.cancelled() and self._data is not None:
+                    self._data.forget(request_id)
+            else:
+                self._learn(request, future.result(), sent)
 
         reply.add_done_callback(ended)
         self._readers.submit(self._settle_on_data_socket, request, request_id, stream)
@@ -301,16 +317,18 @@ class GrpcTransport:
         if isinstance(outcome, _Cancelled):
             reply.cancel()
         elif isinstance(outcome, Reply):
-            self._streamed[request.pipeline] = (
-                outcome.header.payload_size >= self._stream_from_bytes
-                or time.monotonic() - sent >= STREAM_FROM_S
-            )
+            self._learn(request, outcome, sent)
             if reply.set_running_or_notify_cancel():
                 reply.set_result(outcome)
             if self._data is not None:
                 self._data.answered_elsewhere()
         elif outcome is not None:
             fail(reply, outcome)
+
+    def _learn(self, request: wire.BatchRequest, reply: Reply, sent: float) -> None:
+        """`reply` came for `request`, sent at `sent`: its size and time choose how the next
+        batch of its pipeline comes."""
+        self._last[request.pipeline] = (reply.header.payload_size, time.monotonic() - sent)
 
     def _settle_on_data_socket(
         self, request: wire.BatchRequest, request_id: int, call: grpc.Future

@@ -17,7 +17,8 @@ schema's `Worker.LoadBatch` stays, for standard gRPC tools):
   its client, seeing a header first, no longer times its silence. A client that does not ask
   gets none.
 
-A client streams a batch of `STREAM_FROM_BYTES` or more, and asks for a smaller one in one reply.
+A client streams a batch of `STREAM_FROM_BYTES` or more, and asks for a smaller one in one reply
+(one of `DATA_SOCKET_FROM_BYTES` or more on the worker's data socket, when one is open).
 The header (a `BatchResponse` without its payload) names what the batch was made for and carries
 the payload's checksum, which the client checks before decoding.
 """
@@ -52,6 +53,16 @@ bytes allows; streamed (`STREAM_WINDOW_BYTES`, `CHUNK_BYTES`), it is base + 42-4
 stream costs a little more CPU at this size (a Python call per message, and joining the messages
 of an array): client 0.89 vs 0.80 s/GB, 1.01 vs 1.09 GB/s, medians of 3 alternated on loopback, 2
 cores. Above 24 MiB it is the cheaper path (1.0 vs 1.5 s/GB at 64 MiB)."""
+DATA_SOCKET_FROM_BYTES = 1 << 20
+"""The batch size from which a client asks for its reply on the worker's data socket (the first
+batch of a pipeline too), when one is open; a smaller one comes on its call as without one. A
+reply there costs a streamed call with heartbeats (on the worker a thread per batch) and a turn of
+the client's I/O thread, 0.3-0.5 ms of the client's CPU and 0.3-0.9 ms of the worker's more than one
+unary reply, which its saved copies repay from about 1 MiB. One worker, no record cost, loopback,
+2 shared cores, data socket / one reply, client (worker) CPU per batch in us, 2 rounds: 32 KiB
+1018-1241 / 678-686 (1427-1715 / 788-801); 256 KiB 946-1003 / 747-938 (1339-1389 / 839-1089);
+1 MiB 1166-1697 / 1819-2356 (1629-2331 / 1479-1930), batches/s 384-564 / 334-445; 2 MiB
+1587-1862 / 3094-3430 (2155-2581 / 2155-2607); 4 MiB 2233-2640 / 4714-4950."""
 STREAM_WINDOW_BYTES = 1 << 20
 """How far ahead of its reader gRPC receives a call (its HTTP/2 window, fixed: gRPC's BDP probing
 grows it, and streamed 8 MiB batches then peaked at base + 64-82 MiB). Measured on loopback with
