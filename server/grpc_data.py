@@ -13,7 +13,7 @@ import time
 
 import zmq
 
-from loadax.server.zmq_data import Authenticate, DataPort
+from loadax.server.zmq_data import DataPort
 from loadax.wire import zmq_data
 from loadax.wire.payloads import EncodedBatch
 from loadax.wire.v1 import worker_pb2 as wire
@@ -23,10 +23,10 @@ log = logging.getLogger(__name__)
 
 class GrpcDataPort:
     """The data port of the gRPC server bound to `host` ("" for every address), on `port` (0: any
-    free port); `authenticate` checks a hello's token as a call's. `open()` it, `stop()` it."""
+    free port). `open()` it, `stop()` it."""
 
-    def __init__(self, host: str, port: int, authenticate: Authenticate) -> None:
-        self._port = DataPort(host, port, authenticate)
+    def __init__(self, host: str, port: int) -> None:
+        self._port = DataPort(host, port)
         # Written to by `stop`, so that the thread's poll returns.
         self._wake_in, self._wake_out = socket.socketpair()
         self._stopping = threading.Event()

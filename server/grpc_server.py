@@ -102,7 +102,7 @@ class GrpcServer:
         if data_port is not None and tls is None:
             require_int("data_port", data_port, minimum=0)
             host = address.rpartition(":")[0].strip("[]")
-            self._data = GrpcDataPort(host, data_port, requests.admission.authenticate)
+            self._data = GrpcDataPort(host, data_port)
         self._address = address
         self._tls = tls
         self._requests = requests

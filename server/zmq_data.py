@@ -4,9 +4,11 @@ or the gRPC port whose connections carry batch replies straight to their clients
 The ZeroMQ server's I/O thread (the gRPC server's data thread: `loadax.server.grpc_data`)
 accepts connections, reads their hellos (without blocking, each within `HELLO_TIMEOUT_S`) and
 watches the connections it took for their end; handler threads send replies on them (`send`),
-one at a time per connection, each within `SEND_TIMEOUT_S`. Whatever a peer sends (a bad hello,
-a wrong token, a spent nonce, bytes after its hello, an early close), the worker logs it and
-closes that connection; nothing else is touched.
+one at a time per connection, each within `SEND_TIMEOUT_S`. A hello is taken on its nonce alone
+(offered only to a handshake that passed the token check); the token an older client still sends
+after it is read and ignored. Whatever a peer sends (a bad hello, a nonce never offered or spent,
+bytes after its hello, an early close), the worker logs it and closes that connection; nothing
+else is touched.
 """
 
 from __future__ import annotations
@@ -19,15 +21,12 @@ import socket
 import struct
 import threading
 import time
-from collections.abc import Callable, Sequence
 from typing import Any
 
 import zmq
 
-from loadax.errors import WorkerError
 from loadax.server.throttled_log import ThrottledLog
 from loadax.wire import zmq_data
-from loadax.wire.credentials import BEARER
 from loadax.wire.payloads import EncodedBatch
 
 log = logging.getLogger(__name__)
@@ -40,17 +39,13 @@ _MAX_GREETINGS = 64  # connections whose hello is awaited; more are closed as th
 _MAX_NONCES = 4096  # nonces offered and not used yet (the oldest are forgotten)
 _MAX_BUFFERS = 512  # buffers per sendmsg call (Linux takes at most 1024)
 
-Authenticate = Callable[[Sequence[bytes]], None]
-
 
 class DataPort:
     """The data port of a server bound to `host` (its endpoint's: "" for every address), on
-    `port` (0: any free port). `authenticate([credential])` raises unless the hello's token
-    is the worker's, as a request's (`Admission.authenticate`)."""
+    `port` (0: any free port)."""
 
-    def __init__(self, host: str, port: int, authenticate: Authenticate) -> None:
+    def __init__(self, host: str, port: int) -> None:
         self._address = (host, port)
-        self._authenticate = authenticate
         self._listener: socket.socket | None = None
         self.port = 0  # once open: the port bound
         self._warnings = ThrottledLog(log)
@@ -175,7 +170,7 @@ class DataPort:
             identity = self._check(greeting)
         except (BlockingIOError, InterruptedError):
             return
-        except (OSError, zmq_data.DataSocketError, WorkerError) as error:
+        except (OSError, zmq_data.DataSocketError) as error:
             self._refuse(greeting, str(error))
             return
         self._drop_greeting(greeting, close=False)
@@ -204,15 +199,15 @@ class DataPort:
         log.debug("took a data socket from %s", greeting.name)
 
     def _check(self, greeting: _Greeting) -> bytes:
-        """The routing identity whose nonce `greeting`'s whole hello names, its token checked;
-        a `DataSocketError` or the token's `WorkerError` otherwise."""
+        """The routing identity (or key) whose nonce `greeting`'s whole hello names; a
+        `DataSocketError` if none. A token after the nonce (an older client's) is not looked at:
+        the nonce was offered only to a handshake whose token was checked, and a check of the
+        token here would refuse no one that the nonce lets in."""
         nonce, _ = zmq_data.parse_hello_head(greeting.received[: zmq_data.HELLO_HEAD.size])
-        token = greeting.received[zmq_data.HELLO_HEAD.size :]
         with self._lock:
             identity = self._nonces.pop(nonce, None)
         if identity is None:
             raise zmq_data.DataSocketError("its nonce was never offered, or was used already")
-        self._authenticate([BEARER + token] if token else [])
         return identity
 
     def _on_news(self, connection: _Connection) -> None:

@@ -129,9 +129,7 @@ class ZmqServer:
         self._data: DataPort | None = None
         if data_port is not None and curve is None:
             require_int("data_port", data_port, minimum=0)
-            self._data = DataPort(
-                _bound_host(self._endpoint), data_port, self._requests.admission.authenticate
-            )
+            self._data = DataPort(_bound_host(self._endpoint), data_port)
         self._service = ZmqService(
             self._requests, self._outbox, threads, self._stopping, self._data
         )

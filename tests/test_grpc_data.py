@@ -192,7 +192,7 @@ def test_a_data_port_that_cannot_be_reached_leaves_replies_on_grpc(
 ) -> None:
     offered = wire.HandshakeResponse(data_port=free_port(), data_nonce=bytes(16))
     with caplog.at_level(logging.INFO):
-        assert open_data_socket("grpc://127.0.0.1:1", offered, None) is None
+        assert open_data_socket("grpc://127.0.0.1:1", offered) is None
     assert "batch replies come over gRPC" in caplog.text
 
 
@@ -240,7 +240,7 @@ def test_a_slow_batch_for_the_data_socket_is_heartbeats_then_no_message_on_its_c
                 data_key=key,
             )
             response = worker_pb2_grpc.WorkerStub(channel).Handshake(hello, timeout=WAIT_S)
-            peer = open_data_socket(f"grpc://{address}", response, None)
+            peer = open_data_socket(f"grpc://{address}", response)
             assert peer is not None
             request = plans.batch_request("slow", response.fingerprint, slow, StepWork(1))
             request.data_socket, request.data_key, request.data_id = True, key, 7

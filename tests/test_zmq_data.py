@@ -7,6 +7,7 @@ import logging
 import os
 import signal
 import socket
+import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import wait
 from pathlib import Path
@@ -187,7 +188,7 @@ def test_a_data_port_that_cannot_be_reached_leaves_replies_on_zeromq(
 ) -> None:
     offered = wire.HandshakeResponse(data_port=free_port(), data_nonce=bytes(16))
     with caplog.at_level(logging.INFO):
-        assert open_data_socket("zmq://127.0.0.1:1", offered, None) is None
+        assert open_data_socket("zmq://127.0.0.1:1", offered) is None
     assert "batch replies come over ZeroMQ" in caplog.text
 
 
@@ -242,25 +243,54 @@ def test_the_worker_closes_data_sockets_that_misbehave_and_serves_on(
 def refuses_what_misbehaves(
     port: int, nonce: Callable[[], bytes], caplog: pytest.LogCaptureFixture
 ) -> None:
-    """The worker's data port `port` (its token `TOKEN`) logs and closes data sockets that send
-    what is not a hello, a nonce never offered, a wrong token, bytes after their hello, or close
-    before it; `nonce()` is one offered by a handshake."""
+    """The worker's data port `port` (its token `TOKEN`) takes a hello on the nonce that
+    `nonce()` has a handshake offer, without the token (as a client sends it) or with any (as an
+    older client sends its own: ignored); it logs and closes data sockets that send what is not
+    a hello, a nonce never offered or one spent, bytes after their hello, or close before it."""
+    spent = nonce()
     with caplog.at_level(logging.WARNING, logger="loadax.server.zmq_data"):
         closed_by_worker(port, b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
-        closed_by_worker(port, zmq_data.hello(bytes(16), TOKEN))  # a nonce never offered
-        closed_by_worker(port, zmq_data.hello(nonce(), "wrong"))
-        taken = closed_by_worker(port, zmq_data.hello(nonce(), TOKEN), b"junk")
+        closed_by_worker(port, zmq_data.hello(bytes(16)))  # a nonce never offered
+        taken = closed_by_worker(port, zmq_data.hello(spent), b"junk")
+        closed_by_worker(port, zmq_data.hello(spent))
+        old = closed_by_worker(port, older_hello(nonce(), "not the token"), b"junk")
         with socket.create_connection(("127.0.0.1", port), WAIT_S):
             pass  # closed before its hello
-    assert taken == zmq_data.ACCEPTED
+    assert taken == old == zmq_data.ACCEPTED
     refusals = [record.getMessage() for record in caplog.records]
-    for why in (
-        "starts b'LDXD\\x01', got b'GET /'",
-        "its nonce was never offered",
-        "the token is wrong",
-        "it sent bytes after its hello",
+    for why, times in (
+        ("starts b'LDXD\\x01', got b'GET /'", 1),
+        ("its nonce was never offered, or was used already", 2),
+        ("it sent bytes after its hello", 2),
     ):
-        assert any(why in line for line in refusals), (why, refusals)
+        assert sum(why in line for line in refusals) == times, (why, refusals)
+
+
+def older_hello(nonce: bytes, token: str) -> bytes:
+    """The hello of a client before the token left it: the nonce, then `token`."""
+    return zmq_data.HELLO_HEAD.pack(zmq_data.HELLO_MAGIC, nonce, len(token)) + token.encode()
+
+
+def test_a_hello_refused_as_an_older_worker_with_a_token_does_leaves_replies_on_zeromq(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """An older worker with a token wants it in the hello: it closes the data socket, and batch
+    replies come over ZeroMQ."""
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+
+        def refuse() -> None:
+            peer, _ = listener.accept()
+            with peer:
+                peer.recv(zmq_data.HELLO_HEAD.size, socket.MSG_WAITALL)
+
+        older = threading.Thread(target=refuse)
+        older.start()
+        offered = wire.HandshakeResponse(data_port=listener.getsockname()[1], data_nonce=bytes(16))
+        with caplog.at_level(logging.WARNING):
+            assert open_data_socket("zmq://127.0.0.1:1", offered) is None
+        older.join(WAIT_S)
+    assert "refused the hello (a worker older than this client" in caplog.text
+    assert "batch replies come over ZeroMQ" in caplog.text
 
 
 BLOBS = """

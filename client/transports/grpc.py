@@ -175,9 +175,7 @@ class GrpcTransport:
         self._readers = _SHARED_READERS.acquire()
         self._closed = False
         self._data = (
-            GrpcDataSocket(
-                address, security.token, self._buffers, MAX_BATCH_BYTES, self._rehandshake
-            )
+            GrpcDataSocket(address, self._buffers, MAX_BATCH_BYTES, self._rehandshake)
             if data_socket and security.ca_cert is None
             else None
         )

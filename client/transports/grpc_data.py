@@ -32,23 +32,22 @@ Handshake = Callable[[wire.HandshakeRequest], wire.HandshakeResponse]
 
 
 class GrpcDataSocket:
-    """The data socket of the transport to the worker `name` (its `token` in the hello): asked
-    for at the handshake (`asking`), opened once answered (`learn`), and asked for again with
-    `rehandshake` once lost and the worker answers again (`answered_elsewhere`). Payloads go into
-    buffers of `buffers`, refused beyond `max_payload` bytes. A batch request that may be
-    answered on it is `expect`ed, and its reply completes the future `expect` gives, unless the
-    call's own answer comes first (`forget`). A data socket that ends fails every request that
-    may be answered on it, with UNAVAILABLE, as a lost connection."""
+    """The data socket of the transport to the worker `name`: asked for at the handshake
+    (`asking`), opened once answered (`learn`), and asked for again with `rehandshake` once lost
+    and the worker answers again (`answered_elsewhere`). Payloads go into buffers of `buffers`,
+    refused beyond `max_payload` bytes. A batch request that may be answered on it is
+    `expect`ed, and its reply completes the future `expect` gives, unless the call's own answer
+    comes first (`forget`). A data socket that ends fails every request that may be answered on
+    it, with UNAVAILABLE, as a lost connection."""
 
     def __init__(
         self,
         name: str,
-        token: str | None,
         buffers: BufferPool,
         max_payload: int,
         rehandshake: Handshake,
     ) -> None:
-        self._name, self._token, self._rehandshake = name, token, rehandshake
+        self._name, self._rehandshake = name, rehandshake
         self._reading = (buffers, max_payload, self.forget)
         self._key = secrets.token_bytes(KEY_BYTES)
         # `_lock` guards what follows, which any thread uses, and orders every wake-up of the I/O
@@ -89,7 +88,6 @@ class GrpcDataSocket:
                 self._channel = DataChannel(
                     self._name,
                     True,
-                    self._token,
                     self._io,
                     self._reading,
                     self._hand_over,

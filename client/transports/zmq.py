@@ -124,7 +124,6 @@ class ZmqTransport:
         self._data = DataChannel(
             address,
             data_socket,
-            self._token,
             self._io,
             (self._buffers, self._max_reply_bytes, self._answered),
             self._hand_over_data,

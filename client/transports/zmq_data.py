@@ -43,12 +43,11 @@ def flagged(request: wire.BatchRequest) -> wire.BatchRequest:
     return asked
 
 
-def open_data_socket(
-    address: str, response: wire.HandshakeResponse, token: str | None
-) -> socket.socket | None:
+def open_data_socket(address: str, response: wire.HandshakeResponse) -> socket.socket | None:
     """The data socket that the handshake `response` of the worker at `address` ("zmq://host:port"
-    or "grpc://host:port") offers, open, its hello taken, non-blocking; None if it offers none or
-    it cannot be opened (logged: batch replies come over ZeroMQ or gRPC)."""
+    or "grpc://host:port") offers, open, its hello (the nonce, no token: whatever listens on the
+    port may not be the worker) taken, non-blocking; None if it offers none or it cannot be
+    opened (logged: batch replies come over ZeroMQ or gRPC)."""
     if not response.data_port:
         return None
     carrier = "gRPC" if address.startswith("grpc://") else "ZeroMQ"
@@ -67,12 +66,15 @@ def open_data_socket(
         return None
     try:
         peer.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        peer.sendall(zmq_data.hello(response.data_nonce, token))
+        peer.sendall(zmq_data.hello(response.data_nonce))
         answer = b""
         while len(answer) < len(zmq_data.ACCEPTED):
             received = peer.recv(len(zmq_data.ACCEPTED) - len(answer))
             if not received:
-                raise zmq_data.DataSocketError("the worker closed it: it refused the hello")
+                raise zmq_data.DataSocketError(
+                    "the worker closed it: it refused the hello (a worker older than this "
+                    "client refuses it when it has a token: it wants the token in the hello)"
+                )
             answer += received
         if answer != zmq_data.ACCEPTED:
             raise zmq_data.DataSocketError(f"the worker answered the hello {answer!r}")
@@ -106,7 +108,6 @@ class DataChannel:
         self,
         name: str,
         enabled: bool,
-        token: str | None,
         io: ZmqIo,
         reading: tuple[BufferPool, int, Answered],
         hand_over: Callable[[socket.socket], bool],
@@ -114,7 +115,7 @@ class DataChannel:
         rehandshake: Callable[[wire.HandshakeRequest], wire.HandshakeResponse],
         up: Callable[[], bool],
     ) -> None:
-        self._name, self.enabled, self._token, self._io = name, enabled, token, io
+        self._name, self.enabled, self._io = name, enabled, io
         self._reading = reading
         self._hand_over, self._lost, self._rehandshake = hand_over, lost, rehandshake
         self._up = up
@@ -142,7 +143,7 @@ class DataChannel:
             return
         with self._opening:
             if not self._up():
-                peer = open_data_socket(self._name, response, self._token)
+                peer = open_data_socket(self._name, response)
                 if peer is not None and not self._hand_over(peer):
                     peer.close()
         self._asked = request

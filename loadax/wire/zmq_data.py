@@ -6,11 +6,15 @@ cancels, errors and heartbeats stay on ZeroMQ or gRPC.
 
 A handshake that asks for it (`HandshakeRequest.data_socket`) is answered with the
 worker's data port and a nonce (`HandshakeResponse.data_port`, `data_nonce`). The client connects
-to that port on the host it reached the worker at and sends a hello: `HELLO_MAGIC`, the nonce, the
-length of the token (uint16) and the token (the worker's, when it has one: empty otherwise).
-A worker that takes it answers `ACCEPTED` and from then on may send the replies to the requests
-of the connection that shook hands, those that ask for it (`BatchRequest.data_socket`), on it;
-a worker that refuses it closes the connection. A nonce is good for one data socket.
+to that port on the host it reached the worker at and sends a hello: `HELLO_MAGIC`, the nonce, and
+a token's length (uint16), 0: no token follows. The nonce alone authenticates the socket (a worker
+with a token offers one only to a handshake that carried it), so the token never goes to whatever
+listens on that port (behind a proxy, a program on the proxy's host); a worker reads the token
+that an older client still sends, and ignores it. A worker that takes the hello answers
+`ACCEPTED` and from then on may send the replies to the requests of the connection that shook
+hands, those that ask for it (`BatchRequest.data_socket`), on it; a worker that refuses it closes
+the connection (as an older worker with a token does with a hello without it). A nonce is good
+for one data socket.
 
 Over gRPC, whose connection a proxy may share between clients, the handshake also names a random
 key of the client's (`HandshakeRequest.data_key`, `KEY_BYTES`): the nonce binds the data socket
@@ -44,23 +48,23 @@ class DataSocketError(ValueError):
     """Bytes on a data socket that break its framing."""
 
 
-def hello(nonce: bytes, token: str | None) -> bytes:
-    """The hello that opens a data socket, naming `nonce` and carrying `token`.
+def hello(nonce: bytes) -> bytes:
+    """The hello that opens a data socket, naming `nonce` (and no token).
 
     >>> from loadax.wire.zmq_data import HELLO_HEAD, hello, parse_hello_head
-    >>> sent = hello(b"n" * 16, "s3cret")
-    >>> parse_hello_head(sent[: HELLO_HEAD.size]), sent[HELLO_HEAD.size :]
-    ((b'nnnnnnnnnnnnnnnn', 6), b's3cret')
+    >>> sent = hello(b"n" * 16)
+    >>> parse_hello_head(sent), len(sent) == HELLO_HEAD.size
+    ((b'nnnnnnnnnnnnnnnn', 0), True)
     """
     if len(nonce) != NONCE_BYTES:
         raise ValueError(f"a data socket's nonce is {NONCE_BYTES} bytes, got {len(nonce)}")
-    secret = (token or "").encode()
-    return HELLO_HEAD.pack(HELLO_MAGIC, nonce, len(secret)) + secret
+    return HELLO_HEAD.pack(HELLO_MAGIC, nonce, 0)
 
 
 def parse_hello_head(head: bytes) -> tuple[bytes, int]:
-    """The nonce and the token's length that the first `HELLO_HEAD.size` bytes of a hello
-    declare; a `DataSocketError` if they are not a hello."""
+    """The nonce and the length of the token that follows (an older client's, to be skipped)
+    that the first `HELLO_HEAD.size` bytes of a hello declare; a `DataSocketError` if they are
+    not a hello."""
     magic, nonce, token_length = HELLO_HEAD.unpack(head)
     if magic != HELLO_MAGIC:
         raise DataSocketError(f"a data socket's hello starts {HELLO_MAGIC!r}, got {magic!r}")
