@@ -183,10 +183,8 @@ class Simulation:
         if sampled:
             self.policy_cpu += time.process_time() - cpu
             self.sampled += len(events)
-        # As the driver: a tick due stays due however often other events come.
-        wanted = policy.wake_at(now)
-        wake = wanted if wanted is None or trainer.wake is None or ticked else trainer.wake
-        trainer.wake = wake
+        # As the driver: a tick at the policy's next deadline (never put off by events).
+        wake = trainer.wake = policy.wake_at(now)
         self.decisions += len(events)
         self.ticks += len(events) - (event is not None)
         if wake is not None and (trainer.timer_at is None or wake < trainer.timer_at):

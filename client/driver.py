@@ -1,15 +1,21 @@
-"""The one thread per loader that owns its fleet policy: it drains one queue of events (answers
-from transports, new requests, members joining and leaving), applies each to the policy at the
-time it reads from the clock, and carries out the actions the policy returns.
+"""The one decision loop per loader, which owns its fleet policy: it drains one inbox of events
+(answers from transports, new requests, members joining and leaving) in order, applies each to
+the policy at the time it reads from the clock, and carries out the actions the policy returns.
 
 It is the only place that changes fleet state and the only reader of the clock for it; the
 training thread only takes finished batches. Replies are verified once, here, on the thread that
 received them (`ReplyDecoder.verify`), before the policy hears of them: a bad reply is the failure
 of its member, whatever the transport.
+
+Its thread wakes at the policy's next deadline (`Policy.wake_at`) and for events, but not for a
+request the policy would only queue (`Policy.admits`): the next pass takes it. A local member's
+answer is applied on the thread that made its batch when the driver's thread has nothing to do:
+one pass at a time owns the policy (`_passing`), the same code on either thread.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import itertools
@@ -17,10 +23,12 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Callable
-from concurrent.futures import CancelledError, Future, ThreadPoolExecutor
+from collections import deque
+from collections.abc import Callable, Iterable
+from concurrent.futures import CancelledError, Future
 from typing import Any
 
+from loadax.client.connectors import Connectors
 from loadax.client.demand import MemberRates
 from loadax.client.fleet_events import (
     Action,
@@ -47,6 +55,7 @@ from loadax.client.fleet_options import FleetOptions
 from loadax.client.fleet_watch import FleetWatch, is_local
 from loadax.client.member import Member
 from loadax.client.policy import Policy
+from loadax.client.recorded import Recorded
 from loadax.client.subset import Seat
 from loadax.client.transports import Reply
 from loadax.errors import WorkerError
@@ -57,12 +66,6 @@ from loadax.wire.plans import request_digest
 from loadax.wire.v1 import worker_pb2 as wire
 
 _log = logging.getLogger("loadax.client")
-
-Recorded = tuple[float, Event, list[Action]]
-"""One step of a recorded run: when, the event, and the actions the policy decided."""
-
-_STOP = object()
-_CONNECTORS = 2  # threads that connect listed members (they wait for handshakes)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -97,11 +100,20 @@ class Driver:
     ) -> None:
         self.options = options
         self._policy = Policy(options, seat)
-        self._connect = connect
-        self._connectors: ThreadPoolExecutor | None = None  # made at the first Connect
+        self._connectors = (
+            None if connect is None else Connectors(connect, self._joined, self._unreached)
+        )
         self._closed = False
         self._record = record
-        self._events: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        # Every item, in the order it came; a token in `_wakeups` wakes the driver's thread.
+        self._inbox: deque[Any] = deque()
+        self._wakeups: queue.SimpleQueue[None] = queue.SimpleQueue()
+        self._stopping = False
+        self._admits = True  # whether the policy admits a request now (read without a lock)
+        # Held by the pass that owns the policy, on the driver's thread or an answering one.
+        self._passing = threading.Lock()
+        self._wake: float | None = None  # the policy's next deadline
+        self._asleep_until: float | None = None  # when the driver's thread wakes (None: never)
         # Guards the policy for the readers on other threads (members, depth, stats).
         self._lock = threading.Lock()
         self._ids = itertools.count(1)
@@ -127,7 +139,9 @@ class Driver:
         for; cancelling it withdraws the request."""
         batch: Future[Any] = Future()
         request = next(self._ids)
-        self._events.put(_Submitted(request, step, make, batch))
+        self._inbox.append(_Submitted(request, step, make, batch))
+        if self._admits:  # else it waits for an answer or a deadline, which wake the driver
+            self._wakeups.put(None)
         batch.add_done_callback(functools.partial(self._withdrawn, request))
         return batch
 
@@ -154,18 +168,18 @@ class Driver:
 
     def local_cores(self, cores: int, usable: int) -> None:
         """The local members hold `cores` of this host's `usable` ones (`client.host_cores`)."""
-        self._events.put(LocalCores(cores, usable))
+        self._post(LocalCores(cores, usable))
 
     def enlist(self, name: str) -> None:
         """Member `name` is in the fleet: the policy connects it when its aperture reaches it
         (through `connect`)."""
-        if self._connect is None:
+        if self._connectors is None:
             raise ValueError("this driver cannot connect members: it was made without connect")
-        self._events.put(Listed(name))
+        self._post(Listed(name))
 
     def _change(self, item: Member | Left) -> None:
         applied = threading.Event()
-        self._events.put(_Change(item, applied))
+        self._post(_Change(item, applied))
         while not applied.wait(0.1):
             if not self._thread.is_alive():
                 return  # closed: nothing to change
@@ -191,63 +205,76 @@ class Driver:
             return self._policy.member_stats()
 
     def close(self) -> None:
-        self._events.put(_STOP)
+        self._stopping = True
+        self._wakeups.put(None)
         if threading.current_thread() is not self._thread:
             self._thread.join()
 
     # The driver's thread.
 
     def _run(self) -> None:
-        wake: float | None = None
         try:
             while True:
-                timeout = None if wake is None else max(wake - time.monotonic(), 0.0)
-                try:
-                    items = [self._events.get(timeout=timeout)]
-                except queue.Empty:
-                    items = []
-                while True:  # everything that is waiting, in one pass
-                    try:
-                        items.append(self._events.get_nowait())
-                    except queue.Empty:
-                        break
-                if _STOP in items:
+                timeout = None
+                if self._asleep_until is not None:
+                    timeout = max(self._asleep_until - time.monotonic(), 0.0)
+                with contextlib.suppress(queue.Empty):
+                    self._wakeups.get(timeout=timeout)
+                    while True:  # one pass for every wake-up waiting
+                        self._wakeups.get_nowait()
+                if self._stopping:
                     return
-                now = time.monotonic()
-                events = [event for event in map(self._accept, items) if event is not None]
-                ticked = wake is not None and now >= wake
-                if ticked:
-                    events.append(Tick())
-                actions: list[Action] = []
-                with self._lock:
-                    for event in events:
-                        decided = self._policy.decide(event, now)
-                        if self._record is not None:
-                            self._record.append((now, event, decided))
-                        actions += decided
-                    # Ticks keep their pace however often other events come: a wake put off
-                    # at every event would starve hedges and hang checks under load.
-                    wanted = self._policy.wake_at(now)
-                    wake = wanted if wanted is None or wake is None or ticked else wake
-                for action in actions:
-                    self._carry_out(action)
-                for item in items:
-                    if isinstance(item, _Change):
-                        item.applied.set()
-                for event in events:
-                    if isinstance(event, Answered):  # resolved by now, or late: not kept
-                        self._answers.pop(event.attempt, None)
-                    elif isinstance(event, Withdraw):
-                        self._requests.pop(event.request, None)
-                    elif isinstance(event, Left):
-                        left = self._members.pop(event.member, None)
-                        if left is not None:
-                            left.transport.close()
+                with self._passing:
+                    self._pass()
+                    self._asleep_until = self._wake
         except Exception:  # a bug: every request waiting would hang without this
             _log.exception("the fleet driver failed", extra=fields(event="driver_failed"))
             raise
         finally:
-            self._shut_down()
+            with self._passing:
+                self._shut_down()
+
+    def _pass(self) -> None:
+        """Apply every item in the inbox to the policy, in order, with a `Tick` if its deadline
+        came, and carry out what it decides; again while requests it would admit came meanwhile.
+        The caller holds `_passing`."""
+        while True:
+            items = []
+            while self._inbox:
+                items.append(self._inbox.popleft())
+            now = time.monotonic()
+            events = [event for event in map(self._accept, items) if event is not None]
+            if self._wake is not None and now >= self._wake:
+                events.append(Tick())
+            actions: list[Action] = []
+            with self._lock:
+                for event in events:
+                    decided = self._policy.decide(event, now)
+                    if self._record is not None:
+                        self._record.append((now, event, decided))
+                    actions += decided
+                self._wake = self._policy.wake_at(now)
+                self._admits = self._policy.admits(now)
+            for action in actions:
+                self._carry_out(action)
+            self._applied(items, events)
+            if not (self._inbox and self._admits):
+                return
+
+    def _applied(self, items: Iterable[Any], events: Iterable[Event]) -> None:
+        """What the driver does once `events` (of `items`) are applied and acted on."""
+        for item in items:
+            if isinstance(item, _Change):
+                item.applied.set()
+        for event in events:
+            if isinstance(event, Answered):  # resolved by now, or late: not kept
+                self._answers.pop(event.attempt, None)
+            elif isinstance(event, Withdraw):
+                self._requests.pop(event.request, None)
+            elif isinstance(event, Left):
+                left = self._members.pop(event.member, None)
+                if left is not None:
+                    left.transport.close()
 
     def _accept(self, item: Any) -> Event | None:
         """The policy's event for a queued item; the driver keeps what the policy does not see."""
@@ -301,27 +328,17 @@ class Driver:
         elif isinstance(action, Note):
             _log.log(action.level, "%s", action.message, extra=dict(action.facts))
         elif isinstance(action, Connect):
-            if self._connectors is None:
-                self._connectors = ThreadPoolExecutor(
-                    _CONNECTORS, thread_name_prefix="loadax-connect"
-                )
-            self._connectors.submit(self._connect_member, action.member)
+            assert self._connectors is not None, "the policy connects only members enlisted"
+            self._connectors.connect(action.member)
         elif isinstance(action, Disconnect):
             self._members.pop(action.member).transport.close()
             self._departed(action.member)
 
-    def _connect_member(self, name: str) -> None:
-        """On a connecting thread: `name` connected and joined, or Unreachable."""
-        assert self._connect is not None
-        try:
-            member = self._connect(name)
-        except Exception as error:
-            self._events.put(Unreachable(name, str(error)))
-            return
-        if self._closed:
-            member.transport.close()
-        else:
-            self._events.put(_Change(member, threading.Event()))
+    def _joined(self, member: Member) -> None:
+        self._post(_Change(member, threading.Event()))
+
+    def _unreached(self, name: str, error: str) -> None:
+        self._post(Unreachable(name, error))
 
     def _send(self, action: Send) -> None:
         member = self._members[action.member]
@@ -329,7 +346,7 @@ class Driver:
         try:
             sent = member.transport.send(request)
         except Exception as error:  # e.g. closed as it was chosen: a failed attempt
-            self._events.put(
+            self._post(
                 Failed(
                     action.attempt,
                     WorkerError("UNAVAILABLE", f"{member.name} could not be asked: {error}"),
@@ -349,21 +366,45 @@ class Driver:
         except CancelledError:
             return  # the policy cancelled it
         except BaseException as error:
-            self._events.put(Failed(attempt, error))
+            self._post(Failed(attempt, error))
             return
         self._answers[attempt] = batch
         header = reply.result().header
         self.reuse.replied(header)
-        self._events.put(Answered(attempt, header.load, header.loading_slots))
+        answered = Answered(attempt, header.load, header.loading_slots)
+        # A local member's answer, on the thread that made it: applied here when nothing else
+        # waits, so that the driver's thread is not woken to hand its batch over.
+        if not (is_local(member.name) and self._wakeups.empty() and self._passing.acquire(False)):
+            self._post(answered)
+            return
+        try:
+            if self._closed:
+                return
+            self._inbox.append(answered)
+            self._pass()
+            wake, asleep_until = self._wake, self._asleep_until
+            if wake is not None and (asleep_until is None or wake < asleep_until):
+                self._wakeups.put(None)  # a deadline before the driver's thread wakes
+        except Exception:  # a bug: the driver stops, failing every request, as on its thread
+            _log.exception("the fleet driver failed", extra=fields(event="driver_failed"))
+            self._stopping = True
+            self._wakeups.put(None)
+        finally:
+            self._passing.release()
+
+    def _post(self, item: Any) -> None:
+        """`item` for the next pass, which it wakes the driver's thread for."""
+        self._inbox.append(item)
+        self._wakeups.put(None)
 
     def _withdrawn(self, request: int, batch: Future[Any]) -> None:
         if batch.cancelled():
-            self._events.put(Withdraw(request))
+            self._post(Withdraw(request))
 
     def _shut_down(self) -> None:
         self._closed = True
         if self._connectors is not None:
-            self._connectors.shutdown(wait=False, cancel_futures=True)
+            self._connectors.close()
         for attempt in self._attempts.values():
             attempt.cancel()
         for _, batch in self._requests.values():

@@ -37,10 +37,8 @@ a byte. The rules:
 
 from __future__ import annotations
 
-import heapq
 import logging
-from collections.abc import Iterable
-from typing import Any
+import math
 
 from loadax.client import fleet_failures
 from loadax.client.aperture import Aperture
@@ -68,9 +66,8 @@ from loadax.client.member_choice import choose
 from loadax.client.member_health import FleetLatency, MemberHealth
 from loadax.client.outstanding import Attempt, Outstanding, Request
 from loadax.client.subset import Seat
-from loadax.client.tails import HEDGED_FRONT, ExtraShare, overdue, resend, thresholds
+from loadax.client.tails import ExtraShare, due_at, front, overdue, resend, thresholds
 from loadax.client.verdicts import Verdict, serves_another, verdict
-from loadax.errors import WorkerError
 from loadax.iterators.stats import WorkerStats
 from loadax.logfields import Value, fields
 from loadax.wire.failures import PipelineFailed, PoisonFailed
@@ -78,7 +75,7 @@ from loadax.wire.failures import PipelineFailed, PoisonFailed
 DEFAULT_LIMIT = 16
 """The most requests a member is sent at once when it did not announce its own limit."""
 TICK = 0.02
-"""Seconds between ticks while requests are outstanding."""
+"""The fewest seconds between ticks: their pace while something waits on time alone."""
 
 
 class Policy:
@@ -107,6 +104,7 @@ class Policy:
         self._failing = fleet_failures.FailingWarnings()
         self._actions: list[Action] = []
         self._now = 0.0  # the time of the event being applied
+        self._ticked_at = -math.inf  # when the last Tick came
 
     # What others read.
 
@@ -129,10 +127,25 @@ class Policy:
         """How many requests to keep outstanding (`Aperture.depth`)."""
         return self._aperture.depth(self._host.in_use(self._members, now), now)
 
+    def admits(self, now: float) -> bool:
+        """Whether a request submitted at `now` is admitted at once (else it waits)."""
+        requests = self._requests
+        return not requests.waiting and len(requests.admitted) < self.depth(now)
+
     def wake_at(self, now: float) -> float | None:
-        """When the policy next wants a `Tick` (None: not until another event)."""
-        busy = self._requests.admitted or self._requests.waiting
-        return now + TICK if busy else None
+        """When the policy next wants a `Tick` (None: not until another event): at its first
+        deadline (a hang, a hedge, the fleet's silence, a back-off's end), at the `TICK` pace
+        while something waits on time alone (a request with no live attempt, a member failing)."""
+        requests, members = self._requests, self._members.values()
+        if not (requests.admitted or requests.waiting):
+            return None
+        silent_at = self._answered_at + self.options.no_worker_timeout
+        hung, hedge = thresholds(self._latency, self.options)
+        ends = [member.down_until for member in members if member.down_until > now]
+        due = min(silent_at, due_at(requests, hung, hedge), *ends)
+        if self._aperture.due(now) or any(m.failing or m.quarantined is not None for m in members):
+            due = -math.inf
+        return max(due, self._ticked_at + TICK, now)
 
     def member_stats(self) -> dict[str, WorkerStats]:
         return {name: member.stats() for name, member in self._members.items()}
@@ -238,14 +251,10 @@ class Policy:
             return False
         error, every = verdict
         if every:
-            self._fail_all(error)
+            self._actions += self._requests.fail_all(error, now)  # the fleet cannot serve
         else:
             self._finish(request, Fail(request.id, error))
         return True
-
-    def _fail_all(self, error: WorkerError) -> None:
-        """Fail every request outstanding or waiting with `error`: the fleet cannot serve."""
-        self._actions += self._requests.fail_all(error, self._now)
 
     # Answers.
 
@@ -301,7 +310,8 @@ class Policy:
             entered = member.quarantine(str(error), now, wrong=serves_another(error))
             self._actions += fleet_failures.entering(member, entered)
             if all(other.wrong for other in self._members.values()):
-                self._fail_all(fleet_failures.serving_another(self._members.values()))
+                replaced = fleet_failures.serving_another(self._members.values())
+                self._actions += self._requests.fail_all(replaced, now)
                 return
         elif judged is Verdict.PRESSURE:
             member.pressed(str(error), now)
@@ -353,6 +363,7 @@ class Policy:
     # Time.
 
     def _tick(self, now: float) -> None:
+        self._ticked_at = now
         self._extra.earn(now, self._aperture.rate)
         self._actions += self._failing.due(
             now,
@@ -362,13 +373,11 @@ class Policy:
             self._members.values(),
         )
         hung, hedge = thresholds(self._latency, self.options)
-        # Requests go out in step order: the oldest ones outstanding block the in-order delivery
-        # of the others, and are the only ones worth hedging.
         requests = list(self._requests.admitted.values())
-        front = heapq.nsmallest(HEDGED_FRONT, requests, key=lambda request: request.started)
+        hedged = front(requests)
         for request in requests:
             if request.id in self._requests.admitted:
-                self._check(request, now, hung, hedge if request in front else None)
+                self._check(request, now, hung, hedge if request in hedged else None)
 
     def _check(self, request: Request, now: float, hung: float, hedge: float | None) -> None:
         """Give up hung attempts, re-issue or hedge the request, or fail it."""
@@ -389,12 +398,3 @@ class Policy:
 
     def _note(self, level: int, message: str, facts: dict[str, Value]) -> None:
         self._actions.append(Note(level, message, facts))
-
-
-def replay(
-    options: FleetOptions, recorded: Iterable[tuple[float, Event, Any]]
-) -> list[list[Action]]:
-    """The decisions a new policy makes from the events of a recorded run, at their times: the
-    run's own decisions, since the policy depends on nothing else."""
-    policy = Policy(options)
-    return [policy.decide(event, now) for now, event, _ in recorded]

@@ -7,15 +7,18 @@ that lands on a slow member is hedged in turn); an attempt older than `HUNG_FACT
 least `HUNG_FLOOR`) is given up as hung (it still wins if it answers first). Extra attempts add
 at most `EXTRA_SHARE` of the requests answered: a share earned with time, at the rate requests
 are answered, so that a loop held up by slow requests (which admits none) still earns its hedge.
+The next of these deadlines is when the policy next needs time to pass (`due_at`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import heapq
+import math
+from collections.abc import Collection, Sequence
 
 from loadax.client.fleet_options import FleetOptions
 from loadax.client.member_health import FleetLatency
-from loadax.client.outstanding import Attempt
+from loadax.client.outstanding import Attempt, Outstanding, Request
 
 HEDGE_FACTOR = 1.5
 """A request this many times the fleet's p95 latency old is also sent to another member."""
@@ -41,6 +44,30 @@ def thresholds(latency: FleetLatency, options: FleetOptions) -> tuple[float, flo
     if hedge == "auto":
         return hung, None if p95 is None else HEDGE_FACTOR * p95
     return hung, hedge
+
+
+def front(requests: Collection[Request]) -> list[Request]:
+    """The `HEDGED_FRONT` oldest of `requests` (outstanding): they go out in step order, so
+    they block the in-order delivery of the others, and are the only ones worth hedging."""
+    return heapq.nsmallest(HEDGED_FRONT, requests, key=lambda request: request.started)
+
+
+def due_at(outstanding: Outstanding, hung: float, hedge: float | None) -> float:
+    """The first time an attempt of `outstanding` not given up is `hung` old, or one of its
+    `front` requests is `hedge` old since its newest such attempt (inf: never; -inf: at once,
+    for a request failing or without a live attempt, which is sent again when it can be)."""
+    due = min(
+        (attempt.sent + hung for attempt in outstanding.attempts.values() if not attempt.given_up),
+        default=math.inf,
+    )
+    for request in outstanding.admitted.values():
+        if request.failing_since is not None or outstanding.none_live(request):
+            return -math.inf
+    if hedge is not None:
+        for request in front(outstanding.admitted.values()):
+            sent = [attempt.sent for attempt in outstanding.live(request) if not attempt.given_up]
+            due = min(due, max(sent) + hedge)
+    return due
 
 
 def overdue(attempts: Sequence[Attempt], now: float, hung: float) -> list[Attempt]:

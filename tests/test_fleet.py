@@ -3,7 +3,6 @@ answer another, and quarantines a worker that turns out wrong for it, with uncha
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import dataclasses
 import doctest
@@ -11,8 +10,10 @@ import functools
 import itertools
 import logging
 import pathlib
+import threading
 import time
 from collections.abc import Callable, Iterator
+from concurrent import futures
 from concurrent.futures import Future
 from typing import Any
 
@@ -30,11 +31,12 @@ import loadax.client.verdicts
 import loadax.server.throttled_log
 from loadax import DataLoader, RecordError, WorkerError
 from loadax.client import RemoteDataLoader
-from loadax.client.driver import Driver, Recorded
-from loadax.client.fleet_events import Send, Tick
+from loadax.client.driver import Driver
+from loadax.client.fleet_events import Answered, Send, Tick
 from loadax.client.fleet_options import FleetOptions
 from loadax.client.member import Member, handshake_request
-from loadax.client.policy import TICK, replay
+from loadax.client.policy import TICK
+from loadax.client.recorded import Recorded, replay
 from loadax.client.replies import ReplyDecoder
 from loadax.client.transports.in_process import InProcessTransport
 from loadax.client.verdicts import Verdict, verdict
@@ -614,27 +616,56 @@ def test_a_driven_run_is_recorded_and_replays_to_the_same_decisions() -> None:
     assert [repr(actions) for actions in replayed] == [repr(actions) for _, _, actions in recorded]
 
 
-def test_the_drivers_ticks_keep_their_pace_while_answers_stream_in() -> None:
-    # Answers come every millisecond or so; the ticks (hedges, hang checks) still come every
-    # TICK, not put off by each event.
-    good = numbers_worker()
+class Stuck:
+    """A worker that answers no batch until `released` is set (then an error)."""
+
+    def __init__(self, worker: Worker) -> None:
+        self._worker, self.released = worker, threading.Event()
+
+    def handshake(self, request: wire.HandshakeRequest) -> wire.HandshakeResponse:
+        return self._worker.handshake(request)
+
+    def load_batch(self, request: wire.BatchRequest) -> Any:
+        self.released.wait()
+        raise WorkerError("UNAVAILABLE", "released")
+
+
+def test_the_driver_ticks_at_the_policys_deadlines_not_at_each_event_nor_at_a_pace() -> None:
+    # Answers stream in from one member while another holds its attempt: the hang check comes at
+    # its deadline (request_timeout after the attempt was sent), with hardly a tick before it.
+    good, stuck = numbers_worker(), Stuck(numbers_worker())
     recorded: list[Recorded] = []
-    driver = Driver(FleetOptions(request_timeout=30.0, no_worker_timeout=30.0), record=recorded)
-    for name in ("first", "second"):
-        transport = named(numbers_worker(), name)
-        driver.join(Member(transport, ReplyDecoder(name), None))
-    started = time.monotonic()
-    steps = 0
+    hung = 0.3
+    options = FleetOptions(request_timeout=hung, no_worker_timeout=30.0, hedge_after=30.0)
+    driver = Driver(options, record=recorded)
+    for worker, name in ((good, "good"), (stuck, "stuck")):
+        driver.join(Member(named(worker, name), ReplyDecoder(name), None))
+    pending: list[Future[Any]] = []
+    steps = itertools.count()
     try:
-        pending: collections.deque[Future[Any]] = collections.deque()
-        while time.monotonic() - started < 1.0:
+        started = time.monotonic()
+        while time.monotonic() - started < hung + 0.2:
+            pending = [batch for batch in pending if not batch.done()]
             while len(pending) < 4:
-                pending.append(driver.submit(steps, functools.partial(request, good, steps % 4)))
-                steps += 1
-            pending.popleft().result(timeout=10)
+                step = next(steps)
+                pending.append(driver.submit(step, functools.partial(request, good, step % 4)))
+            futures.wait(pending, timeout=0.01, return_when=futures.FIRST_COMPLETED)
     finally:
+        stuck.released.set()
         driver.close()
-    elapsed = time.monotonic() - started
-    ticks = sum(isinstance(event, Tick) for _, event, _ in recorded)
-    assert steps > 2 * elapsed / TICK  # answers came more often than ticks
-    assert ticks >= 0.5 * elapsed / TICK, (ticks, steps, elapsed)
+    sends = [(at, action) for at, _, actions in recorded for action in actions]
+    sent_at, first = next((at, a) for at, a in sends if isinstance(a, Send) and a.member == "stuck")
+    again_at = next(
+        at
+        for at, event, actions in recorded
+        if isinstance(event, Tick)
+        for action in actions
+        if isinstance(action, Send) and action.request == first.request
+    )
+    assert sent_at + hung <= again_at <= sent_at + hung + 0.2  # a loaded machine's delay
+    answers = sum(
+        sent_at < at < again_at for at, event, _ in recorded if isinstance(event, Answered)
+    )
+    ticks = sum(sent_at < at < again_at for at, event, _ in recorded if isinstance(event, Tick))
+    assert answers > hung / TICK  # events came more often than the old pace of ticks
+    assert ticks <= 2, (ticks, answers)

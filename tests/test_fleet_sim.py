@@ -171,12 +171,14 @@ def test_the_simulated_r2_straggler_and_kill_runs_agree_with_the_measured_ones()
     assert calibration.agrees(calibration.FAULT_GAP["kill"], min(gaps), max(gaps)), gaps
 
 
-def test_ticks_keep_their_pace_when_events_come_more_often_than_a_tick() -> None:
-    # 2 trainers with a batch every 5 ms each hear of something every few ms: the tick due
-    # every TICK stays due (a wake put off at every event would starve hedges and hang checks).
+def test_ticks_come_at_the_policys_deadlines_not_at_a_pace() -> None:
+    # 2 trainers with a batch every 5 ms each hear of something every few ms: a tick comes when
+    # a hang or a hedge is due (1996 ticks at one every TICK), and the stragglers are hedged.
     busy = dataclasses.replace(SMALL, step_s=0.005, threads=4, stragglers=0.25)
-    wanted = busy.trainers * busy.seconds / TICK
-    assert run(busy)["ticks"] == pytest.approx(wanted, rel=0.05)
+    report = run(busy)
+    assert report["ticks"] < 0.05 * busy.trainers * busy.seconds / TICK, report
+    assert report["extra_load"] > 0, report
+    assert report["delivered_fraction"] >= 0.95, report
 
 
 def test_the_cli_writes_every_key_and_prints_a_summary(tmp_path: Path) -> None:

@@ -28,7 +28,8 @@ from loadax.client.fleet_events import (
 from loadax.client.fleet_options import FleetOptions
 from loadax.client.member_choice import SLOWER
 from loadax.client.member_health import HUNG_STRIKES, LATENCY_SAMPLES, MemberHealth
-from loadax.client.policy import TICK, Policy, replay
+from loadax.client.policy import TICK, Policy
+from loadax.client.recorded import replay
 from loadax.client.tails import EXTRA_BURST, EXTRA_SHARE, HEDGE_FACTOR, HUNG_FLOOR
 from loadax.errors import PoisonedRecords, WorkerError
 from loadax.wire.failures import PipelineFailed, PoisonFailed
@@ -508,3 +509,37 @@ def test_an_attempt_sent_while_its_member_was_cold_is_not_held_against_it() -> N
     assert member.warm_at(2.5)  # one sent after its first answer is held against it
     member.answered(2, now=3.0)
     assert member.warm_since == 2.0  # its first answer, not its latest
+
+
+def test_a_request_is_admitted_at_once_only_while_fewer_than_the_depth_are_out() -> None:
+    made = fleet({"a": 1})
+    assert made.policy.admits(made.now)
+    (first,) = sends(made.submit())
+    assert not made.policy.admits(made.now)
+    assert made.submit() == []  # it waits for an answer
+    (second,) = sends(made.tell(Answered(first.attempt)))
+    assert not made.policy.admits(made.now)
+    made.tell(Answered(second.attempt))
+    assert made.policy.admits(made.now)
+
+
+def test_the_next_tick_is_wanted_at_the_first_deadline_or_at_the_pace_while_one_fails() -> None:
+    made = fleet({"a": 16, "b": 16})
+    warm_up(made, 0.1)
+    assert made.policy.wake_at(made.now) is None  # nothing outstanding
+    started = made.now
+    first = sends(made.submit(2))
+    hedge_at = started + HEDGE_FACTOR * 0.1  # the two oldest requests' hedges
+    assert made.policy.wake_at(made.now) == pytest.approx(hedge_at)
+    made.now += 0.05
+    (again,) = sends(made.tell(Answered(first[0].attempt)) + made.submit())
+    # The newest attempt's hedge is later than the older one's: answers never put one off.
+    assert made.policy.wake_at(made.now) == pytest.approx(hedge_at)
+    made.now = hedge_at
+    hedges = sends(made.tell(Tick()))
+    assert [hedge.request for hedge in hedges] == [first[1].request]
+    next_hedge = started + 0.05 + HEDGE_FACTOR * 0.1  # of the request sent after the answer
+    assert made.policy.wake_at(made.now) == pytest.approx(next_hedge)
+    # A member failing: a TICK after the last tick, and so on (it backs off, is warned of).
+    made.tell(Failed(again.attempt, WorkerError("UNAVAILABLE", "reset")))
+    assert made.policy.wake_at(made.now) == pytest.approx(made.now + TICK)
