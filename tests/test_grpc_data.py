@@ -88,7 +88,7 @@ def batch_request(fingerprint: str, step: int, rows: list[int] | None = None) ->
     )
 
 
-class Opened(GrpcTransport):
+class OpenedGrpc(GrpcTransport):
     """A transport whose handshake returns once the data socket it offers is open (or given
     up), so that the batches asked for next may come there."""
 
@@ -105,7 +105,7 @@ def transport_to(address: str, **options: Any) -> GrpcTransport:
     asks for every batch on the data socket (`NUMBERS`' are smaller than the default's bound),
     unless `options` say otherwise."""
     options = {"shared_memory": False, "data_socket_from_bytes": 0, **options}
-    return Opened(f"grpc://{address}", **options)
+    return OpenedGrpc(f"grpc://{address}", **options)
 
 
 def load(
@@ -262,7 +262,7 @@ def test_a_slow_batch_for_the_data_socket_is_heartbeats_then_no_message_on_its_c
 def test_a_worker_killed_mid_stream_fails_what_it_held_at_once(tmp_path: Path) -> None:
     with (
         worker_process(tmp_path, BLOBS) as process,
-        contextlib.closing(Opened(process.grpc, shared_memory=False)) as transport,
+        contextlib.closing(OpenedGrpc(process.grpc, shared_memory=False)) as transport,
     ):
         killed_while_streaming(process, transport)
 

@@ -73,6 +73,18 @@ def sent_on_data_sockets(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     return sent
 
 
+class OpenedZmq(ZmqTransport):
+    """A transport whose handshake returns once the data socket it offers is open (or given
+    up), so that the batches asked for next come there."""
+
+    def handshake(
+        self, request: wire.HandshakeRequest, timeout: float = WAIT_S
+    ) -> wire.HandshakeResponse:
+        response = super().handshake(request, timeout)
+        self.data_socket_open(timeout)
+        return response
+
+
 def handshake_request() -> wire.HandshakeRequest:
     return wire.HandshakeRequest(
         library_version=loadax.__version__, pipeline="numbers", plan=plan_to_wire(PLAN)
@@ -84,7 +96,7 @@ def load(
 ) -> tuple[wire.HandshakeResponse, list[Any]]:
     """The handshake with the worker at `endpoint` (from another host: no shared memory), and
     the batches of `steps` (the last one's rows 1 and 3 only), verified."""
-    with ZmqTransport(endpoint.replace("tcp://", "zmq://"), shared_memory=False, **options) as sent:
+    with OpenedZmq(endpoint.replace("tcp://", "zmq://"), shared_memory=False, **options) as sent:
         target = Verifying(sent)
         response = target.transport.handshake(handshake_request(), WAIT_S)
         requests = [
@@ -162,7 +174,7 @@ def test_a_client_opens_a_data_socket_unless_the_worker_writes_into_its_memory_f
     steps = [2, 9]
     try:
         endpoint = server.start().replace("tcp://", "zmq://")
-        with ZmqTransport(endpoint, shared_memory=same_host) as transport:
+        with OpenedZmq(endpoint, shared_memory=same_host) as transport:
             target = Verifying(transport)
             response = target.handshake(handshake_request(), WAIT_S)
             batches = [
@@ -303,7 +315,7 @@ args = { records = 64, floats = 524288 }
 def test_a_worker_killed_mid_stream_fails_what_it_held_at_once(tmp_path: Path) -> None:
     with worker_process(tmp_path, BLOBS, grpc=False, zmq=True) as process:
         assert process.zmq is not None
-        with ZmqTransport(process.zmq, shared_memory=False) as transport:
+        with OpenedZmq(process.zmq, shared_memory=False) as transport:
             failed = killed_while_streaming(process, transport)
     for error in failed:
         assert "lost the connection" in error.message
@@ -366,7 +378,7 @@ def test_a_worker_back_at_its_address_gets_a_new_data_socket(
     endpoint = f"tcp://127.0.0.1:{free_port()}"
     first = ZmqServer(worker, endpoint)
     first.start()
-    with ZmqTransport(endpoint.replace("tcp://", "zmq://"), shared_memory=False) as transport:
+    with OpenedZmq(endpoint.replace("tcp://", "zmq://"), shared_memory=False) as transport:
         target = Verifying(transport)
         fingerprint = transport.handshake(handshake_request(), WAIT_S).fingerprint
 

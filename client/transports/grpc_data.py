@@ -56,7 +56,6 @@ class GrpcDataSocket:
         # The process's I/O thread and the channel, from the first handshake that offers one.
         self._io: zmq_io.ZmqIo | None = None
         self._channel: DataChannel | None = None
-        self._opener: threading.Thread | None = None  # opening the one a handshake offered
         self._pending: dict[int, Pending[Reply]] = {}
         self._ids = itertools.count(1)
         self._up = False  # a data socket is open: batch requests ask for their replies on it
@@ -75,9 +74,8 @@ class GrpcDataSocket:
 
     def learn(self, request: wire.HandshakeRequest, response: wire.HandshakeResponse) -> None:
         """The worker answered the handshake `request` (as sent) with `response`: open the data
-        socket it offers, unless one is open, on a thread of its own. Until it is open, batch
-        replies come on their calls: a port that answers late or never (behind a proxy, the
-        client dials the proxy's host) delays no batch."""
+        socket it offers, unless one is open, in the background (`DataChannel.learn`); batch
+        replies come on their calls until it is open."""
         if not response.data_port:
             return
         with self._lock:
@@ -95,21 +93,14 @@ class GrpcDataSocket:
                     self._rehandshake,
                     lambda: self._up,
                 )
-            opener = self._opener = threading.Thread(
-                target=self._channel.learn,
-                args=(request, response),
-                name="loadax-grpc-data-open",
-                daemon=True,
-            )
-        opener.start()
+            channel = self._channel
+        channel.learn(request, response)
 
     def opened(self, timeout: float) -> bool:
         """Whether a data socket is open, once the one being opened (if any) is open or given
         up, waiting for it up to `timeout` seconds."""
-        opener = self._opener
-        if opener is not None:
-            opener.join(timeout)
-        return self._up
+        channel = self._channel
+        return channel is not None and channel.opened(timeout)
 
     def expect(
         self, request: wire.BatchRequest

@@ -142,15 +142,20 @@ class ZmqTransport:
         self, request: wire.HandshakeRequest, timeout: float = DEFAULT_TIMEOUT_S
     ) -> wire.HandshakeResponse:
         """The worker's answer; one that can write into this process's memory files has its
-        batches written there from then on (unless `shared_memory` was False). One that offers
-        a data socket (`loadax.wire.zmq_data`) sends batch replies on it, once open (unless
-        `data_socket` was False, or the worker writes into memory files: then none is opened)."""
+        batches written there from then on (unless `shared_memory` was False); one that offers
+        a data socket (`loadax.wire.zmq_data`) sends them on it once open, in the background
+        (`data_socket_open`), unless `data_socket` was False (or it writes into memory files)."""
         request = self._data.asking(self._same_host.handshake(request))
         response = self._call(request, reply_of(wire.HandshakeResponse), timeout)
         self._same_host.learn(response)
-        if not self._same_host.taken:  # its connection and hello would delay the first batch
+        if not self._same_host.taken:  # a data socket would carry no batch
             self._data.learn(request, response)
         return response
+
+    def data_socket_open(self, timeout: float) -> bool:
+        """Whether batch replies may come on a data socket: one is open, once the one that the
+        handshake offered is open or given up (waiting up to `timeout` seconds)."""
+        return self._data.opened(timeout)
 
     def _hand_over_data(self, peer: socket.socket) -> bool:
         """Have the I/O thread read the data socket `peer` (before it sends the requests

@@ -1,7 +1,8 @@
-"""The client's end of a ZeroMQ worker's data socket (`loadax.wire.zmq_data`): opened after a
-handshake that offers one, then read by the process's ZeroMQ I/O thread beside the DEALER
-sockets, without blocking: each payload is received with `recv_into` straight into a pooled buffer
-of the size its header declares, and checksummed chunk by chunk as it lands."""
+"""The client's end of a worker's data socket (`loadax.wire.zmq_data`), for the ZeroMQ and gRPC
+transports: opened in the background after a handshake that offers one, then read by the
+process's ZeroMQ I/O thread beside the DEALER sockets, without blocking: each payload is received
+with `recv_into` straight into a pooled buffer of the size its header declares, and checksummed
+chunk by chunk as it lands."""
 
 from __future__ import annotations
 
@@ -96,13 +97,13 @@ Answered = Callable[[int], "Pending[Any] | None"]
 
 class DataChannel:
     """The data socket of one transport to the worker `name`, if `enabled`: asked for at the
-    handshake (`asking`), opened once answered (`learn`), read by the I/O thread `io`
-    (`adopt`: a `DataReader` with `buffers`, `max_payload` and `answered`), closed with the
-    connection it belongs to (the worker binds it to the connection that shook hands), and asked
-    for again once a connection is back (`reconnected`). The transport `hand_over(peer)`s a
-    socket opened to the I/O thread (False: the transport is closed), is told when one is
-    `lost(why)`, and shakes hands (`rehandshake(request)`) for a new one; `up()`: whether one
-    is open."""
+    handshake (`asking`), opened in the background once answered (`learn`, `opened`), read by
+    the I/O thread `io` (`adopt`: a `DataReader` with `buffers`, `max_payload` and `answered`),
+    closed with the connection it belongs to (the worker binds it to the connection that shook
+    hands), and asked for again once a connection is back (`reconnected`). The transport
+    `hand_over(peer)`s a socket opened to the I/O thread (False: the transport is closed), is
+    told when one is `lost(why)`, and shakes hands (`rehandshake(request)`) for a new one;
+    `up()`: whether one is open. ZeroMQ's transport and gRPC's (`grpc_data`) share it."""
 
     def __init__(
         self,
@@ -121,6 +122,7 @@ class DataChannel:
         self._up = up
         # Held while one is opened: a handshake and a new one after a reconnection open one.
         self._opening = threading.Lock()
+        self._opener: threading.Thread | None = None  # opening the one a handshake offered
         self._reader: DataReader | None = None  # the I/O thread's
         # The handshake that asked for one (None until answered), and whether a new one is
         # being asked for.
@@ -138,15 +140,28 @@ class DataChannel:
 
     def learn(self, request: wire.HandshakeRequest, response: wire.HandshakeResponse) -> None:
         """The worker answered `request` (as sent) with `response`: open the data socket it
-        offers, unless one is open."""
+        offers, unless one is open, on a thread of its own. Until it is open, batch replies
+        come over ZeroMQ or gRPC: a port that answers late or never (a firewall that drops it;
+        behind a proxy, whose host the client dials, another program's) delays no handshake
+        and no batch."""
         if not self.enabled:
             return
-        with self._opening:
-            if not self._up():
-                peer = open_data_socket(self._name, response)
-                if peer is not None and not self._hand_over(peer):
-                    peer.close()
         self._asked = request
+        if not response.data_port:
+            return
+        opener = threading.Thread(
+            target=self._open, args=(response,), name="loadax-data-open", daemon=True
+        )
+        self._opener = opener
+        opener.start()
+
+    def opened(self, timeout: float) -> bool:
+        """Whether a data socket is open, once the one that the last handshake offered is open
+        or given up, waiting for it up to `timeout` seconds."""
+        opener = self._opener
+        if opener is not None:
+            opener.join(timeout)
+        return self._up()
 
     def adopt(self, peer: socket.socket) -> None:
         """Read the data socket `peer` from now on; on the I/O thread."""
@@ -164,7 +179,7 @@ class DataChannel:
             return
         self._reopening.set()
         threading.Thread(
-            target=self._reopen, args=(request,), name="loadax-zmq-data", daemon=True
+            target=self._reopen, args=(request,), name="loadax-data-reopen", daemon=True
         ).start()
 
     def close(self, why: str) -> None:
@@ -174,9 +189,17 @@ class DataChannel:
             self._reader.abandon(why)
             self._dropped(self._reader, why)
 
+    def _open(self, response: wire.HandshakeResponse) -> None:
+        """Open the data socket that the handshake `response` offers, unless one is open."""
+        with self._opening:
+            if not self._up():
+                peer = open_data_socket(self._name, response)
+                if peer is not None and not self._hand_over(peer):
+                    peer.close()
+
     def _reopen(self, request: wire.HandshakeRequest) -> None:
         try:
-            self.learn(request, self._rehandshake(request))
+            self._open(self._rehandshake(request))
         except WorkerError as error:
             log.info("no new data socket to %s: %s", self._name, error)
         finally:
