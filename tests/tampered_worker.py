@@ -3,11 +3,15 @@ stale worker's would be: `python -m tampered_worker KIND --config worker.toml`.
 
 It answers handshakes honestly (so a client binds to it) and tampers with each batch after the
 worker made it. A change of structure comes with a header that matches it (the worker's own bug);
-changed values keep the header of the true batch (corruption after the header was made).
+changed values keep the header of the true batch (corruption after the header was made). It prints
+a line for each reply sent on a data socket, `{"event": "data socket", "transport": ..., "sent": N}`
+(N: that transport's count so far), so that a test knows which way its replies went.
 """
 
 from __future__ import annotations
 
+import itertools
+import json
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -15,8 +19,9 @@ from typing import Any
 import numpy as np
 
 from loadax.errors import WorkerError
-from loadax.server import main
+from loadax.server import grpc_data, main, zmq_server
 from loadax.server.worker import Worker
+from loadax.server.zmq_data import DataPort
 from loadax.wire.checksum import payload_checksum
 from loadax.wire.codec import decode_frames, encode_frames
 from loadax.wire.payloads import EncodedBatch, answer_checksum
@@ -102,7 +107,34 @@ def tampering(tamper: Tamper) -> Callable[..., EncodedBatch]:
     return load_batch
 
 
+_SENT = {"grpc": itertools.count(1), "zmq": itertools.count(1)}
+
+
+def _told(transport: str, sent: bool) -> bool:
+    """`sent` (whether a reply went on a data socket of `transport`), printed if it did."""
+    if sent:
+        line = {"event": "data socket", "transport": transport, "sent": next(_SENT[transport])}
+        print(json.dumps(line), flush=True)
+    return sent
+
+
+class _ZmqDataPort(DataPort):
+    def send(self, identity: bytes, request_id: int, batch: EncodedBatch) -> bool:
+        return _told("zmq", super().send(identity, request_id, batch))
+
+
+_grpc_send = grpc_data.GrpcDataPort.send
+
+
+def _grpc_told(
+    port: grpc_data.GrpcDataPort, request: wire.BatchRequest, batch: EncodedBatch
+) -> bool:
+    return _told("grpc", _grpc_send(port, request, batch))
+
+
 if __name__ == "__main__":
     kind, *argv = sys.argv[1:]
     Worker.load_batch = tampering(TAMPERS[kind])  # type: ignore[method-assign]
+    zmq_server.DataPort = _ZmqDataPort  # type: ignore[misc]
+    grpc_data.GrpcDataPort.send = _grpc_told  # type: ignore[method-assign]
     main.main(argv)

@@ -1,5 +1,6 @@
 """A tampered worker costs time, never correctness: real worker processes on loopback, over gRPC
-and ZeroMQ, one of them sending wrong replies (tests/tampered_worker.py)."""
+and ZeroMQ, one of them sending wrong replies (tests/tampered_worker.py), written into the client's
+memory files or sent on the data socket."""
 
 from __future__ import annotations
 
@@ -13,10 +14,12 @@ import pipelines
 import pytest
 from equivalence import digests
 from tampered_worker import TAMPERS
+from test_grpc_data import OpenedGrpc
+from test_zmq_data import OpenedZmq
 from workers import WorkerProcess, worker_process
 
 from loadax import DataLoader, WorkerError
-from loadax.client import RemoteDataLoader
+from loadax.client import RemoteDataLoader, transports
 
 RECORDS, FLOATS, BATCH, SEED = 48, 32, 4, 11
 STEPS = RECORDS // BATCH
@@ -36,8 +39,9 @@ DIFFERENCES = {
     "junk": r"its payload does not decode: ",
 }
 # Each transport, and whether the client takes the same-host path (shared memory) or receives
-# over the sockets, as from another host (the data socket); and whether the client is also
-# tried alone with the tampered worker (once per way the payload travels).
+# over the sockets, as from another host (on the data socket: its handshake waits for it, and the
+# first batch of a pipeline goes there whatever its size); and whether the client is also tried
+# alone with the tampered worker (once per way the payload travels).
 TRANSPORTS = (
     ("grpc", True, True),
     ("zmq", True, False),
@@ -48,6 +52,14 @@ TRANSPORTS = (
 
 def test_every_tamper_has_its_expected_difference() -> None:
     assert DIFFERENCES.keys() == TAMPERS.keys()
+
+
+@pytest.fixture
+def data_sockets_opened(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Loaders' transports whose handshake returns once the data socket it offers is open, so
+    that the first batch goes there (it opens in the background, batches over gRPC or ZeroMQ
+    meanwhile)."""
+    monkeypatch.setattr(transports, "TRANSPORTS", {"grpc": OpenedGrpc, "zmq": OpenedZmq})
 
 
 @pytest.fixture(scope="module")
@@ -80,6 +92,7 @@ def remote(targets: list[str | None], shared_memory: bool = True) -> RemoteDataL
     return loader.no_worker_timeout(LIMIT_S).startup(min_workers=len(named))
 
 
+@pytest.mark.usefixtures("data_sockets_opened")
 @pytest.mark.parametrize("kind", list(TAMPERS))
 def test_a_tampered_worker_is_quarantined_and_never_yields_a_batch(
     tmp_path: Path, good: WorkerProcess, kind: str
@@ -89,11 +102,15 @@ def test_a_tampered_worker_is_quarantined_and_never_yields_a_batch(
     with tampered(tmp_path, kind) as bad:
         for transport, shared_memory, alone in TRANSPORTS:
             bad_target, good_target = getattr(bad, transport), getattr(good, transport)
+            on_data_socket = f'"transport": "{transport}", "sent": '
+            sent = bad.output().count(on_data_socket)
             # Beside a good worker: step 0 goes to the tampered one first.
             with remote([bad_target, good_target], shared_memory).build() as loader:
                 assert loader.targets == [bad_target, good_target]
                 assert digests(loader) == expected
                 quarantined = loader.stats().workers[bad_target].quarantined
+            if not shared_memory:  # its tampered reply went on the data socket
+                bad.wait_for_output(f"{on_data_socket}{sent + 1}}}")
             assert quarantined is not None
             assert re.match(
                 f"DATA_LOSS: {re.escape(bad_target)} sent a bad reply to step \\d+: {difference}",
