@@ -24,6 +24,7 @@ from test_zmq_data import (
     PLAN,
     TOKEN,
     WAIT_S,
+    WaitsForDataSocket,
     expected,
     handshake_request,
     killed_while_streaming,
@@ -88,16 +89,8 @@ def batch_request(fingerprint: str, step: int, rows: list[int] | None = None) ->
     )
 
 
-class OpenedGrpc(GrpcTransport):
-    """A transport whose handshake returns once the data socket it offers is open (or given
-    up), so that the batches asked for next may come there."""
-
-    def handshake(
-        self, request: wire.HandshakeRequest, timeout: float = WAIT_S
-    ) -> wire.HandshakeResponse:
-        response = super().handshake(request, timeout)
-        self.data_socket_open(timeout)
-        return response
+class OpenedGrpc(WaitsForDataSocket, GrpcTransport):
+    pass
 
 
 def transport_to(address: str, **options: Any) -> GrpcTransport:

@@ -73,16 +73,20 @@ def sent_on_data_sockets(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     return sent
 
 
-class OpenedZmq(ZmqTransport):
-    """A transport whose handshake returns once the data socket it offers is open (or given
-    up), so that the batches asked for next come there."""
+class WaitsForDataSocket:
+    """Before a transport's class: its handshake returns once the data socket it offers is open
+    (or given up), so that the batches asked for next come there (it opens in the background)."""
 
     def handshake(
         self, request: wire.HandshakeRequest, timeout: float = WAIT_S
     ) -> wire.HandshakeResponse:
-        response = super().handshake(request, timeout)
-        self.data_socket_open(timeout)
+        response: wire.HandshakeResponse = super().handshake(request, timeout)  # type: ignore[misc]
+        self.data_socket_open(timeout)  # type: ignore[attr-defined]
         return response
+
+
+class OpenedZmq(WaitsForDataSocket, ZmqTransport):
+    pass
 
 
 def handshake_request() -> wire.HandshakeRequest:
