@@ -45,12 +45,13 @@ def main() -> None:
     parser.add_argument("--benchmarks", type=Path, default=BENCHMARKS)
     args = parser.parse_args()
     if args.data_socket_from is not None:
-        from loadax.client.transports import grpc as grpc_transport
+        from loadax.client import transports
+        from loadax.client.transports.grpc import GrpcTransport
 
-        transport = grpc_transport.GrpcTransport
-        transport.__init__ = functools.partialmethod(  # type: ignore[method-assign]
-            transport.__init__, data_socket_from_bytes=args.data_socket_from
-        )
+        transports.TRANSPORTS = {
+            **transports.TRANSPORTS,
+            "grpc": functools.partial(GrpcTransport, data_socket_from_bytes=args.data_socket_from),
+        }
     with tempfile.TemporaryDirectory(prefix="loadax-r2-sockets-") as directory:
         config = Path(directory) / "worker.toml"
         config.write_text(_config(args))
