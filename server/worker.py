@@ -43,9 +43,10 @@ from loadax.server.share_cache import DEFAULT_SHARE, ShareCache
 from loadax.validation import is_int, require_int, require_positive
 from loadax.wire.codec import encode_frames
 from loadax.wire.failures import RecordFailed
-from loadax.wire.payloads import EncodedBatch
+from loadax.wire.payloads import EncodedBatch, answer_checksum
 from loadax.wire.plans import compatible_versions, plan_from_wire, work_from_wire
 from loadax.wire.shared_memory import ClientFile
+from loadax.wire.stacked_payload import PooledPayload, StackedPayload
 from loadax.wire.v1 import worker_pb2 as wire
 
 log = logging.getLogger(__name__)
@@ -213,7 +214,8 @@ class Worker:
         """Identity check, the work from the wire, admission (the memory budget), loading; the
         answer's header names the request and carries the payload's checksum (unless not
         `checksummed`: then whoever sends it computes it, `EncodedBatch.checksum`); stacked `into`
-        its client's memory file if given, where it can be (`EncodedBatch.borrowed`). A batch of
+        its client's memory file if given, where it can be (`EncodedBatch.borrowed`), else in
+        this process, with XXH3 in chunks hashed as it is stacked (`PooledPayload`). A batch of
         more than `max_reply_bytes` (what the transport's reply may hold; None: no limit) or than
         the memory budget is refused (INVALID_ARGUMENT), before it is built when its size is
         known from the bytes per row seen."""
@@ -242,9 +244,13 @@ class Worker:
         if (estimate := self._budget.estimate(kind)) > limit:
             raise too_large(work, estimate, room)
         release = self._budget.reserve(kind, work)
+        # Else in this process, each chunk hashed by the loading thread that stacks it.
+        stack = into or PooledPayload(answer_checksum(request), max_reply_bytes)
         try:
-            frames = self._load(request, plan, work, into)
-            batch = EncodedBatch.answering(request, expected, frames, checksummed=checksummed)
+            frames = self._load(request, plan, work, stack)
+            batch = EncodedBatch.answering(request, expected, frames, checksummed=False)
+            if checksummed:
+                batch = dataclasses.replace(batch, checksum=stack.checksum(frames))
             batch = dataclasses.replace(batch, borrowed=into is not None and into.holds(frames))
             self._budget.learn(kind, batch.size)
             if batch.size > limit:
@@ -302,9 +308,9 @@ class Worker:
             executor.release(wait=not wedged)
 
     def _load(
-        self, request: wire.BatchRequest, plan: Plan, work: Work, into: ClientFile | None
+        self, request: wire.BatchRequest, plan: Plan, work: Work, into: StackedPayload
     ) -> list[bytes | memoryview]:
-        """The frames of the batch `work` makes (stacked `into` that file by loading threads;
+        """The frames of the batch `work` makes (stacked `into` that payload by loading threads;
         children encode theirs): a failure is a `WorkerError` naming `work`, a `RecordFailed`
         naming the record when one failed, `PoisonFailed` when the work killed its child process
         or ran past the deadline."""

@@ -82,7 +82,8 @@ def test_chunks_are_hashed_by_the_threads_that_stack_them_and_sum_as_sent(
     pipeline: loadax.Pipeline[Any, Any], hashed_by_loaders: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # A batch whose parts do not stack alike (mixed dtypes) is stacked again elsewhere and
-    # copied in: the chunks hashed as its first part was stacked are not the payload's.
+    # copied in: the chunks hashed as its first part was stacked are not the payload's. A batch
+    # sent over a socket is stacked and hashed alike, in the worker's memory (`PooledPayload`).
     threads: list[str] = []
     digest = checksum._xxh3_digest
     monkeypatch.setattr(
@@ -97,7 +98,11 @@ def test_chunks_are_hashed_by_the_threads_that_stack_them_and_sum_as_sent(
         request = batch_request("p", fingerprint, Plan(8, 4), StepWork(1))
         assert request.checksum == wire.CHECKSUM_XXH3_CHUNKS
         request.shared_memory.CopyFrom(file.wire)
-        sent = worker.load_batch(request)  # checksummed over its frames, as a socket sends it
+        threads.clear()
+        sent = worker.load_batch(request)  # in the worker's memory, as a socket sends it
+        assert sent.checksum == checksum.payload_checksum([sent.payload], request.checksum)
+        if hashed_by_loaders:
+            assert sum(name.startswith("loadax") for name in threads) >= 3
         threads.clear()
         same_host = SameHost(enabled=True)
         with same_host.file(request) as into:

@@ -33,7 +33,7 @@ batches of hundreds of MiB does not hold them."""
 _LEAF_BUFFERS = BufferPool(spare=2, spare_bytes=SPARE_LEAF_BYTES)  # one per large leaf, say
 
 
-def _empty_leaf(shape: tuple[int, ...], dtype: np.dtype[Any]) -> np.ndarray[Any, Any]:
+def empty_leaf(shape: tuple[int, ...], dtype: np.dtype[Any]) -> np.ndarray[Any, Any]:
     """An uninitialised array for a stacked leaf: from `_LEAF_BUFFERS` from `POOLED_FROM_BYTES`
     (not for Python objects, which numpy keeps only in arrays of its own)."""
     count = math.prod(shape)
@@ -44,7 +44,7 @@ def _empty_leaf(shape: tuple[int, ...], dtype: np.dtype[Any]) -> np.ndarray[Any,
 
 
 def _stacked(column: list[Any]) -> np.ndarray[Any, Any]:
-    """`np.stack(column)`, into `_empty_leaf` when the leaves are arrays that fill one."""
+    """`np.stack(column)`, into `empty_leaf` when the leaves are arrays that fill one."""
     first = column[0]
     if isinstance(first, bytes | str):
         _refuse_trailing_nuls(column)
@@ -53,7 +53,7 @@ def _stacked(column: list[Any]) -> np.ndarray[Any, Any]:
     ):
         return np.stack(column)
     dtype = np.result_type(*{leaf.dtype for leaf in column})
-    return np.stack(column, out=_empty_leaf((len(column), *first.shape), dtype))
+    return np.stack(column, out=empty_leaf((len(column), *first.shape), dtype))
 
 
 def _refuse_trailing_nuls(column: list[Any]) -> None:
@@ -237,7 +237,7 @@ class SharedStack:
                 stacked = [((rows, *shape), dtype) for shape, dtype in kinds]
                 given = None if self._into is None else self._into.leaves(structure, stacked)
                 self._given = None if given is None else self._into
-                self._leaves = given or [_empty_leaf(*kind) for kind in stacked]
+                self._leaves = given or [empty_leaf(*kind) for kind in stacked]
             elif self._layout != (structure, kinds):
                 self._mixed = True
             if self._mixed:

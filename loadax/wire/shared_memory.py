@@ -9,14 +9,15 @@ through `/proc/<pid>/fd/<fd>`, checks that it is the memfd of that name (a descr
 reused is never taken for it), and maps it (`ClientFile`): the loading threads stack the batch
 straight into it, at the places its encoding gives the arrays, so that its bytes are written
 once, and hash each chunk of the payload they complete while it is in their cache (for XXH3 in
-chunks, `loadax.wire.checksum.ChunkDigests`); then the payload's other bytes (its header, the
-padding) are written and the rest is checksummed. A batch made elsewhere (by a child process,
-or for another request) is copied in whole: written (`pwrite`) into a file the worker has not
-used lately, whose pages a mapping would have zeroed first, else copied into its mapping. The
-worker then closes the file, but keeps its mapping for the next batches it carries (`Mappings`),
-for `KEPT_FOR_S` after its last use. A memfd has no name in any file system, so nothing is left
-behind when either process ends, however it ends (kill -9 included): its memory goes with the
-last descriptor and mapping, the worker's within `KEPT_FOR_S`.
+chunks: `loadax.wire.stacked_payload`, as a batch for a socket is stacked in the worker); then
+the payload's other bytes (its header, the padding) are written and the rest is checksummed.
+A batch made elsewhere (by a child process, or for another request) is copied in whole: written
+(`pwrite`) into a file the worker has not used lately, whose pages a mapping would have zeroed
+first, else copied into its mapping. The worker then closes the file, but keeps its mapping for
+the next batches it carries (`Mappings`), for `KEPT_FOR_S` after its last use. A memfd has no
+name in any file system, so nothing is left behind when either process ends, however it ends
+(kill -9 included): its memory goes with the last descriptor and mapping, the worker's within
+`KEPT_FOR_S`.
 
 Same host, and allowed: the client's handshake carries its host's boot id (`host_id`) and a file
 to open (`wire.HandshakeRequest.probe`); the worker answers `shared_memory` when both match and
@@ -28,7 +29,6 @@ from __future__ import annotations
 
 import dataclasses
 import fcntl
-import itertools
 import mmap
 import os
 import re
@@ -41,16 +41,13 @@ from typing import Any
 
 import numpy as np
 
-from loadax.collate.batcher import LeafKinds
 from loadax.wire.checksum import ChunkDigests, Hasher, new_hasher
-from loadax.wire.codec import Blank, CodecError, layout
 from loadax.wire.limits import MAX_BATCH_BYTES
+from loadax.wire.stacked_payload import PIECE_BYTES, StackedPayload
 from loadax.wire.v1 import worker_pb2 as wire
 
 PREFIX = "loadax-"
 """How the name of every memory file of loadax starts."""
-PIECE_BYTES = 1 << 20
-"""A payload is copied in pieces of at most this many bytes, each hashed just before."""
 _NAME = re.compile(r"[0-9a-f]{16,64}")
 _BOOT_ID = Path("/proc/sys/kernel/random/boot_id")
 
@@ -219,13 +216,12 @@ def _identity(status: os.stat_result) -> tuple[int, int]:
     return (status.st_dev, status.st_ino)
 
 
-class ClientFile:
+class ClientFile(StackedPayload):
     """The memory file `memory` names, open for one request (`close` it) and mapped through
     `mappings` (by default, kept for this request alone): a batch may be stacked into it
-    (`leaves` and `stacked`, a `loadax.collate.batcher.StackInto`), and the payload is `write`n
-    into it, of at most `max_bytes`. With `checksum` XXH3 in chunks (the kind the request's
-    reply carries), the chunks that stacking completes are hashed as they are. A
-    `SharedMemoryError` if it cannot be opened."""
+    (a `StackedPayload`, its chunks hashed as stacked with `checksum` XXH3 in chunks, the kind
+    the request's reply carries), and the payload is `write`n into it, of at most `max_bytes`.
+    A `SharedMemoryError` if it cannot be opened."""
 
     def __init__(
         self,
@@ -234,50 +230,11 @@ class ClientFile:
         mappings: Mappings | None = None,
         checksum: int = wire.CHECKSUM_WEIGHTED_SUM,
     ) -> None:
+        super().__init__(max_bytes, checksum)
         self.name = f"{PREFIX}{memory.name}"
         self._memory = memory
         self._fd = open_client_file(memory)
-        self._max_bytes = max_bytes
         self._mappings = mappings or Mappings(kept=0)
-        self._checksum = checksum
-        self._data: np.ndarray[Any, np.dtype[np.uint8]] | None = None
-        self._start = 0  # the address of `_data`
-        # Of a batch stacked here: each leaf's start and bytes per row; the chunks hashed.
-        self._rows: list[tuple[int, int]] = []
-        self._chunks: ChunkDigests | None = None
-
-    def leaves(self, structure: Any, kinds: LeafKinds) -> list[np.ndarray[Any, Any]] | None:
-        """Arrays in the file at the places the encoding of a batch of `structure` with leaves
-        of `kinds` gives them (`loadax.wire.codec.layout`), the file grown to the payload's size
-        if it is shorter; None (stack it elsewhere) if the codec cannot encode such a batch (it
-        says why when it is encoded), it is over `max_bytes`, or the file cannot be mapped."""
-        try:
-            starts, size = layout(structure.unflatten([Blank(*kind) for kind in kinds]))
-        except CodecError:
-            return None
-        if size > self._max_bytes:
-            return None
-        try:
-            data = self._mapped(size)
-        except OSError:
-            return None
-        self._rows = [
-            (start, Blank(shape[1:], dtype).nbytes)
-            for start, (shape, dtype) in zip(starts, kinds, strict=True)
-        ]
-        if self._checksum == wire.CHECKSUM_XXH3_CHUNKS:
-            self._chunks = ChunkDigests(data, size)
-        return [
-            data[start : start + Blank(*kind).nbytes].view(kind[1]).reshape(kind[0])
-            for start, kind in zip(starts, kinds, strict=True)
-        ]
-
-    def stacked(self, leaf: int, start: int, stop: int) -> None:
-        """Rows `start` to `stop` of leaf `leaf` of `leaves` are final (each row is declared
-        once): hash the chunks of the payload that completes."""
-        if self._chunks is not None:
-            at, row = self._rows[leaf]
-            self._chunks.written(at + start * row, at + stop * row)
 
     def write(
         self, frames: Sequence[bytes | memoryview], checksum: int | None = None
@@ -290,41 +247,22 @@ class ClientFile:
         checksum. A file used here for the first time lately (`Mappings.first_use`) is not
         mapped: each piece is written with `pwrite`. A `SharedMemoryError` if it cannot be
         written (e.g. its client is gone)."""
-        views = [memoryview(frame).cast("B") for frame in frames]
-        ends = list(itertools.accumulate(len(view) for view in views))
-        size = ends[-1] if ends else 0
+        placed = self._placed(frames)
         if self._data is None and self._mappings.first_use(self._memory, self._fd):
-            return size, self._pwritten(views, checksum)
-        starts = [0, *ends[:-1]]
-        places = [self._where(view) for view in views]
-        # A frame in the file at another place (a view of a batch stacked here, encoded again)
-        # is copied out first: the copies before it could overwrite it.
-        views = [
-            view if place in (None, start) else memoryview(bytes(view))
-            for view, place, start in zip(views, places, starts, strict=True)
-        ]
+            return placed.size, self._pwritten(placed.views, checksum)
         try:
-            data = self._mapped(size)
+            data = self._mapped(placed.size)
         except OSError as error:
             raise SharedMemoryError(f"cannot write {self.name}: {error.strerror}") from None
         hasher: Hasher | None = None
-        chunks = self._stacked_chunks(places, starts, size)
+        chunks = self._stacked_chunks(placed)
         if checksum == wire.CHECKSUM_XXH3_CHUNKS:
-            chunks = chunks or ChunkDigests(data, size)
+            chunks = chunks or ChunkDigests(data, placed.size)
         else:
             hasher, chunks = None if checksum is None else new_hasher(checksum), None
+        self._copy(placed, data, hasher, chunks)
         summed = hasher or chunks
-        for view, place, start in zip(views, places, starts, strict=True):
-            for offset in range(0, len(view), PIECE_BYTES):
-                piece = view[offset : offset + PIECE_BYTES]
-                if hasher is not None:
-                    hasher.update(piece)
-                if place != start:
-                    at = start + offset
-                    data[at : at + len(piece)] = np.frombuffer(piece, np.uint8)
-                    if chunks is not None:
-                        chunks.written(at, at + len(piece))
-        return size, None if summed is None else summed.value()
+        return placed.size, None if summed is None else summed.value()
 
     def _pwritten(self, views: list[memoryview], checksum: int | None) -> int | None:
         """Write `views` one after another from the file's start with `pwrite`, each piece of at
@@ -344,35 +282,8 @@ class ClientFile:
             raise SharedMemoryError(f"cannot write {self.name}: {error.strerror}") from None
         return None if hasher is None else hasher.value()
 
-    def _stacked_chunks(
-        self, places: list[int | None], starts: list[int], size: int
-    ) -> ChunkDigests | None:
-        """The chunks hashed as the batch was stacked here, if the payload is that batch: of its
-        size, with every leaf in place (and nothing else), so that the bytes declared written
-        were the leaves' and the rest is what is copied in now."""
-        chunks, self._chunks = self._chunks, None
-        in_place = {start for place, start in zip(places, starts, strict=True) if place == start}
-        if chunks is None or chunks.size != size or in_place != {at for at, _ in self._rows}:
-            return None
-        return chunks
-
-    def holds(self, frames: Sequence[bytes | memoryview]) -> bool:
-        """Whether any of `frames` lies in the file (was stacked there by `leaves`)."""
-        return any(self._where(memoryview(frame).cast("B")) is not None for frame in frames)
-
-    def _mapped(self, size: int) -> np.ndarray[Any, np.dtype[np.uint8]]:
-        """The file's mapping, of at least `size` bytes."""
-        if self._data is None or len(self._data) < size:
-            self._data = self._mappings.mapped(self._memory, self._fd, size)
-            self._start = self._data.ctypes.data
-        return self._data
-
-    def _where(self, view: memoryview) -> int | None:
-        """Where in the file `view` lies, if it lies in its mapping."""
-        if not view or self._data is None:
-            return None
-        where: int = np.frombuffer(view, np.uint8).ctypes.data - self._start
-        return where if 0 <= where < len(self._data) else None
+    def _allocate(self, size: int) -> np.ndarray[Any, np.dtype[np.uint8]]:
+        return self._mappings.mapped(self._memory, self._fd, size)
 
     def close(self) -> None:
         """Close its descriptor; its mapping goes with the batch stacked into it, unless its
