@@ -15,15 +15,12 @@ one pass at a time owns the policy (`_passing`), the same code on either thread.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import functools
 import itertools
 import logging
-import queue
 import threading
 import time
-from collections import deque
 from collections.abc import Callable, Iterable
 from concurrent.futures import CancelledError, Future
 from typing import Any
@@ -53,6 +50,7 @@ from loadax.client.fleet_events import (
 )
 from loadax.client.fleet_options import FleetOptions
 from loadax.client.fleet_watch import FleetWatch, is_local
+from loadax.client.inbox import Inbox
 from loadax.client.member import Member
 from loadax.client.policy import Policy
 from loadax.client.recorded import Recorded
@@ -105,9 +103,7 @@ class Driver:
         )
         self._closed = False
         self._record = record
-        # Every item, in the order it came; a token in `_wakeups` wakes the driver's thread.
-        self._inbox: deque[Any] = deque()
-        self._wakeups: queue.SimpleQueue[None] = queue.SimpleQueue()
+        self._inbox = Inbox()
         self._stopping = False
         self._admits = True  # whether the policy admits a request now (read without a lock)
         # Held by the pass that owns the policy, on the driver's thread or an answering one.
@@ -139,9 +135,9 @@ class Driver:
         for; cancelling it withdraws the request."""
         batch: Future[Any] = Future()
         request = next(self._ids)
-        self._inbox.append(_Submitted(request, step, make, batch))
-        if self._admits:  # else it waits for an answer or a deadline, which wake the driver
-            self._wakeups.put(None)
+        submitted = _Submitted(request, step, make, batch)
+        # Unless admitted, it waits for an answer or a deadline, which wake the driver.
+        (self._inbox.post if self._admits else self._inbox.put)(submitted)
         batch.add_done_callback(functools.partial(self._withdrawn, request))
         return batch
 
@@ -168,18 +164,18 @@ class Driver:
 
     def local_cores(self, cores: int, usable: int) -> None:
         """The local members hold `cores` of this host's `usable` ones (`client.host_cores`)."""
-        self._post(LocalCores(cores, usable))
+        self._inbox.post(LocalCores(cores, usable))
 
     def enlist(self, name: str) -> None:
         """Member `name` is in the fleet: the policy connects it when its aperture reaches it
         (through `connect`)."""
         if self._connectors is None:
             raise ValueError("this driver cannot connect members: it was made without connect")
-        self._post(Listed(name))
+        self._inbox.post(Listed(name))
 
     def _change(self, item: Member | Left) -> None:
         applied = threading.Event()
-        self._post(_Change(item, applied))
+        self._inbox.post(_Change(item, applied))
         while not applied.wait(0.1):
             if not self._thread.is_alive():
                 return  # closed: nothing to change
@@ -206,7 +202,7 @@ class Driver:
 
     def close(self) -> None:
         self._stopping = True
-        self._wakeups.put(None)
+        self._inbox.wake()
         if threading.current_thread() is not self._thread:
             self._thread.join()
 
@@ -215,13 +211,7 @@ class Driver:
     def _run(self) -> None:
         try:
             while True:
-                timeout = None
-                if self._asleep_until is not None:
-                    timeout = max(self._asleep_until - time.monotonic(), 0.0)
-                with contextlib.suppress(queue.Empty):
-                    self._wakeups.get(timeout=timeout)
-                    while True:  # one pass for every wake-up waiting
-                        self._wakeups.get_nowait()
+                self._inbox.wait(self._asleep_until)  # one pass for every wake-up waiting
                 if self._stopping:
                     return
                 with self._passing:
@@ -239,9 +229,7 @@ class Driver:
         came, and carry out what it decides; again while requests it would admit came meanwhile.
         The caller holds `_passing`."""
         while True:
-            items = []
-            while self._inbox:
-                items.append(self._inbox.popleft())
+            items = self._inbox.take()
             now = time.monotonic()
             events = [event for event in map(self._accept, items) if event is not None]
             if self._wake is not None and now >= self._wake:
@@ -335,10 +323,10 @@ class Driver:
             self._departed(action.member)
 
     def _joined(self, member: Member) -> None:
-        self._post(_Change(member, threading.Event()))
+        self._inbox.post(_Change(member, threading.Event()))
 
     def _unreached(self, name: str, error: str) -> None:
-        self._post(Unreachable(name, error))
+        self._inbox.post(Unreachable(name, error))
 
     def _send(self, action: Send) -> None:
         member = self._members[action.member]
@@ -346,7 +334,7 @@ class Driver:
         try:
             sent = member.transport.send(request)
         except Exception as error:  # e.g. closed as it was chosen: a failed attempt
-            self._post(
+            self._inbox.post(
                 Failed(
                     action.attempt,
                     WorkerError("UNAVAILABLE", f"{member.name} could not be asked: {error}"),
@@ -366,7 +354,7 @@ class Driver:
         except CancelledError:
             return  # the policy cancelled it
         except BaseException as error:
-            self._post(Failed(attempt, error))
+            self._inbox.post(Failed(attempt, error))
             return
         self._answers[attempt] = batch
         header = reply.result().header
@@ -374,32 +362,27 @@ class Driver:
         answered = Answered(attempt, header.load, header.loading_slots)
         # A local member's answer, on the thread that made it: applied here when nothing else
         # waits, so that the driver's thread is not woken to hand its batch over.
-        if not (is_local(member.name) and self._wakeups.empty() and self._passing.acquire(False)):
-            self._post(answered)
+        if not (is_local(member.name) and self._inbox.quiet() and self._passing.acquire(False)):
+            self._inbox.post(answered)
             return
         try:
             if self._closed:
                 return
-            self._inbox.append(answered)
+            self._inbox.put(answered)
             self._pass()
             wake, asleep_until = self._wake, self._asleep_until
             if wake is not None and (asleep_until is None or wake < asleep_until):
-                self._wakeups.put(None)  # a deadline before the driver's thread wakes
+                self._inbox.wake()  # a deadline before the driver's thread wakes
         except Exception:  # a bug: the driver stops, failing every request, as on its thread
             _log.exception("the fleet driver failed", extra=fields(event="driver_failed"))
             self._stopping = True
-            self._wakeups.put(None)
+            self._inbox.wake()
         finally:
             self._passing.release()
 
-    def _post(self, item: Any) -> None:
-        """`item` for the next pass, which it wakes the driver's thread for."""
-        self._inbox.append(item)
-        self._wakeups.put(None)
-
     def _withdrawn(self, request: int, batch: Future[Any]) -> None:
         if batch.cancelled():
-            self._post(Withdraw(request))
+            self._inbox.post(Withdraw(request))
 
     def _shut_down(self) -> None:
         self._closed = True
