@@ -6,11 +6,13 @@ that calls it, `_LocalTransport`), joined to the driver through the same door as
 worker. Its pipeline identity is computed by the code a worker's is (`loadax.identity`), and it
 joins only when that is the identity the remote fleet agreed on (or the pinned one): local
 members never vote. Each member makes its batches on an executor of its own (its threads, or
-one child process), started in the order they are asked for. Its batches are encoded and
-decoded as a worker's are, so that placement never changes a byte, but never checksummed: they
-are made and used in this process. The cores they hold
-are reported to the policy, which passes over a worker on this host while they hold them all
-(`loadax.client.host_cores`), unless `same_host="worker"`.
+one child process), started in the order they are asked for. A child process's batches are
+encoded as a worker's are; a thread member's are handed over as decoding their encoding would
+give them (`loadax.wire.decoded_form`), so that placement never changes a byte; neither is
+checksummed nor named by the request's digest: they are made and used in this process
+(`loadax.client.transports.reply.InProcess`). The cores they hold are reported to the policy,
+which passes over a worker on this host while they hold them all (`loadax.client.host_cores`),
+unless `same_host="worker"`.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from loadax.client.fleet_watch import LOCAL_PREFIX
 from loadax.client.identity import require
 from loadax.client.member import Identity, ask
 from loadax.client.spare_cores import spare_cores
-from loadax.client.transports.reply import Reply
+from loadax.client.transports.reply import InProcess, Reply
 from loadax.errors import RecordError, WorkerError
 from loadax.execution.executor import Executor, FuturePending, Pending
 from loadax.execution.heap import keep_freed_memory
@@ -41,11 +43,11 @@ from loadax.execution.threads import ThreadExecutor
 from loadax.factories import pipeline_from_config
 from loadax.identity.fingerprint import pipeline_fingerprint
 from loadax.identity.probes import probe_batches
-from loadax.wire.codec import encode_frames
+from loadax.wire.decoded_form import decoded_form
 from loadax.wire.failures import PipelineFailed, RecordFailed
 from loadax.wire.limits import DEFAULT_TIMEOUT_S
 from loadax.wire.payloads import EncodedBatch
-from loadax.wire.plans import plan_from_wire, request_digest, work_from_wire
+from loadax.wire.plans import plan_from_wire, work_from_wire
 from loadax.wire.v1 import worker_pb2 as wire
 
 KINDS = ("threads", "processes")
@@ -176,14 +178,22 @@ class LocalWorker:
         assert isinstance(making, FuturePending), "a member's executor hands out futures"
         return making
 
-    def answer(self, request: wire.BatchRequest, making: Pending[Any]) -> EncodedBatch:
-        """The answer to `request` once `making` (`start`) is made, without a checksum (0: it
-        is handed over in this process, `_LocalTransport`); the failure a worker would answer
-        when a record or the pipeline's code fails."""
+    def answer(self, request: wire.BatchRequest, making: Pending[Any], slots: int) -> Reply:
+        """The reply to `request` once `making` (`start`) is made, naming `slots` loading
+        slots: a thread member's batch as decoding its encoding would give it, a child
+        process's encoding, without a checksum (0) and with the request itself for its digest
+        (`InProcess`); the failure a worker would answer when a record or the pipeline's code
+        fails."""
         with _answered(request.step):
             made = making.result()
-        frames = [made] if self._pickled is not None else encode_frames(made)
-        return EncodedBatch(request.step, frames, self.fingerprint, request_digest(request))
+        if self._pickled is not None:
+            encoded = EncodedBatch(request.step, [made], self.fingerprint, loading_slots=slots)
+            return Reply(encoded.header, encoded.frames, encoded.checksum, InProcess(request))
+        handed = InProcess(request, handed_over=True, batch=decoded_form(made))
+        header = wire.BatchResponse(
+            step=request.step, fingerprint=self.fingerprint, loading_slots=slots
+        )
+        return Reply(header, (), 0, handed)
 
 
 @contextlib.contextmanager
@@ -208,9 +218,9 @@ class _LocalTransport:
     a batch's chunks is quick. Either thread of its own would be one more thread to wake per
     batch, on cores the executor's threads keep busy. A child process is started on a thread of
     its own (it starts at its first batch, the forkserver first, which would hold up every
-    other member's events on the driver's). Its batch's frames are views of arrays made in this
-    process and handed over in it: nothing could change them on the way, so they are not
-    checksummed (the reply's checksum is its header's); its other checks stand. Its replies
+    other member's events on the driver's). Its batch is made and used in this process:
+    nothing could change it on the way, so it is not checksummed, and a thread member's is
+    handed over without its encoding (`LocalWorker.answer`); its other checks stand. Its replies
     name its threads as its loading slots, so that the policy weighs it against workers by
     their slots (its load is this loader's alone)."""
 
@@ -263,12 +273,11 @@ class _LocalTransport:
         self, request: wire.BatchRequest, slots: int, reply: Future[Reply], making: Pending[Any]
     ) -> None:
         try:
-            answer = self._worker.answer(request, making)
+            answer = self._worker.answer(request, making, slots)
         except BaseException as error:  # anything else would leave the driver waiting
             _settle(reply, error)
             return
-        answer = dataclasses.replace(answer, loading_slots=slots)
-        _settle(reply, Reply(answer.header, answer.frames, answer.checksum))
+        _settle(reply, answer)
 
     def close(self) -> None:
         """Stop starting batches (the driver's call); `release` stops making them."""

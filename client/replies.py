@@ -7,6 +7,10 @@ the worker announced in its handshake (tree, dtypes, dimensions, and the rows as
 that fails is the worker's fault, not the caller's: a DATA_LOSS `WorkerError` naming the worker
 and what differed, which the dispatcher treats like any failed request (another worker is
 asked). A worker's failed record becomes the `loadax.RecordError` a local loader raises.
+
+A local member's reply (`InProcess`) names the request object it answered instead of its digest,
+and one of kind threads hands its batch over, not its encoding: its identity, request, schema
+and rows are checked, as a worker's are.
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ from collections.abc import Sequence
 from concurrent.futures import CancelledError, Future
 from typing import Any
 
-from loadax.client.transports.reply import Reply, bad_reply
+from loadax.client.transports.reply import InProcess, Reply, bad_reply
 from loadax.errors import RecordError, WorkerError
 from loadax.plan import Plan
 from loadax.wire.checksum import available, kind_name, payload_checksum
@@ -64,8 +68,10 @@ class ReplyDecoder:
             raise failure from failure.__cause__  # a RecordError keeps its cause
         if error is not None:
             raise error
-        header, payload, checksum = reply.result()
-        return self.decode(request, header, payload, checksum)
+        answer = reply.result()
+        if answer.local is None:
+            return self.decode(request, answer.header, answer.payload, answer.checksum)
+        return self._local(request, answer, answer.local)
 
     def decode(
         self,
@@ -79,14 +85,43 @@ class ReplyDecoder:
         keep alive. `checksum`: the payload's, of the kind the header names, if the transport
         computed it as the bytes came (else computed here). A check that fails is a DATA_LOSS
         `WorkerError` saying what differed."""
+        self._made_by(request, header)
+        if header.request_digest != request_digest(request):
+            raise self._another(request, header)
+        return self._fitted(request, self._decoded(request, header, payload, checksum))
+
+    def _local(self, request: wire.BatchRequest, reply: Reply, local: InProcess) -> Any:
+        """The batch of a local member's `reply` to `request`, checked as `decode` checks a
+        worker's, by the request object it answered instead of its digest; a batch handed over
+        is not decoded (`InProcess`)."""
+        self._made_by(request, reply.header)
+        if local.answers is not request:
+            raise self._another(request, reply.header)
+        if local.handed_over:
+            return self._fitted(request, local.batch)
+        batch = self._decoded(request, reply.header, reply.payload, reply.checksum)
+        return self._fitted(request, batch)
+
+    def _made_by(self, request: wire.BatchRequest, header: wire.BatchResponse) -> None:
+        """Refuse a reply whose `header` names another pipeline identity than `request`'s."""
         if header.fingerprint != request.fingerprint:
             raise self.refusal(
                 request,
                 f"it was made by pipeline identity {header.fingerprint[:12] or 'none'}, this "
                 f"client asked for {request.fingerprint[:12]}",
             )
-        if header.request_digest != request_digest(request):
-            raise self.refusal(request, f"it answers another request (of step {header.step})")
+
+    def _another(self, request: wire.BatchRequest, header: wire.BatchResponse) -> WorkerError:
+        return self.refusal(request, f"it answers another request (of step {header.step})")
+
+    def _decoded(
+        self,
+        request: wire.BatchRequest,
+        header: wire.BatchResponse,
+        payload: Sequence[Buffer],
+        checksum: int | None,
+    ) -> Any:
+        """The batch `payload` encodes, once its size and checksum are the header's."""
         size = sum(memoryview(frame).nbytes for frame in payload)
         if size != header.payload_size:
             raise self.refusal(
@@ -107,9 +142,12 @@ class ReplyDecoder:
                 f"{header.checksum:016x}",
             )
         try:
-            batch = decode_frames(payload)
+            return decode_frames(payload)
         except CodecError as error:
             raise self.refusal(request, f"its payload does not decode: {error}") from error
+
+    def _fitted(self, request: wire.BatchRequest, batch: Any) -> Any:
+        """`batch`, once it fits the schema of `request`'s identity and holds its rows."""
         schema = self._schemas.get((request.pipeline, request.fingerprint))
         if schema is not None:
             difference = schema_difference(batch, schema, self._rows(request))

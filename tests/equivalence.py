@@ -16,6 +16,7 @@ from workers import worker_process
 from loadax import Batcher, DataLoader, Loader
 from loadax.client import RemoteDataLoader
 from loadax.server.worker import Worker
+from loadax.wire.codec import decode_frames, encode_frames
 
 BATCH, SEED, EPOCHS = 8, 5, 2
 
@@ -31,6 +32,31 @@ def digests(batches: Iterable[Any]) -> list[str]:
             digest.update(np.ascontiguousarray(array).tobytes())
         result.append(digest.hexdigest())
     return result
+
+
+def forms(batches: Iterable[Any]) -> list[str]:
+    """One text per batch naming every node's type, each dict's keys in order, and each array's
+    dtype, shape, contiguity and bytes (a digest): stricter than `digests`, which reads the
+    leaves alone, so that a tree's structure and its Python leaves count too."""
+    return [_form(batch) for batch in batches]
+
+
+def through_codec(batches: Iterable[Any]) -> list[Any]:
+    """Each of `batches` as encoding and decoding it gives it back: a worker's reply's form."""
+    return [decode_frames(encode_frames(batch)) for batch in batches]
+
+
+def _form(node: Any) -> str:
+    kind = type(node).__name__
+    if isinstance(node, np.ndarray):
+        digest = hashlib.sha256(node.tobytes()).hexdigest()[:16]
+        contiguous = "C" if node.flags.c_contiguous else "strided"
+        return f"{kind}({node.dtype!r} {node.dtype.str} {node.shape} {contiguous} {digest})"
+    if isinstance(node, dict):
+        return f"{kind}{{{', '.join(f'{key!r}: {_form(value)}' for key, value in node.items())}}}"
+    if isinstance(node, list | tuple):
+        return f"{kind}({', '.join(_form(item) for item in node)})"
+    return f"{kind}({node!r})"
 
 
 def loader(dataset: Any) -> Loader[Any]:

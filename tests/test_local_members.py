@@ -18,17 +18,17 @@ from typing import Any
 import local_member_pipelines
 import numpy as np
 import pytest
-from equivalence import digests
+from equivalence import forms, through_codec
 from workers import pinned
 
 from loadax import Batcher, DataLoader, Pipeline, Plan, RangeDataset
 from loadax.client import RemoteDataLoader, remote_loader
 from loadax.client.local_members import LocalSpec, LocalWorker, _LocalTransport
+from loadax.client.replies import ReplyDecoder
 from loadax.client.spare_cores import LoopTuner
 from loadax.factories import ConfigError
 from loadax.plan.work import StepWork
 from loadax.server.worker import Worker
-from loadax.wire.codec import decode_frames
 from loadax.wire.plans import batch_request
 
 RECORDS, BATCH, SEED = 48, 4, 3
@@ -70,7 +70,14 @@ def builder(targets: list[Any]) -> RemoteDataLoader:
 
 @pytest.fixture(scope="module")
 def reference() -> list[str]:
-    return digests(local_batches())
+    """The local loader's batches in the form a worker's replies decode to."""
+    return forms(through_codec(local_batches()))
+
+
+def verified(request: Any, reply: Any) -> Any:
+    """The batch of a member's `reply` to `request`, as the driver takes it."""
+    reply.result(timeout=10)
+    return ReplyDecoder("local 0").verify(request, reply)
 
 
 @pytest.mark.parametrize("kind", ["threads", "processes"])
@@ -79,7 +86,7 @@ def test_workers_and_local_members_give_the_local_batches(kind: Any, reference: 
     pipeline = local_member_pipelines.noisy_records(RECORDS)
     with builder([worker]).local_members(2, pipeline=pipeline, kind=kind).build() as loader:
         assert loader.targets == ["in-process Worker", "local 0", "local 1"]
-        assert digests(loader) == reference
+        assert forms(loader) == reference
         served = loader.stats().workers
         assert served["local 0"].requests + served["local 1"].requests > 0
         assert sum(member.requests for member in served.values()) >= len(reference)
@@ -110,7 +117,7 @@ def test_local_members_alone_give_the_local_batches_while_no_worker_answers(
         loader = local.startup(timeout=5, give_up_after=0.2).build()
     with loader:
         assert loader.targets == members
-        assert digests(loader) == reference
+        assert forms(loader) == reference
     assert any("running from local members" in r.getMessage() for r in caplog.records)
 
 
@@ -133,11 +140,9 @@ def test_a_local_members_threads_go_on_to_the_next_batch_while_one_finishes() ->
     plan = Plan(num_records=8, batch_size=4)
     armed.set()
     try:
-        replies = [
-            transport.send(batch_request("p", worker.fingerprint, plan, StepWork(step)))
-            for step in (0, 1)
-        ]
-        batches = [decode_frames(reply.result(timeout=10).payload) for reply in replies]
+        requests = [batch_request("p", worker.fingerprint, plan, StepWork(step)) for step in (0, 1)]
+        replies = [transport.send(request) for request in requests]
+        batches = list(map(verified, requests, replies))
     finally:
         transport.close()
         transport.release()
@@ -158,9 +163,10 @@ def test_a_thread_members_batch_is_started_on_the_senders_thread() -> None:
     transport = _LocalTransport(worker, threads=2, name="local 0")
     plan = Plan(num_records=8, batch_size=4)
     try:
-        reply = transport.send(batch_request("p", worker.fingerprint, plan, StepWork(1)))
+        request = batch_request("p", worker.fingerprint, plan, StepWork(1))
+        reply = transport.send(request)
         assert started_on == [threading.current_thread()]
-        assert decode_frames(reply.result(timeout=10).payload).tolist() == [4, 5, 6, 7]
+        assert verified(request, reply).tolist() == [4, 5, 6, 7]
     finally:
         transport.close()
         transport.release()
@@ -186,9 +192,9 @@ def test_a_members_batch_is_answered_on_the_thread_that_made_it_then_let_go() ->
         return batch
 
     class Recorded(LocalWorker):
-        def answer(self, request: Any, making: Any) -> Any:
+        def answer(self, request: Any, making: Any, slots: int) -> Any:
             answered_on.append(threading.current_thread().name)
-            return super().answer(request, making)
+            return super().answer(request, making, slots)
 
     worker = Recorded("p", Pipeline(RangeDataset(0, 8).map(record), Batcher(collate)), None)
     transport = _LocalTransport(worker, threads=2, name="local 0")
@@ -197,11 +203,12 @@ def test_a_members_batch_is_answered_on_the_thread_that_made_it_then_let_go() ->
     gc.disable()
     try:
         try:
-            reply = transport.send(batch_request("p", worker.fingerprint, plan, StepWork(1)))
+            request = batch_request("p", worker.fingerprint, plan, StepWork(1))
+            reply = transport.send(request)
             sent.set()
-            batch = decode_frames(reply.result(timeout=10).payload)
+            batch = verified(request, reply)
             assert batch[:, 0].tolist() == [4, 5, 6, 7]
-            assert made[-1]() is not None  # its reply's frames are views of it
+            assert made[-1]() is batch  # handed over as it was made
             del reply, batch
         finally:
             transport.close()
@@ -215,7 +222,7 @@ def test_a_members_batch_is_answered_on_the_thread_that_made_it_then_let_go() ->
 def test_a_worker_alone_gives_the_local_batches(reference: list[str]) -> None:
     worker = Worker({"noisy": local_member_pipelines.noisy_records(RECORDS)}, threads=1)
     with builder([worker]).build() as loader:
-        assert digests(loader) == reference
+        assert forms(loader) == reference
     worker.close()
 
 
@@ -274,21 +281,21 @@ def test_the_loader_runs_from_local_members_while_the_fleet_is_down_and_returns(
             def train_until(event: str) -> int:
                 """Steps (1 ms of 'training' each) until `event` is logged."""
                 for step in itertools.count(1):
-                    assert digests([next(batches)]) == digests([next(expected)])
+                    assert forms([next(batches)]) == forms(through_codec([next(expected)]))
                     if any(getattr(r, "event", None) == event for r in caplog.records):
                         return step
                     time.sleep(0.001)
                 raise AssertionError("unreachable")
 
             for _ in range(20):
-                assert digests([next(batches)]) == digests([next(expected)])
+                assert forms([next(batches)]) == forms(through_codec([next(expected)]))
             fleet.running[0].process.kill()
             train_until("fleet_down")
             answered = loader.stats().workers[target].requests
             fleet.restart(0, served(records))
             train_until("fleet_back")
             for _ in range(20):
-                assert digests([next(batches)]) == digests([next(expected)])
+                assert forms([next(batches)]) == forms(through_codec([next(expected)]))
             assert loader.stats().workers[target].requests > answered
 
 
@@ -315,7 +322,7 @@ def test_auto_gives_its_cores_to_one_member_once_the_loop_is_measured(
         assert loader.stats().workers["local 0"].requests > 0
     worker.close()
     local = DataLoader(pipeline.batcher).batch_size(BATCH).shuffle(seed=SEED).workers(8)
-    assert digests(got) == digests(local.build(pipeline.dataset))
+    assert forms(got) == forms(through_codec(local.build(pipeline.dataset)))
     chosen = [r.getMessage() for r in caplog.records if r.getMessage().startswith("local members")]
     assert [message.split(" (")[0] for message in chosen] == [
         "local members' cores: 1",

@@ -44,8 +44,8 @@ def shared_reply(
 ) -> Reply:
     """The reply of a `STREAM_BATCH` call's `messages` whose request names the memory file of
     `lease`: its payload a view of that file (or, if the worker sent it, as `streamed_reply`)."""
-    header, payload, checksum = streamed_reply(messages, take)
-    return lease.reply(worker, header, payload, checksum, MAX_BATCH_BYTES)
+    reply = streamed_reply(messages, take)
+    return lease.reply(worker, reply.header, reply.payload, reply.checksum, MAX_BATCH_BYTES)
 
 
 def streamed_reply(messages: Iterator[bytes], take: Callable[[int], memoryview]) -> Reply:

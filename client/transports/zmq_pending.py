@@ -90,7 +90,7 @@ def shared_batch_reply(
     memory file) become its `Reply`: its payload a view of the file, if the worker wrote it."""
 
     def complete(frames: Frames, checksum: int | None) -> Reply:
-        header, payload, checksum = batch_reply(frames, checksum)
-        return lease.reply(worker, header, payload, checksum, max_bytes)
+        reply = batch_reply(frames, checksum)
+        return lease.reply(worker, reply.header, reply.payload, reply.checksum, max_bytes)
 
     return complete
