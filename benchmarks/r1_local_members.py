@@ -217,7 +217,8 @@ def main(argv: list[str] | None = None) -> int:
         "The worker is on the trainer's host (found at the handshake, as for shared memory) and "
         "its 2 cores: a batch it makes costs the host more CPU than a local member's (made in "
         "another process, written into the trainer's memory file and checksummed there and "
-        "here; a local member's is made and used in the trainer's process, not checksummed). "
+        "here; a local member's is made and used in the trainer's process: not checksummed, "
+        "and handed over without being encoded). "
         "So the local member takes both cores from the start and the worker is passed over: "
         "their fallback, used again if the loop's step slows or the member fails "
         "(`loadax.client.host_cores`).",
