@@ -5,8 +5,11 @@ local loader (2 threads) for comparison.
 
 After `--warmup` batches it measures the rest: GB/s, the client's and the workers' CPU seconds
 per GB (user + system, the workers' children included) and the client's minor page faults per
-GB; then the CPU per GB of a raw TCP send (`raw_send_cpu`), for issue 26's target of a worker:
-the local loader's CPU per GB plus 1.5 x that. With `--perf client|worker` it also records that
+GB; the loading threads' CPU and faults per GB (`/proc/PID/task/*/stat` of the workers, or of
+this process for the local loader: its 2 busiest threads each) beside the CPU of that process's
+other threads, so that a worker's and a local loader's record work compare directly; then the
+CPU per GB of a raw TCP send (`raw_send_cpu`), for issue 26's target of a worker: the local
+loader's CPU per GB plus 1.5 x that. With `--perf client|worker` it also records that
 process (the first worker) with `perf record -g` over the same span and prints the symbols that
 took the most of its samples (perf must be installed).
 
@@ -29,10 +32,10 @@ import subprocess
 import tempfile
 import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager, nullcontext
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import bench_pipelines
 import jax
@@ -43,6 +46,8 @@ import loadax
 from loadax.client import RemoteDataLoader
 
 PREFETCH = 4
+LOADING_THREADS = 2
+"""The threads that load records: the local loader's, and each worker's (`threads`)."""
 PIPELINES = {"R1": bench_pipelines.w2, "W3": bench_pipelines.w3}
 """The workloads that run a pipeline (the others send pre-built batches), by their factories."""
 TOP_SYMBOLS = 15
@@ -61,7 +66,7 @@ def config(directory: Path, name: str, batches: int, transport: str) -> Path:
     listen = 'grpc = "127.0.0.1:0"' if transport == "grpc" else 'zmq = "tcp://127.0.0.1:0"'
     path = directory / "worker.toml"
     # Replies are not kept (a profile measures making and moving batches).
-    server = f"[server]\n{listen}\nthreads = 2\nshare_cache_mb = 0\n"
+    server = f"[server]\n{listen}\nthreads = {LOADING_THREADS}\nshare_cache_mb = 0\n"
     path.write_text(f"{server}\n[pipelines.p]\n{pipeline}\n")
     return path
 
@@ -78,10 +83,44 @@ def r1_data() -> Path:
     return data("R1")
 
 
+def _stat_fields(path: Path) -> list[str]:
+    """The fields of a `/proc` stat file after the command's name (the process state first)."""
+    return path.read_text().rsplit(")", 1)[1].split()
+
+
 def process_cpu(pid: int) -> float:
     """CPU seconds of process `pid` and its waited-for children (user + system)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    fields = _stat_fields(Path(f"/proc/{pid}/stat"))
     return sum(int(field) for field in fields[11:15]) / os.sysconf("SC_CLK_TCK")
+
+
+def thread_usage(pid: int) -> dict[int, tuple[float, int]]:
+    """Each live thread of process `pid`: its CPU seconds (user + system) and minor faults."""
+    usage = {}
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            fields = _stat_fields(task / "stat")
+        except FileNotFoundError:  # the thread ended meanwhile
+            continue
+        cpu = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        usage[int(task.name)] = (cpu, int(fields[7]))
+    return usage
+
+
+def loading_share(
+    before: dict[int, tuple[float, int]], after: dict[int, tuple[float, int]], loading: int
+) -> tuple[float, float, int]:
+    """CPU seconds and minor faults of a process's `loading` busiest threads between two
+    `thread_usage` readings (on W3 and R1 its loading threads), and the CPU of its others."""
+    spent = sorted(
+        (
+            (cpu - before.get(tid, (0.0, 0))[0], faults - before.get(tid, (0.0, 0))[1])
+            for tid, (cpu, faults) in after.items()
+        ),
+        reverse=True,
+    )
+    busiest, others = spent[:loading], spent[loading:]
+    return sum(cpu for cpu, _ in busiest), sum(cpu for cpu, _ in others), sum(f for _, f in busiest)
 
 
 @contextmanager
@@ -133,29 +172,57 @@ def raw_send_cpu() -> float:
     return seconds / (RAW_SEND_TOTAL / 1e9)
 
 
+class Loader(Protocol):
+    """What `measure` reads: batches, and how many an iteration gives."""
+
+    def __len__(self) -> int: ...
+
+    def __iter__(self) -> Iterator[Any]: ...
+
+
 def measure(
-    batches: Iterable[Any], warmup: int, worker_pids: list[int], profiled: int | None, out: Path
+    batches: Loader, warmup: int, worker_pids: list[int], profiled: int | None, out: Path
 ) -> dict[str, float]:
     """GB/s, CPU s/GB of this process and of the `worker_pids` together, and this process's
-    faults/GB over `batches` after `warmup` of them; `profiled` is the process to record with
-    perf, if any."""
+    faults/GB over `batches` after `warmup` of them; the same span's CPU s/GB and faults/GB of
+    the loading threads (each loading process's `LOADING_THREADS` busiest: the workers', or
+    this process's for the local loader) and the CPU s/GB of that process's other threads;
+    `profiled` is the process to record with perf, if any."""
     iterator = iter(batches)
     for _ in range(warmup):
         next(iterator)
+    loading_pids = worker_pids or [os.getpid()]
     with perf(profiled, out) if profiled is not None else nullcontext():
         workers_before = sum(process_cpu(pid) for pid in worker_pids)
+        threads_before = [thread_usage(pid) for pid in loading_pids]
         before, started = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
-        received = sum(sum(leaf.nbytes for leaf in jax.tree.leaves(batch)) for batch in iterator)
+        # The last batch counted, not the end of the iterator: a local loader's threads end there.
+        received = sum(
+            sum(leaf.nbytes for leaf in jax.tree.leaves(next(iterator)))
+            for _ in range(len(batches) - warmup)
+        )
         seconds = time.perf_counter() - started
         after = resource.getrusage(resource.RUSAGE_SELF)
+        threads_after = [thread_usage(pid) for pid in loading_pids]
         worker_cpu = sum(process_cpu(pid) for pid in worker_pids) - workers_before
+    if next(iterator, None) is not None:
+        raise RuntimeError(f"more batches than the loader's length, {len(batches)}")
     gb = received / 1e9
     client_cpu = after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime
+    shares = [
+        loading_share(first, last, LOADING_THREADS)
+        for first, last in zip(threads_before, threads_after, strict=True)
+    ]
+    loading_cpu, other_cpu, loading_faults = (sum(column) for column in zip(*shares, strict=True))
     return {
         "GB/s": round(gb / seconds, 3),
         "client CPU s/GB": round(client_cpu / gb, 3),
         "worker CPU s/GB": round(worker_cpu / gb, 3),
         "client faults/GB": round((after.ru_minflt - before.ru_minflt) / gb),
+        "loading threads CPU s/GB": round(loading_cpu / gb, 3),
+        "loading threads faults/GB": round(loading_faults / gb),
+        "other threads CPU s/GB": round(other_cpu / gb, 3),
+        "threads": sum(len(usage) for usage in threads_after),
     }
 
 
@@ -187,7 +254,7 @@ def main() -> None:
             loader = (
                 loadax.DataLoader(pipeline.batcher)
                 .batch_size(batch_size)
-                .workers(2)
+                .workers(LOADING_THREADS)
                 .prefetch(PREFETCH)
                 .num_epochs(args.epochs)
                 .build(pipeline.dataset)
