@@ -19,7 +19,8 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
-from loadax.execution.heap import keep_freed_memory
+from loadax.execution.autotune import usable_cores
+from loadax.execution.heap import keep_freed_memory, loading_arenas
 from loadax.logfields import fields, of_record
 from loadax.server.check import check_report, security_lines
 from loadax.server.config import LOG_FORMATS, WorkerConfig, load_config
@@ -63,7 +64,8 @@ def main(argv: Sequence[str] | None = None) -> None:
             processes=args.processes,
         )
         _format_logs(logs, args.log_format or config.log_format)
-        keep_freed_memory()  # this process serves batches; see loadax.execution.heap
+        # This process serves batches; see loadax.execution.heap.
+        keep_freed_memory(loading_arenas(config.threads, usable_cores()))
         worker = Worker.from_config(config)
     except ConfigError as error:
         if args.json:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import doctest
 import subprocess
 import sys
 
@@ -41,3 +42,7 @@ def test_memory_freed_by_one_batch_serves_the_next_without_faulting_it_in_again(
     assert first > 2000
     assert max(later) < 100, later
     assert min(faults_per_round("default")[1:]) > 2000
+
+
+def test_a_loading_process_has_a_heap_per_loading_thread_that_can_run_at_once() -> None:
+    assert doctest.testmod(heap).failed == 0

@@ -28,6 +28,8 @@ from workers import worker_with_settings
 import loadax
 from loadax.dataset.ops import DatasetBase
 from loadax.errors import WorkerError
+from loadax.execution.autotune import usable_cores
+from loadax.execution.heap import loading_arenas
 from loadax.plan.permutation import IndexArray
 from loadax.plan.planner import Plan
 from loadax.server.worker import Worker
@@ -55,10 +57,13 @@ args = {{ records = {RECORDS}, floats = {FLOATS} }}
 """
 TRANSPORT_ALLOWANCE = CLIENTS * IN_FLIGHT * BATCH * FLOATS * 4
 """Replies the budget no longer counts but gRPC still holds: one per call in flight."""
-RSS_ALLOWANCE = 3 * MEMORY_BUDGET + TRANSPORT_ALLOWANCE + (32 << 20)
+HEAPS = loading_arenas(CLIENTS, usable_cores())
+"""The worker's C heaps: one per loading thread that can run at once, and the main one."""
+RSS_ALLOWANCE = 3 * MEMORY_BUDGET * HEAPS + TRANSPORT_ALLOWANCE + (32 << 20)
 """How far the worker's peak RSS may rise above its peak at start: three times the budget (a
-batch being built is its records, the collated batch and its encoding), the replies in transit,
-and 32 MiB for allocator slack and the handler threads' stacks."""
+batch being built is its records, the collated batch and its encoding) in each heap (each keeps
+its own peak: `loadax.execution.heap`), the replies in transit, and 32 MiB for allocator slack
+and the handler threads' stacks."""
 
 
 # --- the memory budget, in-process ------------------------------------------------------------
@@ -380,7 +385,7 @@ def test_sixteen_clients_get_correct_batches_and_the_worker_stays_within_its_mem
         f"completion times (s): {', '.join(f'{s:.2f}' for s in seconds)}\n"
         f"worker RSS: {at_start['VmHWM'] >> 10} MiB peak at start, {at_end['VmHWM'] >> 10} MiB "
         f"peak after the load (+{rise_kib >> 10} MiB; memory budget {MEMORY_BUDGET >> 20} MiB, "
-        f"allowance +{RSS_ALLOWANCE >> 20} MiB)"
+        f"{HEAPS} heaps, allowance +{RSS_ALLOWANCE >> 20} MiB)"
     )
     assert traffic.most > IN_FLIGHT * CLIENTS // 2, "the clients should load the worker at once"
     assert rise_kib * 1024 <= RSS_ALLOWANCE, (

@@ -26,12 +26,27 @@ TRIM_THRESHOLD = 256 << 20
 """How much free memory a heap keeps at its top before glibc gives it back. A thread's heap is at
 most 64 MiB, so the loading threads' heaps are never trimmed; the main heap is, above this."""
 ARENAS = 1
-"""The heaps the loading threads share: one, so that what one thread freed serves the next
-thread's batch, and the heap kept stays the peak of the batches loading at once. A heap per
-thread (glibc's default: up to 8 per core) would each keep its own peak: 16 clients on 16
-loading threads raised the worker's peak RSS by 62 MiB with a heap each, 15 MiB with one
-(`tests/test_load.py`), at the same CPU per GB (R1 over ZeroMQ: 0.94-1.03 s/GB against
-0.88-1.20 with the default)."""
+"""The heaps of a process that loads on one thread (a loader's child process): the main one."""
+
+
+def loading_arenas(threads: int, cores: int) -> int:
+    """The heaps of a process whose `threads` load records on `cores`: one for each loading
+    thread that can run at once, and the main heap for the other threads.
+
+    A loading thread then reuses the blocks it freed itself (likely still in its core's cache),
+    not blocks that another core wrote last: a W3 worker (FFTs of 1-2 MiB blocks) whose threads
+    all shared one heap spent 5-8 % more CPU on the same records (`benchmarks/PROFILES.md`). No more
+    heaps than cores: each keeps its own peak, and threads that take turns on the cores would
+    each keep one; 16 loading threads on 2 cores raised a worker's peak RSS by 59 MiB with a
+    heap each (glibc's default, up to 8 per core), 21 MiB with 3 and 13 MiB with one
+    (`tests/test_load.py`).
+
+    >>> loading_arenas(threads=4, cores=2), loading_arenas(threads=2, cores=64)
+    (3, 3)
+    """
+    return min(threads, cores) + 1
+
+
 _M_TRIM_THRESHOLD = -1
 _M_MMAP_THRESHOLD = -3
 _M_ARENA_MAX = -8
