@@ -108,19 +108,23 @@ def leaves(batch: Any) -> list[np.ndarray[Any, Any]]:
 
 def measure(trial: Trial, max_seconds: float) -> dict[str, Any]:
     """Time `trial` from creating its iterator to its last batch (or past `max_seconds`), with
-    this (the receiving) process's CPU time and minor page faults over that time."""
+    this (the receiving) process's CPU time and minor page faults over that time, and the time,
+    CPU and bytes up to the first batch (start-up: the rest is the steady state)."""
     before = resource.getrusage(resource.RUSAGE_SELF)
     elements = size = batches = largest = 0
     first_batch_s: float | None = None
+    first_batch_cpu_s, first_batch_bytes = 0.0, 0
     capped = False
     start = time.perf_counter()
     for batch in trial.batches():
         now = time.perf_counter() - start
         if first_batch_s is None:
             first_batch_s = now
+            first_batch_cpu_s = cpu_seconds(resource.getrusage(resource.RUSAGE_SELF))
         arrays = leaves(batch)
         elements += arrays[0].shape[0] if arrays[0].ndim else 1
         batch_bytes = sum(array.nbytes for array in arrays)
+        first_batch_bytes = first_batch_bytes or batch_bytes
         size += batch_bytes
         largest = max(largest, batch_bytes)
         batches += 1
@@ -141,6 +145,8 @@ def measure(trial: Trial, max_seconds: float) -> dict[str, Any]:
         "bytes_per_s": size / seconds,
         "first_batch_s": first_batch_s,
         "cpu_s": cpu_seconds(after) - cpu_seconds(before),
+        "first_batch_cpu_s": first_batch_cpu_s - cpu_seconds(before),
+        "first_batch_bytes": first_batch_bytes,
         "minor_faults": after.ru_minflt - before.ru_minflt,
         "capped": capped,
         "peak_rss_bytes": peak,

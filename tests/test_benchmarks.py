@@ -63,6 +63,8 @@ def test_suite_alternates_loadax_systems_and_writes_positive_records_and_a_table
         assert run["minor_faults"] >= 0
         assert run["peak_rss_bytes"] >= run["base_rss_bytes"] > 0
         assert run["first_batch_s"] <= run["seconds"]
+        assert 0 <= run["first_batch_cpu_s"] <= run["cpu_s"]
+        assert 0 < run["first_batch_bytes"] <= run["bytes"]
     remote = [run for run in runs if run["system"] in REMOTE]
     for run in remote:  # the bound is base + (prefetch + 2) batches
         extra_batches = run["extra"]["prefetch"] + 2
