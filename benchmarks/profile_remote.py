@@ -7,11 +7,11 @@ After `--warmup` batches it measures the rest: GB/s, the client's and the worker
 per GB (user + system, the workers' children included) and the client's minor page faults per
 GB; the loading threads' CPU and faults per GB (`/proc/PID/task/*/stat` of the workers, or of
 this process for the local loader: its 2 busiest threads each) beside the CPU of that process's
-other threads, so that a worker's and a local loader's record work compare directly; then the
-CPU per GB of a raw TCP send (`raw_send_cpu`), for issue 26's target of a worker: the local
-loader's CPU per GB plus 1.5 x that. With `--perf client|worker` it also records that
-process (the first worker) with `perf record -g` over the same span and prints the symbols that
-took the most of its samples (perf must be installed).
+other threads and its peak RSS, so that a worker's and a local loader's record work compare
+directly; then the CPU per GB of a raw TCP send (`raw_send_cpu`), for issue 26's target of a
+worker: the local loader's CPU per GB plus 1.5 x that. With `--perf client|worker` it also
+records that process (the first worker) with `perf record -g` over the same span and prints the
+symbols that took the most of its samples (perf must be installed).
 
     .venv/bin/python benchmarks/profile_remote.py T1 zmq --perf client
     .venv/bin/python benchmarks/profile_remote.py R1 zmq --perf worker
@@ -92,6 +92,14 @@ def process_cpu(pid: int) -> float:
     """CPU seconds of process `pid` and its waited-for children (user + system)."""
     fields = _stat_fields(Path(f"/proc/{pid}/stat"))
     return sum(int(field) for field in fields[11:15]) / os.sysconf("SC_CLK_TCK")
+
+
+def peak_rss_mib(pid: int) -> float:
+    """The peak resident memory of process `pid` so far (VmHWM), in MiB."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    raise RuntimeError(f"/proc/{pid}/status has no VmHWM")
 
 
 def thread_usage(pid: int) -> dict[int, tuple[float, int]]:
@@ -186,7 +194,8 @@ def measure(
     """GB/s, CPU s/GB of this process and of the `worker_pids` together, and this process's
     faults/GB over `batches` after `warmup` of them; the same span's CPU s/GB and faults/GB of
     the loading threads (each loading process's `LOADING_THREADS` busiest: the workers', or
-    this process's for the local loader) and the CPU s/GB of that process's other threads;
+    this process's for the local loader), the CPU s/GB of that process's other threads and its
+    peak RSS;
     `profiled` is the process to record with perf, if any."""
     iterator = iter(batches)
     for _ in range(warmup):
@@ -223,6 +232,7 @@ def measure(
         "loading threads faults/GB": round(loading_faults / gb),
         "other threads CPU s/GB": round(other_cpu / gb, 3),
         "threads": sum(len(usage) for usage in threads_after),
+        "loading peak RSS MiB": round(sum(peak_rss_mib(pid) for pid in loading_pids)),
     }
 
 
