@@ -25,6 +25,7 @@ from test_zmq_data import (
     TOKEN,
     WAIT_S,
     WaitsForDataSocket,
+    count_sends,
     expected,
     handshake_request,
     killed_while_streaming,
@@ -66,17 +67,7 @@ def worker() -> Iterator[Worker]:
 @pytest.fixture
 def sent_on_data_sockets(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """The ids (`BatchRequest.data_id`) of the replies that gRPC servers send on data sockets."""
-    sent: list[int] = []
-    send = GrpcDataPort.send
-
-    def counted(port: GrpcDataPort, request: wire.BatchRequest, batch: Any) -> bool:
-        taken = send(port, request, batch)
-        if taken:
-            sent.append(request.data_id)
-        return taken
-
-    monkeypatch.setattr(GrpcDataPort, "send", counted)
-    return sent
+    return count_sends(monkeypatch, GrpcDataPort, lambda request, batch: request.data_id)
 
 
 def server(worker: Worker, address: str = "127.0.0.1:0", **options: Any) -> GrpcServer:

@@ -57,20 +57,28 @@ def worker() -> Iterator[Worker]:
     worker.close()
 
 
+def count_sends(
+    monkeypatch: pytest.MonkeyPatch, port: type[Any], reply_id: Callable[..., int]
+) -> list[int]:
+    """The ids of the replies that every `port` (a worker's data port class) sends on a data
+    socket from now on, each the `reply_id` of its `send`'s arguments after the port."""
+    sent: list[int] = []
+    send = port.send
+
+    def counted(self: Any, *arguments: Any) -> bool:
+        taken: bool = send(self, *arguments)
+        if taken:
+            sent.append(reply_id(*arguments))
+        return taken
+
+    monkeypatch.setattr(port, "send", counted)
+    return sent
+
+
 @pytest.fixture
 def sent_on_data_sockets(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """The request ids of the replies every `DataPort` sends on a data socket."""
-    sent: list[int] = []
-    send = DataPort.send
-
-    def counted(port: DataPort, identity: bytes, request_id: int, batch: Any) -> bool:
-        taken = send(port, identity, request_id, batch)
-        if taken:
-            sent.append(request_id)
-        return taken
-
-    monkeypatch.setattr(DataPort, "send", counted)
-    return sent
+    return count_sends(monkeypatch, DataPort, lambda identity, request_id, batch: request_id)
 
 
 class WaitsForDataSocket:
