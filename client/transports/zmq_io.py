@@ -4,11 +4,14 @@ that serves every `ZmqTransport`'s sockets, however many workers it reaches.
 The thread waits on the sockets' file descriptors (`zmq.FD`) and on a wake-up pipe that callers
 write to when they hand a target work. A socket's descriptor only says that something may have
 changed: a target reads `zmq.EVENTS` last when served, and asks to be served again at once while
-it has more to read.
+it has more to read. A target whose serving raises is logged and let go (its sockets unwatched):
+the thread goes on serving the process's other transports, whose sockets and wake-up pipe it
+holds.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import selectors
 import threading
@@ -17,6 +20,8 @@ from typing import Protocol
 import zmq
 
 from loadax.client.transports.shared import Shared
+
+log = logging.getLogger(__name__)
 
 IO_THREADS = 2
 """The context's I/O threads: about one per GB/s a client receives, whatever its fleet."""
@@ -101,7 +106,7 @@ class ZmqIo:
                     self._woken = False
                     stopping = self._stopping
                 for target in ready:
-                    if target.serve():
+                    if self._served(target):
                         busy[target] = None
                 if stopping and not busy and len(self._selector.get_map()) == 1:
                     return
@@ -110,6 +115,18 @@ class ZmqIo:
             os.close(self._wake_in)
             os.close(self._wake_out)
             self.context.term()
+
+    def _served(self, target: Target) -> bool:
+        """Serve `target`: whether more is due at once. One that raises (a bug in it) is
+        logged and let go, its sockets unwatched, so that the others are served on."""
+        try:
+            return target.serve()
+        except Exception:
+            log.exception("the ZeroMQ I/O thread let go of %r: serving it failed", target)
+            for key in list(self._selector.get_map().values()):
+                if key.data is target:
+                    self._selector.unregister(key.fileobj)
+            return False
 
     def _drain_wake_ups(self) -> None:
         # Readable, so this does not block; a byte is written per wake-up, and `_woken` lets
