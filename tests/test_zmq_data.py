@@ -97,25 +97,30 @@ class OpenedZmq(WaitsForDataSocket, ZmqTransport):
     pass
 
 
-def handshake_request() -> wire.HandshakeRequest:
+def handshake_request(pipeline: str = "numbers", plan: loadax.Plan = PLAN) -> wire.HandshakeRequest:
     return wire.HandshakeRequest(
-        library_version=loadax.__version__, pipeline="numbers", plan=plan_to_wire(PLAN)
+        library_version=loadax.__version__, pipeline=pipeline, plan=plan_to_wire(plan)
     )
 
 
 def load(
-    endpoint: str, steps: list[int], **options: Any
+    endpoint: str,
+    steps: list[int],
+    pipeline: str = "numbers",
+    plan: loadax.Plan = PLAN,
+    **options: Any,
 ) -> tuple[wire.HandshakeResponse, list[Any]]:
     """The handshake with the worker at `endpoint` (from another host: no shared memory), and
-    the batches of `steps` (the last one's rows 1 and 3 only), verified."""
+    the batches of `pipeline` under `plan` of `steps` (the last one's rows 1 and 3 only),
+    verified."""
     with OpenedZmq(endpoint.replace("tcp://", "zmq://"), shared_memory=False, **options) as sent:
         target = Verifying(sent)
-        response = target.transport.handshake(handshake_request(), WAIT_S)
+        response = target.transport.handshake(handshake_request(pipeline, plan), WAIT_S)
         requests = [
             wire.BatchRequest(
-                pipeline="numbers",
+                pipeline=pipeline,
                 fingerprint=response.fingerprint,
-                plan=plan_to_wire(PLAN),
+                plan=plan_to_wire(plan),
                 step=step,
                 rows=[1, 3] if index == len(steps) - 1 else None,
             )
@@ -144,6 +149,38 @@ def test_batches_over_the_data_socket_are_the_local_loaders(
     assert len(response.data_nonce) == zmq_data.NONCE_BYTES
     assert len(sent_on_data_sockets) == len(steps)
     assert_batches_equal(batches, expected(steps))
+
+
+# Rows of an odd size (1.26 MiB), 4 a batch: the client receives a payload in pieces of 2 MiB,
+# wakes for at most 2 MiB of it and checksums it in chunks of 256 KiB, and none of them ends
+# where a row, another or the payload does.
+WIDE_ROW_BYTES = (1 << 20) + (1 << 18) + 12_345
+WIDE = loadax.Pipeline(
+    loadax.RangeDataset(0, 12).map(
+        lambda i: np.random.default_rng(i).integers(0, 256, WIDE_ROW_BYTES, dtype=np.uint8)
+    ),
+    loadax.Batcher(),
+)
+WIDE_PLAN = loadax.Plan(12, 4, seed=1, shuffle=True, num_epochs=1)
+
+
+def test_a_batch_of_many_pieces_comes_whole_over_the_data_socket(
+    sent_on_data_sockets: list[int],
+) -> None:
+    worker = Worker({"wide": WIDE})
+    server = ZmqServer(worker, "tcp://127.0.0.1:0")
+    steps = [0, 1, 2]
+    try:
+        _, batches = load(server.start(), steps, "wide", WIDE_PLAN)
+    finally:
+        server.stop(grace=WAIT_S)
+        worker.close()
+    assert len(sent_on_data_sockets) == len(steps)
+    assert_batches_equal(
+        batches,
+        [WIDE.load(WIDE_PLAN, step, [1, 3] if step == steps[-1] else None) for step in steps],
+    )
+    assert batches[0].nbytes == 4 * WIDE_ROW_BYTES
 
 
 @pytest.mark.parametrize("off", ["worker", "client", "curve"])
