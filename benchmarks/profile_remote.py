@@ -55,8 +55,11 @@ RAW_SEND_BYTES = 8 << 20
 RAW_SEND_TOTAL = 1 << 30
 
 
-def config(directory: Path, name: str, batches: int, transport: str) -> Path:
-    """A worker config serving `name`'s pipeline (R1, W3: their full-scale files, written once)."""
+def config(
+    directory: Path, name: str, batches: int, transport: str, threads: int = LOADING_THREADS
+) -> Path:
+    """A worker config serving `name`'s pipeline (R1, W3: their full-scale files, written once)
+    on `threads` loading threads."""
     if name in PIPELINES:
         factory = PIPELINES[name].__name__
         pipeline = f'factory = "bench_pipelines:{factory}"\nargs = {{ path = "{data(name)}" }}'
@@ -66,7 +69,7 @@ def config(directory: Path, name: str, batches: int, transport: str) -> Path:
     listen = 'grpc = "127.0.0.1:0"' if transport == "grpc" else 'zmq = "tcp://127.0.0.1:0"'
     path = directory / "worker.toml"
     # Replies are not kept (a profile measures making and moving batches).
-    server = f"[server]\n{listen}\nthreads = {LOADING_THREADS}\nshare_cache_mb = 0\n"
+    server = f"[server]\n{listen}\nthreads = {threads}\nshare_cache_mb = 0\n"
     path.write_text(f"{server}\n[pipelines.p]\n{pipeline}\n")
     return path
 

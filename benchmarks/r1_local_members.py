@@ -1,17 +1,21 @@
 """R1 with the trainer's own cores: W2's images (full scale) from the local loader (2 threads), from
-one `loadax-worker` on loopback (ZeroMQ, 2 threads), and from that worker with
-`local_members("auto")` beside it, in turn, each run in a process of its own, forward in one round
-and reversed in the next. A rate is steady state, as BENCHMARKS.md reports throughput: the images
-after the first batch / the wall time from the first batch to the last of one epoch; the time to the
-first batch (from creating the iterator) is reported beside it. The loader's build (the worker's
-handshake, the local members' identity) comes before both.
-The worker is on the trainer's host: while the local members hold every usable core it is passed
-over, their fallback (`loadax.client.host_cores`). After the timed rounds, one more pass of each
-hashes every batch (XXH3 of each array's bytes): the three must agree. Beside each rate, the CPU
-seconds the trainer's process and the worker spent on the epoch; of the mixed run, what "auto" chose
-when and the requests each member answered. The section goes into SIZING.md (and RESULTS.md's copy).
+one `loadax-worker` on loopback (ZeroMQ, `--worker-threads`, default 1: a sidecar that leaves the
+trainer one of this machine's 2 cores), and from that worker with `local_members("auto")` beside
+it, in turn, each run in a process of its own, forward in one round and reversed in the next. A
+rate is steady state, as BENCHMARKS.md reports throughput: the images after the first batch / the
+wall time from the first batch to the last of one epoch; the time to the first batch (from
+creating the iterator) is reported beside it. The loader's build (the worker's handshake, the local
+members' identity) comes before both.
+The worker is on the trainer's host: "auto" gives the local members the cores its loading threads
+leave and uses it beside them; a worker whose threads take every core shares the trainer's, and is
+passed over while the members hold them all, their fallback (`loadax.client.spare_cores`,
+`loadax.client.host_cores`). After the timed rounds, one more pass of each hashes every batch
+(XXH3 of each array's bytes): the three must agree. Beside each rate, the CPU seconds the
+trainer's process and the worker spent on the epoch; of the mixed run, what "auto" chose when and
+the requests each member answered. The section goes into SIZING.md (and RESULTS.md's copy).
 
     .venv/bin/python benchmarks/r1_local_members.py --rounds 3
+    .venv/bin/python benchmarks/r1_local_members.py --worker-threads 2 --out /tmp/r1.md
 """
 
 from __future__ import annotations
@@ -40,6 +44,7 @@ from r4_autoscale import SIZING
 
 from loadax import DataLoader
 from loadax.client import RemoteDataLoader, RemoteLoader
+from loadax.execution.autotune import usable_cores
 
 TITLE = "R1 with local members"
 BATCH, SEED = 64, 0
@@ -133,6 +138,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument(
+        "--worker-threads", type=int, default=1, help="the worker's loading threads (default 1)"
+    )
+    parser.add_argument(
         "--out", type=Path, default=SIZING, help="the section's file (SIZING.md: RESULTS.md too)"
     )
     parser.add_argument("--one", choices=SYSTEMS, help=argparse.SUPPRESS)
@@ -150,7 +158,8 @@ def main(argv: list[str] | None = None) -> int:
     members: dict[str, int] = {}
     chosen: list[str] = []
     folder = Path(tempfile.mkdtemp(prefix="loadax-r1-"))
-    with worker(config(folder, "R1", 0, "zmq"), "zmq") as served:
+    threads, cores = args.worker_threads, usable_cores()
+    with worker(config(folder, "R1", 0, "zmq", threads), "zmq") as served:
         for round_ in range(args.rounds):
             # Forward, then reversed: a run right after the remote one was slower (the cause is
             # not known; the worker's own CPU meanwhile is 0.03 s), and in one order the mixed
@@ -180,7 +189,7 @@ def main(argv: list[str] | None = None) -> int:
         f"{load:.1f} at the start, {os.getloadavg()[0]:.1f} at the end): W2 at full scale (4,096 "
         f"images, batch {BATCH}), one epoch per run, each in its own process, systems in turn "
         "within each round, forward then reversed (A B C, C B A); the worker "
-        "(ZeroMQ, 2 threads) on the same machine. Target: "
+        f"(ZeroMQ, {threads} thread{'s' if threads > 1 else ''}) on the same machine. Target: "
         "local members + 1 worker >= the better of local-only and remote-only, identical "
         "batches.",
         "",
@@ -209,19 +218,28 @@ def main(argv: list[str] | None = None) -> int:
         f'{", ".join(f"{ratio:.2f}" for ratio in paired)}. What "auto" chose in the last '
         f"mixed run: {', '.join(chosen) or 'nothing'} (cores of one local member, whose threads "
         "split each batch as a worker's do, go on to the next batch's records as the local "
-        "loader's do and answer a batch on the thread that finished it: every core from the "
-        "start when no worker on another host serves the loader, else one per 8 batches after "
+        "loader's do and answer a batch on the thread that finished it: every core that workers "
+        "on this host leave, from the start when no worker on another host serves the loader, "
+        "else one per 8 batches after "
         "a 4-batch baseline of the loop's own step; one given back when that step's median "
         "grows by more than 5 % of the whole step in two windows running).",
         "",
-        "The worker is on the trainer's host (found at the handshake, as for shared memory) and "
-        "its 2 cores: a batch it makes costs the host more CPU than a local member's (made in "
-        "another process, written into the trainer's memory file and checksummed there and "
-        "here; a local member's is made and used in the trainer's process: not checksummed, "
-        "and handed over without being encoded). "
-        "So the local member takes both cores from the start and the worker is passed over: "
-        "their fallback, used again if the loop's step slows or the member fails "
-        "(`loadax.client.host_cores`).",
+        "The worker is on the trainer's host (found at the handshake, as for shared memory): a "
+        "batch it makes costs the host more CPU than a local member's (made in another process, "
+        "written into the trainer's memory file and checksummed there and here; a local "
+        "member's is made and used in the trainer's process: not checksummed, and handed over "
+        "without being encoded), but under a Python lock of its own. "
+        + (
+            f"Its {threads} loading thread{'s' if threads > 1 else ''} leave"
+            f"{'' if threads > 1 else 's'} the trainer {cores - threads} of this machine's "
+            f"{cores} cores: the local member takes {'those' if cores - threads > 1 else 'that'}"
+            " and the worker is used beside it (`loadax.client.spare_cores`)."
+            if threads < cores
+            else f"Its {threads} loading threads take every one of this machine's {cores} "
+            "cores: it shares the trainer's, so the local member takes them all from the start "
+            "and the worker is passed over: their fallback, used again if the loop's step slows "
+            "or the member fails (`loadax.client.host_cores`)."
+        ),
     ]
     print("\n".join(lines))
     for path in (args.out, RESULTS) if args.out == SIZING else (args.out,):

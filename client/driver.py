@@ -158,6 +158,13 @@ class Driver:
         return bool(self._same_host)
 
     @property
+    def same_host_slots(self) -> int:
+        """The cores that workers on this host keep: their loading slots, while they answer
+        (`client.host_cores`, `client.spare_cores`)."""
+        with self._lock:
+            return self._policy.same_host_slots()
+
+    @property
     def off_host(self) -> bool:
         """Whether a worker on another host is connected (`client.spare_cores`)."""
         return any(not is_local(name) and name not in self._same_host for name in self.members)
@@ -281,7 +288,8 @@ class Driver:
             self._members[item.item.name] = item.item
             if item.item.same_host:
                 self._same_host.add(item.item.name)
-            return Joined(item.item.name, item.item.limit, item.item.same_host)
+            joined = item.item
+            return Joined(joined.name, joined.limit, joined.same_host, joined.slots)
         if isinstance(item, Answered | Failed):
             self._attempts.pop(item.attempt, None)
             answered = isinstance(item, Answered)

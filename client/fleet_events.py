@@ -58,11 +58,13 @@ class Tick:
 @dataclasses.dataclass(frozen=True, slots=True)
 class Joined:
     """Member `member` serves the loader's identity and takes `limit` requests at once (0: it
-    did not say); `same_host`: a worker on the trainer's host (found at the handshake)."""
+    did not say); `same_host`: a worker on the trainer's host (found at the handshake), which
+    loads `slots` batches at once (0: it did not say)."""
 
     member: str
     limit: int = 0
     same_host: bool = False
+    slots: int = 0
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

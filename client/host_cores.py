@@ -1,9 +1,13 @@
 """Who makes batches on the trainer's host: its local members, and workers on the same host (a
-worker whose handshake took the shared-memory probe, `loadax.wire.shared_memory`). Both use the
-host's cores, but a local member's batch costs the host the least CPU: made where it is used, it
-is not encoded for a socket or a memory file, copied or checksummed. So while the local members
-hold every usable core of the host and one of them can take requests, a same-host worker is
-passed over: sent no request the others can take, counted in no depth. It stays the fallback:
+worker whose handshake took the shared-memory probe, `loadax.wire.shared_memory`). A same-host
+worker keeps the cores it loads on (its loading slots, as its handshake said): "auto" gives the
+local members the others, while it answers (`kept`, `loadax.client.spare_cores`), and it is used
+beside them, as any worker. Workers whose slots take every core (or that did not say) share the
+trainer's cores instead, and a local member's batch costs the host the least CPU: made where it
+is used, it is not encoded for a socket or a memory file, copied or checksummed. So while the
+local members hold every usable core of the host and one of them can take requests, such a
+worker is passed over: sent no request the others can take, counted in no depth. It stays the
+fallback:
 used again as soon as the local members hold fewer cores (given back, e.g. for a slowed training
 loop) or none of them can take requests (failing, quarantined, gone), and for a request that no
 other member can take (its attempt there failed or hung). Not for a hedge: its bet that another
@@ -11,7 +15,7 @@ member is faster cannot pay on the cores the members are using, where it only sl
 
 Pure state, told by the policy what the local members hold (`LocalCores`, which
 `loadax.client.local_members` reports); which members are same-host workers is theirs to say
-(`MemberHealth.same_host`).
+(`MemberHealth.same_host`, with their `slots`).
 """
 
 from __future__ import annotations
@@ -50,6 +54,10 @@ class HostCores:
     >>> members["local 0"].down_until = 1.0  # backing off: the worker is the fallback
     >>> list(host.in_use(members, now=0.0))
     ['local 0', 'w']
+    >>> members["local 0"].down_until = 0.0
+    >>> members["w"] = MemberHealth("w", 2, FleetOptions(), same_host=True, slots=1)
+    >>> list(host.in_use(members, now=0.0))  # a core of its own: used beside the members
+    ['local 0', 'w']
     """
 
     cores: int = 0
@@ -60,7 +68,7 @@ class HostCores:
         same-host workers among `members` (connected) when they hold every core, or no more."""
         was = self.holds
         self.cores, self.usable = cores, usable
-        workers = sorted(name for name, member in members.items() if member.same_host)
+        workers = sorted(self._sharing(members))
         if not workers or was == self.holds:
             return []
         named, held = ", ".join(workers), f"local members hold {cores} of its {usable} cores"
@@ -86,7 +94,36 @@ class HostCores:
         )
         if not ready:
             return frozenset()
-        return frozenset(name for name, member in members.items() if member.same_host)
+        return self._sharing(members)
+
+    def _sharing(self, members: Mapping[str, MemberHealth]) -> frozenset[str]:
+        """The same-host workers among `members`, if they share the trainer's cores: their
+        loading slots take every usable core, or one did not say; else none (they keep cores of
+        their own, and the members hold the others)."""
+        workers = {name: member for name, member in members.items() if member.same_host}
+        slots = [member.slots for member in workers.values()]
+        if all(slots) and sum(slots) < self.usable:
+            return frozenset()
+        return frozenset(workers)
+
+    def kept(self, members: Mapping[str, MemberHealth]) -> int:
+        """The cores that the same-host workers among `members` keep: their loading slots (as
+        their handshakes said), but those of a worker whose last attempt failed or hung, until it
+        answers again (its cores go to the local members meanwhile, `loadax.client.spare_cores`).
+
+        >>> from loadax.client.fleet_options import FleetOptions
+        >>> members = {"w": MemberHealth("w", 2, FleetOptions(), same_host=True, slots=1)}
+        >>> HostCores().kept(members)
+        1
+        >>> members["w"].failing = True
+        >>> HostCores().kept(members)
+        0
+        """
+        return sum(
+            member.slots
+            for member in members.values()
+            if member.same_host and not member.failing and member.quarantined is None
+        )
 
     def in_use(self, members: Mapping[str, MemberHealth], now: float) -> Mapping[str, MemberHealth]:
         """`members` but those passed over: those the depth counts."""

@@ -44,8 +44,9 @@ class Identity:
 class Member:
     """A worker reached by `transport`, whose replies `replies` verifies against the schema of
     its handshake; the identity it serves (None: `refusal` says why it cannot serve), the
-    most requests it takes from this client at once (`limit`, 0: it did not say) and whether it
-    runs on this host (`same_host`: it took the handshake's shared-memory probe)."""
+    most requests it takes from this client at once (`limit`, 0: it did not say), whether it
+    runs on this host (`same_host`: it took the handshake's shared-memory probe) and the batches
+    it loads at once (`slots`, its threads; 0: it did not say)."""
 
     transport: Transport
     replies: ReplyDecoder
@@ -53,6 +54,7 @@ class Member:
     refusal: WorkerError | None = None
     limit: int = 0
     same_host: bool = False
+    slots: int = 0
 
     @classmethod
     def refused(cls, transport: Transport, refusal: WorkerError) -> Member:
@@ -92,4 +94,5 @@ def ask(transport: Transport, request: wire.HandshakeRequest, timeout: float) ->
         return Member(transport, replies, None, refusal)
     identity = Identity.of(response)
     limit, same_host = response.max_in_flight_per_client, response.shared_memory
-    return Member(transport, replies, identity, limit=limit, same_host=same_host)
+    slots = response.loading_slots
+    return Member(transport, replies, identity, limit=limit, same_host=same_host, slots=slots)

@@ -24,13 +24,19 @@ _STALE_AFTER = 10.0  # seconds without an answer after which a member's latency 
 class MemberHealth:
     """One member as the policy sees it: its attempts outstanding, recent latency, how many
     requests it takes now, and whether it is backing off or quarantined; `same_host`: a worker
-    on the trainer's host."""
+    on the trainer's host; `slots`: the batches it loads at once, as its handshake said (0: it
+    did not say; its replies say it again)."""
 
     def __init__(
-        self, name: str, announced: int, options: FleetOptions, same_host: bool = False
+        self,
+        name: str,
+        announced: int,
+        options: FleetOptions,
+        same_host: bool = False,
+        slots: int = 0,
     ) -> None:
         self.name, self.announced, self._options = name, announced, options
-        self.same_host = same_host
+        self.same_host, self.slots = same_host, slots
         self.limit = announced  # lowered by back-pressure, regrown by answers
         self.sent: dict[int, float] = {}  # attempt -> when
         self.latency: float | None = None  # EWMA of its answers, raised by abandoned attempts
@@ -48,7 +54,7 @@ class MemberHealth:
         self.counts = MemberCounts()
         self._sending = DecayingRate()  # this client's requests to it
         self._others = 0.0  # the other clients' load on it, as it last said
-        self._slots = 1
+        self._slots = max(slots, 1)
 
     def stats(self) -> WorkerStats:
         return self.counts.stats(self.quarantined)

@@ -147,6 +147,10 @@ class Policy:
             due = -math.inf
         return max(due, self._ticked_at + TICK, now)
 
+    def same_host_slots(self) -> int:
+        """The cores that workers on this host keep (`HostCores.kept`)."""
+        return self._host.kept(self._members)
+
     def member_stats(self) -> dict[str, WorkerStats]:
         return {name: member.stats() for name, member in self._members.items()}
 
@@ -334,7 +338,9 @@ class Policy:
         if not self._members:
             self._answered_at = now
         announced = event.limit or DEFAULT_LIMIT
-        self._members[name] = MemberHealth(name, announced, self.options, event.same_host)
+        self._members[name] = MemberHealth(
+            name, announced, self.options, event.same_host, event.slots
+        )
 
     def _unreached(self, event: Unreachable, now: float) -> None:
         """A connect failed: the member stays listed, tried again after a back-off."""

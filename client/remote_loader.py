@@ -24,7 +24,13 @@ from loadax.client.membership import DIAGNOSIS_S, Membership
 from loadax.client.names import Resolver, resolve_host
 from loadax.client.remote_executor import RemoteExecutor
 from loadax.client.security import ClientSecurity
-from loadax.client.spare_cores import LoopExecutor, LoopTuner, SpareCores, spare_cores
+from loadax.client.spare_cores import (
+    LoopExecutor,
+    LoopTuner,
+    SpareCores,
+    cores_left,
+    spare_cores,
+)
 from loadax.client.transports import TargetSpec, connect
 from loadax.client.transports.diagnosis import diagnose
 from loadax.client.transports.memory_files import MemoryFiles
@@ -114,7 +120,8 @@ class RemoteLoader(Loader[Any]):
                 else:  # "auto": every core at once unless a worker elsewhere can be measured
                     rule = SpareCores(spare_cores())
                     sidecar = local.same_host == "worker" and driver.same_host
-                    count = rule.start(elsewhere=driver.off_host or sidecar)
+                    left = cores_left(rule.ceiling, driver.same_host_slots)
+                    count = rule.start(elsewhere=driver.off_host or sidecar, left=left)
                 locals_ = LocalMembers(local, worker, pipeline, identity, handshake, driver, count)
             plan = options.plan(identity.num_records)
         except BaseException:
@@ -128,7 +135,10 @@ class RemoteLoader(Loader[Any]):
         # A worker on this host counts as the trainer's cores, unless it has cores of its own.
         counted = local is not None and local.same_host == "fallback"
         same_host = (lambda: driver.same_host) if counted else (lambda: False)
-        tuner = LoopTuner(self._demand, rule, same_host)
+        usable = 0 if rule is None else rule.ceiling
+        tuner = LoopTuner(
+            self._demand, rule, same_host, lambda: cores_left(usable, driver.same_host_slots)
+        )
         resize = locals_.resize if locals_ is not None else lambda count: None
 
         def executor() -> Executor[Any]:

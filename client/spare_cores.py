@@ -45,10 +45,10 @@ class SpareCores:
     again (one slowed window holds the count: it may be the machine's other work). A loop that
     mostly waits for batches can spare the cores its own step barely uses; one that never waits
     is held to 5 % of its own step. The cores come one a window, but all at once after the
-    baseline when a worker on this host served it (`same_host`): its cores are the trainer's,
-    and they made the loop's batches already (`loadax.client.host_cores` passes it over while
-    they hold them). With no worker on another host to make the baseline's batches, the members
-    hold every core from the start (`start`) and the baseline is measured with them.
+    baseline when a worker on this host served it (`same_host`): they made the loop's batches
+    already. With no worker on another host to make the baseline's batches, the members hold
+    every core from the start (`start`) and the baseline is measured with them. Workers on this
+    host keep the cores they load on (`left`, `cores_left`): the members get at most the others.
 
     >>> rule = SpareCores(ceiling=4)
     >>> rule.start(elsewhere=True)  # a worker on another host makes the baseline's batches
@@ -64,6 +64,11 @@ class SpareCores:
     >>> alone = SpareCores(ceiling=4)  # no worker elsewhere: every core, the baseline with them
     >>> alone.start(elsewhere=False), [alone.decide(own, step=own) for own in (0.100, 0.101)]
     (4, [4, 4])
+    >>> sidecar = SpareCores(ceiling=4)  # a worker on this host loads on 1 of its 4 cores
+    >>> sidecar.start(elsewhere=False, left=3), sidecar.decide(0.100, step=0.100, left=3)
+    (3, 3)
+    >>> sidecar.decide(0.100, step=0.100, left=4)  # it left: its core, one window later
+    4
     """
 
     ceiling: int
@@ -72,18 +77,22 @@ class SpareCores:
     slowed: bool = False
     """Whether the last window was slowed."""
 
-    def start(self, elsewhere: bool) -> int:
+    def start(self, elsewhere: bool, left: int | None = None) -> int:
         """The cores before the loop is measured: none while a worker on another host is there
-        to make the baseline's batches (`elsewhere`), else every core (no worker, or only
-        workers on this host, whose cores are the trainer's)."""
-        self.count = 0 if elsewhere else self.ceiling
+        to make the baseline's batches (`elsewhere`), else every core that workers on this host
+        leave (`left`; None: every core)."""
+        self.count = 0 if elsewhere else self._most(left)
         return self.count
 
-    def decide(self, own: float, step: float, same_host: bool = False) -> int:
+    def decide(
+        self, own: float, step: float, same_host: bool = False, left: int | None = None
+    ) -> int:
+        most = self._most(left)
+        self.count = min(self.count, most)  # a worker on this host came: its cores are its own
         if self.baseline is None:
             self.baseline = own
             if same_host:
-                self.count = self.ceiling
+                self.count = most
                 return self.count
         elif own - self.baseline > SLOWDOWN * step + NOISE_S:
             if self.slowed:
@@ -93,20 +102,25 @@ class SpareCores:
                 self.slowed = True
             return self.count
         self.slowed = False
-        self.count = min(self.count + 1, self.ceiling)
+        self.count = min(self.count + 1, most)
         return self.count
+
+    def _most(self, left: int | None) -> int:
+        return self.ceiling if left is None else min(self.ceiling, left)
 
 
 class LoopTuner(Autotuner):
     """Autotune's measurements, fed to `demand` and, when there is one, to `rule`: `workers`
     is the local members it wants (from `rule.start`); `same_host()` says whether a worker on
-    this host is in use (the rule's `same_host`). `clock` is the loop's (a test's virtual one)."""
+    this host is in use (the rule's `same_host`), `left()` the cores that workers on this host
+    leave now (the rule's `left`). `clock` is the loop's (a test's virtual one)."""
 
     def __init__(
         self,
         demand: DemandMeter,
         rule: SpareCores | None = None,
         same_host: Callable[[], bool] = lambda: False,
+        left: Callable[[], int | None] = lambda: None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         ceiling = 0 if rule is None else rule.ceiling
@@ -117,7 +131,7 @@ class LoopTuner(Autotuner):
             report=lambda tuning: None,
             clock=clock,
         )
-        self.demand, self.rule, self._same_host = demand, rule, same_host
+        self.demand, self.rule, self._same_host, self._left = demand, rule, same_host, left
         self._window = threading.Lock()
         self._since: float | None = None  # the window's start, after its first batch
         self._last = 0.0  # when the loop got its last batch
@@ -125,8 +139,9 @@ class LoopTuner(Autotuner):
         if self.workers:
             log.info(
                 "local members' cores: %d from the start (no worker on another host to make "
-                "the loop's batches while it is measured without them)",
+                "the loop's batches while it is measured without them; %s)",
                 self.workers,
+                "every core" if left() is None else "the cores workers on this host leave",
             )
 
     def took(self, asked: float, got: float, batch: Any) -> None:
@@ -144,7 +159,7 @@ class LoopTuner(Autotuner):
             step = (got - self._since) / len(self._own)
             own = statistics.median(self._own)
             self._since, self._own = got, []
-            count = self.rule.decide(own, step, self._same_host())
+            count = self.rule.decide(own, step, self._same_host(), self._left())
             if count == self.workers:
                 return
             self.workers = count
@@ -176,3 +191,22 @@ def spare_cores() -> int:
     """The most cores "auto" gives local members: every core this process may use; the rule
     takes back those the loop's own step needs, as measured."""
     return usable_cores()
+
+
+def cores_left(usable: int, same_host_slots: int) -> int | None:
+    """The cores of `usable` that workers on this host leave the local members: those they do
+    not load on (their loading slots, `same_host_slots`, told at their handshakes), or None
+    (every core) when there are none, or when their slots take every core: then they share the
+    trainer's cores, and are passed over while the members hold them all
+    (`loadax.client.host_cores`).
+
+    A batch of such a worker costs the host more CPU than a local member's (made in another
+    process, written into this one's memory and checksummed), but it is made under a Python
+    lock of its own: on R1's images, one member thread beside a worker of one thread made 1-7 %
+    more batches a second than the local loader's 2 threads (`benchmarks/SIZING.md`), where the
+    member on both cores with the worker passed over made 3-7 % fewer.
+
+    >>> cores_left(8, same_host_slots=2), cores_left(8, 0), cores_left(2, same_host_slots=2)
+    (6, None, None)
+    """
+    return usable - same_host_slots if 0 < same_host_slots < usable else None

@@ -24,7 +24,8 @@ class LoadReport:
 
     def __init__(self, slots: int) -> None:
         require_int("slots", slots, minimum=1)
-        self._slots = slots
+        self.slots = slots
+        """The batches the worker loads at once (its threads)."""
         self._arrivals = DecayingRate()
         self._lock = threading.Lock()
 
@@ -36,5 +37,5 @@ class LoadReport:
     def stamp(self, batch: EncodedBatch) -> EncodedBatch:
         """`batch`, its reply carrying the load now."""
         with self._lock:
-            load = self._arrivals.at(time.monotonic()) / self._slots
-        return dataclasses.replace(batch, load=load, loading_slots=self._slots)
+            load = self._arrivals.at(time.monotonic()) / self.slots
+        return dataclasses.replace(batch, load=load, loading_slots=self.slots)

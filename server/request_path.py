@@ -151,6 +151,7 @@ class RequestPath:
             return self._load(request, held, wanted)
         if isinstance(request, wire.HandshakeRequest):
             response = self._same_host.announce(request, self._worker.handshake(request))
+            response.loading_slots = self._report.slots
             return self.admission.announce(response)
         return self._worker.info(request)
 

@@ -8,10 +8,12 @@ from __future__ import annotations
 import doctest
 import logging
 import time
+from pathlib import Path
 
 import local_member_pipelines
 import pytest
 from equivalence import forms, through_codec
+from workers import pinned
 
 from loadax import DataLoader
 from loadax.client import RemoteDataLoader, host_cores, local_members, remote_loader, spare_cores
@@ -108,6 +110,9 @@ def test_the_examples_of_the_rules_run() -> None:
 
 RECORDS, BATCH, SEED, COST_MS = 128, 4, 3, 3.0
 SLOWED_S = 0.01
+BACK_WITHIN_S = 40.0
+"""A restarted worker answers again after its back-off (at most 4 s by default) and a restart
+(about 1 s): ample room on a loaded machine."""
 """The loop's own step while the local members hold the core: far more than 5 % of its step."""
 
 
@@ -178,3 +183,97 @@ def test_auto_passes_over_a_same_host_worker_until_the_slowed_loop_gives_the_cor
     assert asked[-1] > asked[back]
     local = DataLoader(pipeline.batcher).batch_size(BATCH).shuffle(seed=SEED)
     assert forms(got) == forms(through_codec(local.build(pipeline.dataset)))
+
+
+def test_auto_leaves_a_same_host_worker_its_own_cores_and_uses_it_beside_the_members(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    for module in (remote_loader, local_members):  # two usable cores, whatever this host has
+        monkeypatch.setattr(module, "spare_cores", lambda: 2)
+    pipeline = local_member_pipelines.sleepy(RECORDS, COST_MS)
+    cores = Cores()
+    logger = logging.getLogger("loadax.client")
+    logger.addHandler(cores)
+    caplog.set_level(logging.INFO, logger="loadax.client")
+    # A worker on loopback, in this process (on this host), loading on 1 thread: it says so at
+    # its handshake, and keeps that core; the local member gets the other.
+    worker = Worker({"noisy": local_member_pipelines.sleepy(RECORDS, COST_MS)}, threads=1)
+    server = ZmqServer(worker, "tcp://127.0.0.1:0", threads=1)
+    address = server.start().replace("tcp://", "zmq://", 1)
+    auto = (
+        RemoteDataLoader([address], pipeline="noisy")
+        .batch_size(BATCH)
+        .shuffle(seed=SEED)
+        .local_members("auto", pipeline=pipeline)
+    )
+    try:
+        with auto.build() as loader:
+            got = []
+            for batch in loader:
+                got.append(batch)
+                cores.taken += 1
+            served = {name: stats.requests for name, stats in loader.stats().workers.items()}
+    finally:
+        logger.removeHandler(cores)
+        server.stop(grace=0)
+        worker.close()
+    assert cores.chosen == [(1, 0)], cores.chosen  # from the start, and never more
+    assert cores.same_host == []  # never passed over: the members never hold both cores
+    assert served[address] > 0, served
+    assert served[LOCAL] > 0, served
+    local = DataLoader(pipeline.batcher).batch_size(BATCH).shuffle(seed=SEED)
+    assert forms(got) == forms(through_codec(local.build(pipeline.dataset)))
+
+
+def test_a_same_host_workers_cores_go_to_the_members_while_it_is_down_and_back_to_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    for module in (remote_loader, local_members):  # two usable cores, whatever this host has
+        monkeypatch.setattr(module, "spare_cores", lambda: 2)
+    records, killed_at, deadline = 400, 12, time.monotonic() + BACK_WITHIN_S
+    served = (
+        "[pipelines.noisy]\n"
+        'factory = "local_member_pipelines:sleepy"\n'
+        f"args = {{ records = {records}, cost_ms = {COST_MS} }}\n"
+    )
+    pipeline = local_member_pipelines.sleepy(records, COST_MS)
+    cores = Cores()
+    logger = logging.getLogger("loadax.client")
+    logger.addHandler(cores)
+    caplog.set_level(logging.INFO, logger="loadax.client")
+    got, restarted_at = [], 0
+    try:
+        with pinned(tmp_path, "zmq", threads=1) as fleet:
+            target = fleet.start(served)
+            auto = (
+                RemoteDataLoader([target], pipeline="noisy")
+                .batch_size(BATCH)
+                .shuffle(seed=SEED)
+                .num_epochs(None)
+                .local_members("auto", pipeline=pipeline)
+            )
+            with auto.build() as loader:
+                for batch in loader:
+                    got.append(batch)
+                    cores.taken += 1
+                    chosen = [count for count, _ in cores.chosen]
+                    if cores.taken == killed_at:
+                        fleet.running[0].process.kill()  # kill -9: its requests fail
+                    elif not restarted_at and chosen == [1, 2]:
+                        fleet.restart(0, served)  # on its port: it answers again
+                        restarted_at = cores.taken
+                    if len(chosen) > 2 or time.monotonic() > deadline:
+                        break
+    finally:
+        logger.removeHandler(cores)
+    # One core from the start (the worker said it loads on the other); both once it failed, at
+    # the loop's next decision (a window of WINDOW batches); one again once it answers (after
+    # its back-off, at most `backoff_max` or `quarantine_max`, and a window).
+    assert [count for count, _ in cores.chosen] == [1, 2, 1], cores.chosen
+    (_, first), (_, down), (_, back) = cores.chosen
+    assert first == 0, cores.chosen
+    assert killed_at <= down <= killed_at + 3 * WINDOW, cores.chosen
+    assert back > restarted_at > 0, (cores.chosen, restarted_at)
+    local = DataLoader(pipeline.batcher).batch_size(BATCH).shuffle(seed=SEED).num_epochs(None)
+    expected = iter(local.build(pipeline.dataset))
+    assert forms(got) == forms(through_codec([next(expected) for _ in got]))

@@ -412,6 +412,7 @@ def test_a_handshake_answers_fingerprint_length_and_schema(stub: Any) -> None:
     response = handshake(stub, "images", Plan(0, batch_size=4))
     assert (response.pipeline, response.num_records) == ("images", 40)
     assert response.library_version == loadax.__version__
+    assert response.loading_slots == 2  # the config's threads: what the worker loads at once
     assert response.schema.tree == "{'image': *, 'label': *}"
     assert [(leaf.dtype, leaf.ndim, leaf.rows_first) for leaf in response.schema.leaves] == [
         ("<f4", 4, True),

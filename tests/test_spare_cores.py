@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from loadax.client.demand import DemandMeter
-from loadax.client.spare_cores import BASELINE, WINDOW, LoopTuner, SpareCores
+from loadax.client.spare_cores import BASELINE, WINDOW, LoopTuner, SpareCores, cores_left
 
 
 def test_a_loop_that_mostly_waits_keeps_its_members_though_its_own_step_grows() -> None:
@@ -102,3 +102,32 @@ def test_with_no_worker_elsewhere_every_core_is_given_from_the_start() -> None:
     assert rule.baseline == pytest.approx(0.0002)
     loop(tuner, [0.02] * (2 * WINDOW), now)  # slowed against that baseline: one back
     assert tuner.workers == 1
+
+
+def test_members_get_the_cores_a_same_host_worker_leaves_and_take_them_back_when_it_leaves() -> (
+    None
+):
+    # A worker on this host loads on 1 of its 4 cores (its loading slots, told at its handshake):
+    # the members hold the other 3 from the start, and the loop is measured with them.
+    left: list[int | None] = [3]
+    rule = SpareCores(ceiling=4)
+    assert rule.start(elsewhere=False, left=left[-1]) == 3
+    tuner = LoopTuner(DemandMeter(), rule, same_host=lambda: True, left=lambda: left[-1])
+    now = loop(tuner, [0.0002] * (1 + BASELINE + WINDOW))
+    assert tuner.workers == 3  # never past what it leaves, though the loop is not slowed
+    left.append(None)  # it left (or went down for good): its core, one window later
+    now = loop(tuner, [0.0002] * WINDOW, now)
+    assert tuner.workers == 4
+    left.append(2)  # a worker of 2 slots came: its cores are its own at the next decision
+    loop(tuner, [0.0002] * WINDOW, now)
+    assert tuner.workers == 2
+    assert rule.ceiling == 4  # the rule's own ceiling is lowered by a slowed loop only
+
+
+def test_cores_left_counts_only_workers_that_leave_some() -> None:
+    assert cores_left(8, same_host_slots=3) == 5
+    assert cores_left(8, same_host_slots=0) is None  # none on this host, or none told
+    # Their slots take every core: they share the trainer's, which the members take (and the
+    # policy passes them over while they hold them all, `loadax.client.host_cores`).
+    assert cores_left(2, same_host_slots=2) is None
+    assert cores_left(2, same_host_slots=8) is None

@@ -326,6 +326,7 @@ def test_handshake_answers_fingerprint_and_length(
     response = handshake(target, "numbers")
     assert (response.pipeline, response.num_records) == ("numbers", 100)
     assert response.library_version == loadax.__version__
+    assert response.loading_slots == 4  # the server's threads: what it loads at once
     info = target.transport.info(wire.InfoRequest(), timeout=WAIT_S)
     assert {p.name: p.fingerprint for p in info.pipelines}["numbers"] == response.fingerprint
 

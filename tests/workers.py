@@ -235,10 +235,14 @@ def worker_processes(
 
 
 class Pinned:
-    """Workers on fixed loopback addresses, restarted there with other pipelines at will."""
+    """Workers on fixed loopback addresses, restarted there with other pipelines at will, each
+    loading on `threads` threads."""
 
-    def __init__(self, directory: Path, stack: contextlib.ExitStack, transport: str):
+    def __init__(
+        self, directory: Path, stack: contextlib.ExitStack, transport: str, threads: int = 2
+    ):
         self._directory, self._stack, self._transport = directory, stack, transport
+        self._threads = threads
         self._starts = itertools.count()
         self.targets: list[str] = []
         self.running: list[WorkerProcess] = []
@@ -270,11 +274,17 @@ class Pinned:
         where = self.targets[index].split("://", 1)[1]
         pin = ["--grpc", where] if self._transport == "grpc" else ["--zmq", f"tcp://{where}"]
         return self._stack.enter_context(
-            worker_process(home, pipelines_toml, zmq=self._transport == "zmq", args=pin)
+            worker_process(
+                home,
+                pipelines_toml,
+                zmq=self._transport == "zmq",
+                threads=self._threads,
+                args=pin,
+            )
         )
 
 
 @contextlib.contextmanager
-def pinned(tmp_path: Path, transport: str) -> Iterator[Pinned]:
+def pinned(tmp_path: Path, transport: str, threads: int = 2) -> Iterator[Pinned]:
     with contextlib.ExitStack() as stack:
-        yield Pinned(tmp_path, stack, transport)
+        yield Pinned(tmp_path, stack, transport, threads)
