@@ -202,9 +202,10 @@ def cores_left(usable: int, same_host_slots: int) -> int | None:
 
     A batch of such a worker costs the host more CPU than a local member's (made in another
     process, written into this one's memory and checksummed), but it is made under a Python
-    lock of its own: on R1's images, one member thread beside a worker of one thread made 1-7 %
-    more batches a second than the local loader's 2 threads (`benchmarks/SIZING.md`), where the
-    member on both cores with the worker passed over made 3-7 % fewer.
+    lock of its own: on R1's images on 2 cores, one member thread beside a worker of one thread
+    made 6-10 % more batches a second than the local loader's 2 threads (paired medians of 10
+    alternated rounds, `benchmarks/SIZING.md`), where the member on both cores beside a
+    passed-over worker of 2 threads made 1-5 % fewer.
 
     >>> cores_left(8, same_host_slots=2), cores_left(8, 0), cores_left(2, same_host_slots=2)
     (6, None, None)
