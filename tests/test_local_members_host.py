@@ -5,17 +5,20 @@ then with a real worker process and `local_members("auto")`."""
 
 from __future__ import annotations
 
+import contextlib
 import doctest
 import logging
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import local_member_pipelines
 import pytest
 from equivalence import forms, through_codec
 from workers import pinned
 
-from loadax import DataLoader
+from loadax import DataLoader, Pipeline
 from loadax.client import RemoteDataLoader, host_cores, local_members, remote_loader, spare_cores
 from loadax.client.fleet_events import (
     Answered,
@@ -135,30 +138,55 @@ class Cores(logging.Handler):
             self.chosen.append((cores, self.taken))
 
 
-def test_auto_passes_over_a_same_host_worker_until_the_slowed_loop_gives_the_core_back(
-    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
-) -> None:
-    for module in (remote_loader, local_members):  # one usable core, whatever this host has
-        monkeypatch.setattr(module, "spare_cores", lambda: 1)
-    pipeline = local_member_pipelines.sleepy(RECORDS, COST_MS)
+@contextlib.contextmanager
+def chosen_cores(
+    usable: int, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> Iterator[Cores]:
+    """What "auto" chooses while the block runs, with `usable` cores (whatever this host has)."""
+    for module in (remote_loader, local_members):
+        monkeypatch.setattr(module, "spare_cores", lambda: usable)
     cores = Cores()
     logger = logging.getLogger("loadax.client")
     logger.addHandler(cores)
     caplog.set_level(logging.INFO, logger="loadax.client")
-    # A worker on loopback, in this process: on this host, found at the handshake.
-    worker = Worker({"noisy": local_member_pipelines.sleepy(RECORDS, COST_MS)}, threads=2)
-    server = ZmqServer(worker, "tcp://127.0.0.1:0", threads=2)
-    address = server.start().replace("tcp://", "zmq://", 1)
-    auto = (
-        RemoteDataLoader([address], pipeline="noisy")
+    try:
+        yield cores
+    finally:
+        logger.removeHandler(cores)
+
+
+@contextlib.contextmanager
+def same_host_worker(threads: int) -> Iterator[str]:
+    """The address of a worker on loopback, in this process (on this host, found at the
+    handshake), loading on `threads` threads."""
+    worker = Worker({"noisy": local_member_pipelines.sleepy(RECORDS, COST_MS)}, threads=threads)
+    server = ZmqServer(worker, "tcp://127.0.0.1:0", threads=threads)
+    try:
+        yield server.start().replace("tcp://", "zmq://", 1)
+    finally:
+        server.stop(grace=0)
+        worker.close()
+
+
+def auto(target: str, pipeline: Pipeline[Any, Any]) -> RemoteDataLoader:
+    """A loader of `target` with `local_members("auto")` running `pipeline`."""
+    return (
+        RemoteDataLoader([target], pipeline="noisy")
         .batch_size(BATCH)
         .shuffle(seed=SEED)
-        .hedge_after(10)  # no hedge reaches the worker while it is passed over
         .local_members("auto", pipeline=pipeline)
     )
+
+
+def test_auto_passes_over_a_same_host_worker_until_the_slowed_loop_gives_the_core_back(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    pipeline = local_member_pipelines.sleepy(RECORDS, COST_MS)
     got, asked = [], []  # the batches, and the worker's requests after each
-    try:
-        with auto.build() as loader:
+    with chosen_cores(1, monkeypatch, caplog) as cores, same_host_worker(threads=2) as address:
+        # Its 2 threads take the one usable core: it shares the trainer's.
+        slowed = auto(address, pipeline).hedge_after(10)  # no hedge while it is passed over
+        with slowed.build() as loader:
             for batch in loader:
                 got.append(batch)
                 cores.taken += 1
@@ -167,10 +195,6 @@ def test_auto_passes_over_a_same_host_worker_until_the_slowed_loop_gives_the_cor
                 # loop's own work is slowed while the member holds the core.
                 if cores.taken > BASELINE and [count for count, _ in cores.chosen] == [1]:
                     time.sleep(SLOWED_S)
-    finally:
-        logger.removeHandler(cores)
-        server.stop(grace=0)
-        worker.close()
     assert [count for count, _ in cores.chosen] == [1, 0], cores.chosen
     assert cores.same_host == ["same_host_passed_over", "same_host_used"]
     (_, given), (_, back) = cores.chosen
@@ -188,35 +212,18 @@ def test_auto_passes_over_a_same_host_worker_until_the_slowed_loop_gives_the_cor
 def test_auto_leaves_a_same_host_worker_its_own_cores_and_uses_it_beside_the_members(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    for module in (remote_loader, local_members):  # two usable cores, whatever this host has
-        monkeypatch.setattr(module, "spare_cores", lambda: 2)
     pipeline = local_member_pipelines.sleepy(RECORDS, COST_MS)
-    cores = Cores()
-    logger = logging.getLogger("loadax.client")
-    logger.addHandler(cores)
-    caplog.set_level(logging.INFO, logger="loadax.client")
-    # A worker on loopback, in this process (on this host), loading on 1 thread: it says so at
-    # its handshake, and keeps that core; the local member gets the other.
-    worker = Worker({"noisy": local_member_pipelines.sleepy(RECORDS, COST_MS)}, threads=1)
-    server = ZmqServer(worker, "tcp://127.0.0.1:0", threads=1)
-    address = server.start().replace("tcp://", "zmq://", 1)
-    auto = (
-        RemoteDataLoader([address], pipeline="noisy")
-        .batch_size(BATCH)
-        .shuffle(seed=SEED)
-        .local_members("auto", pipeline=pipeline)
-    )
-    try:
-        with auto.build() as loader:
-            got = []
-            for batch in loader:
-                got.append(batch)
-                cores.taken += 1
-            served = {name: stats.requests for name, stats in loader.stats().workers.items()}
-    finally:
-        logger.removeHandler(cores)
-        server.stop(grace=0)
-        worker.close()
+    got = []
+    # It loads on 1 thread, says so at its handshake, and keeps that core.
+    with (
+        chosen_cores(2, monkeypatch, caplog) as cores,
+        same_host_worker(threads=1) as address,
+        auto(address, pipeline).build() as loader,
+    ):
+        for batch in loader:
+            got.append(batch)
+            cores.taken += 1
+        served = {name: stats.requests for name, stats in loader.stats().workers.items()}
     assert cores.chosen == [(1, 0)], cores.chosen  # from the start, and never more
     assert cores.same_host == []  # never passed over: the members never hold both cores
     assert served[address] > 0, served
@@ -228,8 +235,6 @@ def test_auto_leaves_a_same_host_worker_its_own_cores_and_uses_it_beside_the_mem
 def test_a_same_host_workers_cores_go_to_the_members_while_it_is_down_and_back_to_it(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    for module in (remote_loader, local_members):  # two usable cores, whatever this host has
-        monkeypatch.setattr(module, "spare_cores", lambda: 2)
     records, killed_at, deadline = 400, 12, time.monotonic() + BACK_WITHIN_S
     served = (
         "[pipelines.noisy]\n"
@@ -237,35 +242,21 @@ def test_a_same_host_workers_cores_go_to_the_members_while_it_is_down_and_back_t
         f"args = {{ records = {records}, cost_ms = {COST_MS} }}\n"
     )
     pipeline = local_member_pipelines.sleepy(records, COST_MS)
-    cores = Cores()
-    logger = logging.getLogger("loadax.client")
-    logger.addHandler(cores)
-    caplog.set_level(logging.INFO, logger="loadax.client")
     got, restarted_at = [], 0
-    try:
-        with pinned(tmp_path, "zmq", threads=1) as fleet:
-            target = fleet.start(served)
-            auto = (
-                RemoteDataLoader([target], pipeline="noisy")
-                .batch_size(BATCH)
-                .shuffle(seed=SEED)
-                .num_epochs(None)
-                .local_members("auto", pipeline=pipeline)
-            )
-            with auto.build() as loader:
-                for batch in loader:
-                    got.append(batch)
-                    cores.taken += 1
-                    chosen = [count for count, _ in cores.chosen]
-                    if cores.taken == killed_at:
-                        fleet.running[0].process.kill()  # kill -9: its requests fail
-                    elif not restarted_at and chosen == [1, 2]:
-                        fleet.restart(0, served)  # on its port: it answers again
-                        restarted_at = cores.taken
-                    if len(chosen) > 2 or time.monotonic() > deadline:
-                        break
-    finally:
-        logger.removeHandler(cores)
+    with chosen_cores(2, monkeypatch, caplog) as cores, pinned(tmp_path, "zmq", threads=1) as fleet:
+        target = fleet.start(served)
+        with auto(target, pipeline).num_epochs(None).build() as loader:
+            for batch in loader:
+                got.append(batch)
+                cores.taken += 1
+                chosen = [count for count, _ in cores.chosen]
+                if cores.taken == killed_at:
+                    fleet.running[0].process.kill()  # kill -9: its requests fail
+                elif not restarted_at and chosen == [1, 2]:
+                    fleet.restart(0, served)  # on its port: it answers again
+                    restarted_at = cores.taken
+                if len(chosen) > 2 or time.monotonic() > deadline:
+                    break
     # One core from the start (the worker said it loads on the other); both once it failed, at
     # the loop's next decision (a window of WINDOW batches); one again once it answers (after
     # its back-off, at most `backoff_max` or `quarantine_max`, and a window).
