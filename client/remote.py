@@ -200,14 +200,17 @@ class RemoteDataLoader(LoaderBuilder):
         to make the batches while the loop is measured without them, it gives them every core
         from the start. The batches are the same whatever the mix.
 
-        A worker on this host (found at the handshake, with shared memory on) spends more of
-        the host's CPU on a batch than a local member, which needs no encoding for a socket or
-        memory file, no copy and no checksum. Its cores count as the trainer's: "auto" gives
-        the local members every core at once (from the start, or after the baseline when
-        workers elsewhere made it), and while they hold every core this process may use, the
+        A worker on this host (found at the handshake, with shared memory on) keeps the cores
+        it loads on (its threads, as its handshake says, while it answers): "auto" gives the
+        local members the others at once (from the start, or after the baseline when workers
+        elsewhere made it), and the worker is used beside them. One whose threads take every
+        core shares the trainer's: its batch costs the host more CPU than a local member's
+        (which needs no encoding for a socket or memory file, no copy and no checksum), so the
+        members get every core, and while they hold every core this process may use, the
         worker is passed over, their fallback (used again when they hold fewer, e.g. one given
-        back for a slowed loop, or none can take requests).
-        `same_host="worker"` uses it as any worker: a sidecar with cores of its own."""
+        back for a slowed loop, or none can take requests). `same_host="worker"` uses it as
+        any worker: never passed over, and the members come one core a window after a
+        baseline that it makes."""
         copy = self._with()
         copy._local = LocalSpec(count, pipeline, kind, config, same_host)
         return copy
