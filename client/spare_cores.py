@@ -205,7 +205,7 @@ def cores_left(usable: int, same_host_slots: int) -> int | None:
     lock of its own: on R1's images on 2 cores, one member thread beside a worker of one thread
     made 6-10 % more batches a second than the local loader's 2 threads (paired medians of 10
     alternated rounds, `benchmarks/SIZING.md`), where the member on both cores beside a
-    passed-over worker of 2 threads made 1-5 % fewer.
+    passed-over worker of 2 threads made up to 5 % fewer.
 
     >>> cores_left(8, same_host_slots=2), cores_left(8, 0), cores_left(2, same_host_slots=2)
     (6, None, None)
