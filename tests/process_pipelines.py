@@ -17,6 +17,11 @@ def record(index: int) -> dict[str, Any]:
     return {"x": np.full(3, index, dtype=np.int64), "y": np.int32(2 * index), "name": f"r{index}"}
 
 
+def megabyte(index: int) -> np.ndarray[Any, Any]:
+    """Record i: a MiB of bytes, each i % 251."""
+    return np.full(1 << 20, index % 251, dtype=np.uint8)
+
+
 def noisy(record: dict[str, Any], rng: np.random.Generator) -> dict[str, Any]:
     """`record` with "noise": float32 numbers from its own rng (keyed by seed, epoch, index)."""
     return {**record, "noise": rng.random(4, dtype=np.float32)}

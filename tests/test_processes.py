@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import hashlib
 import multiprocessing
 import os
 import pickle
+import resource
 import sqlite3
 import threading
 from collections.abc import Callable
@@ -32,6 +34,7 @@ from process_pipelines import (
     Unloadable,
     a_set,
     failing_record,
+    megabyte,
     noisy,
     nonempty,
     not_a_multiple_of_3,
@@ -109,6 +112,30 @@ def test_processes_yield_the_batches_of_threads_and_of_the_calling_thread() -> N
     got = next(iter(processes(builder).build(dataset)))
     assert got["x"].flags.writeable  # copied out of shared memory, not a view of it
     assert_nothing_left()
+
+
+def test_batches_come_out_into_reused_buffers_not_fresh_memory() -> None:
+    # A fresh buffer for each batch of 34 MiB (past glibc's largest heap block, 32 MiB) would be
+    # mapped afresh and faulted in page by page: 8,704 faults a batch.
+    rows, pages = 34, 34 << 8
+    dataset = RangeDataset(0, 16 * rows).map(megabyte)
+    builder = DataLoader(Batcher()).batch_size(rows)
+    expected = [digest(batch) for batch in builder.build(dataset)]
+    got, faults = [], 0
+    with processes(builder).build(dataset) as loader, iter(loader) as batches:
+        for step, batch in enumerate(batches):
+            got.append(digest(batch))
+            if step == 7:  # the buffers for the batches alive at once are made by now
+                faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+        faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults
+    assert got == expected
+    # 8 batches after the 8th: a few faults of this process's own, not 8 x 8,704.
+    assert faults < 8 * pages // 4, faults
+    assert_nothing_left()
+
+
+def digest(batch: np.ndarray[Any, Any]) -> bytes:
+    return hashlib.blake2b(memoryview(batch)).digest()
 
 
 def test_restore_at_every_step_yields_the_same_batches() -> None:

@@ -18,6 +18,7 @@ from multiprocessing.process import BaseProcess
 from multiprocessing.shared_memory import SharedMemory
 from typing import Any
 
+from loadax.buffers import BufferPool
 from loadax.execution.process_child import ChildRequest, segment_view
 from loadax.execution.process_errors import WorkerProcessError
 
@@ -62,12 +63,19 @@ class LoaderProcess:
         self._segment, self._named = segment, True
         return segment.name
 
-    def copy_out(self, size: int) -> bytearray:
-        """The first `size` bytes of the segment; the process has attached, so unlink its name."""
+    def copy_out(self, size: int, buffers: BufferPool | None = None) -> bytearray | memoryview:
+        """The first `size` bytes of the segment, in a buffer of `buffers` (reused once nothing
+        decoded from it is alive) or, without, a new `bytearray`; the process has attached, so
+        unlink its name."""
         if self._segment is None:
             raise WorkerProcessError(f"{self} wrote a batch without a shared memory segment")
         self._unlink()
-        return bytearray(segment_view(self._segment)[:size])
+        written = segment_view(self._segment)[:size]
+        if buffers is None:
+            return bytearray(written)
+        copied = buffers.take(size)
+        copied[:] = written
+        return copied
 
     def drop_segment(self) -> None:
         self._unlink()
