@@ -63,18 +63,14 @@ class LoaderProcess:
         self._segment, self._named = segment, True
         return segment.name
 
-    def copy_out(self, size: int, buffers: BufferPool | None = None) -> bytearray | memoryview:
+    def copy_out(self, size: int, buffers: BufferPool) -> memoryview:
         """The first `size` bytes of the segment, in a buffer of `buffers` (reused once nothing
-        decoded from it is alive) or, without, a new `bytearray`; the process has attached, so
-        unlink its name."""
+        made from it is alive); the process has attached, so unlink its name."""
         if self._segment is None:
             raise WorkerProcessError(f"{self} wrote a batch without a shared memory segment")
         self._unlink()
-        written = segment_view(self._segment)[:size]
-        if buffers is None:
-            return bytearray(written)
         copied = buffers.take(size)
-        copied[:] = written
+        copied[:] = segment_view(self._segment)[:size]
         return copied
 
     def drop_segment(self) -> None:

@@ -88,8 +88,8 @@ class ProcessExecutor(Executor[B]):
     `deadline_s` seconds (then it is killed), fails that item with `WorkerProcessLost`. A new
     process takes its place at once if it had loaded an item before; else (it may not be able to
     start at all) the queued items fail too when no process is left, and the next `submit` starts
-    new ones. With `encoded`, results are the encoding of each batch (a `bytearray` that
-    `loadax.wire.codec.decode` reads), not the batch.
+    new ones. With `encoded`, results are the encoding of each batch (a writable `memoryview`
+    that `loadax.wire.codec.decode` reads, reused once nothing refers to it), not the batch.
     """
 
     def __init__(
@@ -102,8 +102,7 @@ class ProcessExecutor(Executor[B]):
     ) -> None:
         self._pipeline_data, self._slots = pipeline.data, processes
         self._deadline_s, self._encoded = deadline_s, encoded
-        # An encoding is sent on as it is (a loadax-worker's): it keeps a buffer of its own.
-        self._buffers = None if encoded else BufferPool()
+        self._buffers = BufferPool()
         # Reentrant: a finalizer's release() may run in a thread that holds it.
         self._lock = threading.RLock()
         self._children: list[LoaderProcess | None] = [None] * processes
