@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import gc
+import threading
+import time
 import weakref
 from typing import Any
 
@@ -11,10 +13,11 @@ import numpy as np
 import pytest
 from helpers import assert_batches_equal
 
-from loadax import Batcher, DataLoader, stack
+from loadax import Batcher, DataLoader, RangeDataset, stack
 from loadax.buffers import BufferPool
 from loadax.collate import batcher
 from loadax.collate.batcher import POOLED_FROM_BYTES, SharedStack
+from loadax.errors import RecordError
 from loadax.execution.pipeline import Pipeline
 from loadax.execution.threads import ThreadExecutor
 from loadax.plan.planner import Plan
@@ -325,3 +328,42 @@ def test_a_threaded_batch_gives_its_buffer_back_once_dropped_without_the_garbage
         gc.enable()
         executor.release(wait=True)
     assert pool.taken == 4
+
+
+class Recording:
+    """A `StackInto` of this process's memory that records the rows copied into it."""
+
+    def __init__(self) -> None:
+        self.copied: list[tuple[int, int]] = []
+
+    def leaves(self, structure: Any, kinds: Any) -> list[np.ndarray[Any, Any]]:
+        return [np.empty(shape, dtype) for shape, dtype in kinds]
+
+    def stacked(self, leaf: int, start: int, stop: int) -> None:
+        self.copied.append((start, stop))
+
+
+def test_a_failed_threaded_batch_fails_only_once_its_other_chunks_stopped_copying() -> None:
+    # Chunk [2, 3] fails at once; chunk [0, 1] takes 0.3 s. Its rows go into memory that is the
+    # batch's user's once the batch is done (a client's memory file, which its worker answers
+    # with the failure): the failure is told only once no chunk copies into it any more.
+    slow = threading.Event()
+
+    def read(index: int) -> np.ndarray[Any, Any]:
+        if index == 2:
+            raise ValueError("record 2 is corrupt")
+        if index == 0:
+            slow.wait(0.3)
+        return np.full(4, index)
+
+    into = Recording()
+    executor = ThreadExecutor(Pipeline(RangeDataset(0, 4).map(read), Batcher()), threads=2)
+    try:
+        pending = executor.submit(Plan(4, 4, shuffle=False), StepWork(0), into)
+        with pytest.raises(RecordError, match="record 2 is corrupt"):
+            pending.result()
+        copied = list(into.copied)
+        time.sleep(0.1)  # what a chunk still running would copy meanwhile
+        assert into.copied == copied == [(0, 2)]
+    finally:
+        executor.release(wait=True)

@@ -83,7 +83,13 @@ class ThreadExecutor(Executor[B]):
 
 
 class _ChunkedBatch(FuturePending[B]):
-    """One batch being read in chunks by the pool; the last chunk to finish collates it."""
+    """One batch being read in chunks by the pool; the last chunk to finish collates it.
+
+    A chunk that fails fails the batch once no other chunk of it runs (those not started yet
+    are skipped): the others may be copying their rows into memory that is the batch's user's
+    once the batch is done, e.g. a client's memory file, which its worker answers with the
+    failure and the client then lends to its next request.
+    """
 
     def __init__(
         self,
@@ -98,6 +104,7 @@ class _ChunkedBatch(FuturePending[B]):
         self._lock = threading.Lock()
         self._parts: list[list[Any]] = [[] for _ in chunks]
         self._chunks_left = len(chunks)
+        self._failure: BaseException | None = None  # the first chunk's that failed
         self._chunk_tasks = [
             pool.submit(self._read_chunk, position, *chunk) for position, chunk in enumerate(chunks)
         ]
@@ -114,20 +121,24 @@ class _ChunkedBatch(FuturePending[B]):
         self._future.cancel()
 
     def _read_chunk(self, position: int, indices: IndexArray, epochs: IndexArray) -> None:
-        if self._future.done():  # another chunk failed already
-            return
-        try:
-            part = self._read(indices, epochs)
-            if self._place is not None:
-                self._place(position, part)
-        except BaseException as error:  # anything else would leave the consumer waiting forever
-            self._settle(error=error)
-            return
+        part: list[Any] = []
+        if self._failure is None and not self._future.done():  # else: failed or cancelled
+            try:
+                part = self._read(indices, epochs)
+                if self._place is not None:
+                    self._place(position, part)
+            except BaseException as error:  # anything else would leave the consumer waiting
+                with self._lock:
+                    self._failure = self._failure or error
         with self._lock:
             self._parts[position] = part
             self._chunks_left -= 1
             if self._chunks_left or self._future.done():
                 return
+            failure = self._failure
+        if failure is not None:
+            self._settle(error=failure)
+            return
         records = [record for part in self._parts for record in part]
         try:
             batch = self._finish(records)
