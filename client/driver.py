@@ -118,7 +118,6 @@ class Driver:
         self._requests: dict[int, tuple[wire.BatchRequest, Future[Any]]] = {}
         self._attempts: dict[int, Future[Reply]] = {}
         self._watch = FleetWatch()
-        self._same_host: set[str] = set()  # the members that are workers on this host
         self.rates = MemberRates()
         """Each member's batches per second while busy (for `stats().workers_wanted`)."""
         # Written by the threads that receive answers, read by the driver's after their event.
@@ -155,19 +154,19 @@ class Driver:
     @property
     def same_host(self) -> bool:
         """Whether a worker on this host is connected (`client.host_cores`)."""
-        return bool(self._same_host)
+        return any(member.same_host for member in list(self._members.values()))
 
     @property
     def same_host_slots(self) -> int:
-        """The cores that workers on this host keep: their loading slots, while they answer
-        (`client.host_cores`, `client.spare_cores`)."""
+        """The cores workers on this host keep while they answer (`client.host_cores`)."""
         with self._lock:
-            return self._policy.same_host_slots()
+            return self._policy.host.kept()
 
     @property
     def off_host(self) -> bool:
         """Whether a worker on another host is connected (`client.spare_cores`)."""
-        return any(not is_local(name) and name not in self._same_host for name in self.members)
+        members = list(self._members.values())
+        return any(not (member.same_host or is_local(member.name)) for member in members)
 
     def local_cores(self, cores: int, usable: int) -> None:
         """The local members hold `cores` of this host's `usable` ones (`client.host_cores`)."""
@@ -285,10 +284,7 @@ class Driver:
             if item.item.name in self._members:  # joined twice at once: the first one stays
                 item.item.transport.close()
                 return None
-            self._members[item.item.name] = item.item
-            if item.item.same_host:
-                self._same_host.add(item.item.name)
-            joined = item.item
+            joined = self._members[item.item.name] = item.item
             return Joined(joined.name, joined.limit, joined.same_host, joined.slots)
         if isinstance(item, Answered | Failed):
             self._attempts.pop(item.attempt, None)
@@ -302,7 +298,6 @@ class Driver:
 
     def _departed(self, member: str) -> None:
         self.rates.left(member)
-        self._same_host.discard(member)
         self._watch.left(member, [name for name in self._members if name != member])
 
     def _carry_out(self, action: Action) -> None:

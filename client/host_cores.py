@@ -20,7 +20,6 @@ Pure state, told by the policy what the local members hold (`LocalCores`, which
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 from collections.abc import Mapping
 
@@ -30,45 +29,48 @@ from loadax.client.member_health import MemberHealth
 from loadax.logfields import fields
 
 
-@dataclasses.dataclass
 class HostCores:
     """The trainer host's cores the local members hold (`cores`) of those this process may use
-    (`usable`), and the same-host workers passed over for it (see the module).
+    (`usable`), and the same-host workers among `members` (the policy's, connected) passed over
+    for it (see the module).
 
     >>> from loadax.client.fleet_options import FleetOptions
     >>> members = {
     ...     "local 0": MemberHealth("local 0", 2, FleetOptions()),
     ...     "w": MemberHealth("w", 2, FleetOptions(), same_host=True),
     ... }
-    >>> host = HostCores(cores=1, usable=2)
-    >>> list(host.in_use(members, now=0.0))
+    >>> host = HostCores(members)
+    >>> host.held(cores=1, usable=2)
+    []
+    >>> list(host.in_use(now=0.0))
     ['local 0', 'w']
-    >>> [note.message for note in host.held(cores=2, usable=2, members=members)]
+    >>> [note.message for note in host.held(cores=2, usable=2)]
     ['w, on this host, passed over: local members hold 2 of its 2 cores']
-    >>> list(host.in_use(members, now=0.0)), host.kept_off(members, busy=set(), now=0.0)
+    >>> list(host.in_use(now=0.0)), host.kept_off(busy=set(), now=0.0)
     (['local 0'], frozenset({'w'}))
-    >>> host.kept_off(members, busy={"local 0"}, now=0.0)  # no one else can take it
+    >>> host.kept_off(busy={"local 0"}, now=0.0)  # no one else can take it
     frozenset()
-    >>> host.kept_off(members, busy={"local 0"}, now=0.0, hedge=True)  # a bet on the same cores
+    >>> host.kept_off(busy={"local 0"}, now=0.0, hedge=True)  # a bet on the same cores
     frozenset({'w'})
     >>> members["local 0"].down_until = 1.0  # backing off: the worker is the fallback
-    >>> list(host.in_use(members, now=0.0))
+    >>> list(host.in_use(now=0.0))
     ['local 0', 'w']
     >>> members["local 0"].down_until = 0.0
     >>> members["w"] = MemberHealth("w", 2, FleetOptions(), same_host=True, slots=1)
-    >>> list(host.in_use(members, now=0.0))  # a core of its own: used beside the members
+    >>> list(host.in_use(now=0.0))  # a core of its own: used beside the members
     ['local 0', 'w']
     """
 
-    cores: int = 0
-    usable: int = 0
+    def __init__(self, members: Mapping[str, MemberHealth]) -> None:
+        self._members = members
+        self.cores = self.usable = 0
 
-    def held(self, cores: int, usable: int, members: Mapping[str, MemberHealth]) -> list[Note]:
+    def held(self, cores: int, usable: int) -> list[Note]:
         """The local members hold `cores` of the host's `usable` ones; what to log of the
-        same-host workers among `members` (connected) when they hold every core, or no more."""
+        same-host workers when they hold every core, or no more."""
         was = self.holds
         self.cores, self.usable = cores, usable
-        workers = sorted(self._sharing(members))
+        workers = sorted(self._sharing())
         if not workers or was == self.holds:
             return []
         named, held = ", ".join(workers), f"local members hold {cores} of its {usable} cores"
@@ -83,58 +85,56 @@ class HostCores:
         """Whether the local members hold every usable core of the host."""
         return self.cores >= max(self.usable, 1)
 
-    def passed_over(self, members: Mapping[str, MemberHealth], now: float) -> frozenset[str]:
-        """Those of `members` (connected) passed over at `now`: the same-host workers, while
-        the local members hold every usable core and one of them can take requests."""
+    def passed_over(self, now: float) -> frozenset[str]:
+        """The members passed over at `now`: the same-host workers, while the local members
+        hold every usable core and one of them can take requests."""
         if not self.holds:
             return frozenset()
         ready = any(
             is_local(name) and member.quarantined is None and member.down_until <= now
-            for name, member in members.items()
+            for name, member in self._members.items()
         )
         if not ready:
             return frozenset()
-        return self._sharing(members)
+        return self._sharing()
 
-    def _sharing(self, members: Mapping[str, MemberHealth]) -> frozenset[str]:
-        """The same-host workers among `members`, if they share the trainer's cores: their
-        loading slots take every usable core, or one did not say; else none (they keep cores of
-        their own, and the members hold the others)."""
-        workers = {name: member for name, member in members.items() if member.same_host}
+    def _sharing(self) -> frozenset[str]:
+        """The same-host workers, if they share the trainer's cores: their loading slots take
+        every usable core, or one did not say; else none (they keep cores of their own, and the
+        members hold the others)."""
+        workers = {name: member for name, member in self._members.items() if member.same_host}
         slots = [member.slots for member in workers.values()]
         if all(slots) and sum(slots) < self.usable:
             return frozenset()
         return frozenset(workers)
 
-    def kept(self, members: Mapping[str, MemberHealth]) -> int:
-        """The cores that the same-host workers among `members` keep: their loading slots (as
-        their handshakes said), but those of a worker whose last attempt failed or hung, until it
-        answers again (its cores go to the local members meanwhile, `loadax.client.spare_cores`).
+    def kept(self) -> int:
+        """The cores that the same-host workers keep: their loading slots (as their handshakes
+        said), but those of a worker whose last attempt failed or hung, until it answers again
+        (its cores go to the local members meanwhile, `loadax.client.spare_cores`).
 
         >>> from loadax.client.fleet_options import FleetOptions
         >>> members = {"w": MemberHealth("w", 2, FleetOptions(), same_host=True, slots=1)}
-        >>> HostCores().kept(members)
+        >>> HostCores(members).kept()
         1
         >>> members["w"].failing = True
-        >>> HostCores().kept(members)
+        >>> HostCores(members).kept()
         0
         """
         return sum(
             member.slots
-            for member in members.values()
+            for member in self._members.values()
             if member.same_host and not member.failing and member.quarantined is None
         )
 
-    def in_use(self, members: Mapping[str, MemberHealth], now: float) -> Mapping[str, MemberHealth]:
-        """`members` but those passed over: those the depth counts."""
-        passed = self.passed_over(members, now)
-        return {name: m for name, m in members.items() if name not in passed}
+    def in_use(self, now: float) -> Mapping[str, MemberHealth]:
+        """The members but those passed over: those the depth counts."""
+        passed = self.passed_over(now)
+        return {name: m for name, m in self._members.items() if name not in passed}
 
-    def kept_off(
-        self, members: Mapping[str, MemberHealth], busy: set[str], now: float, hedge: bool = False
-    ) -> frozenset[str]:
-        """Those of `members` that a request whose attempts or failures are at `busy` is not
-        sent to: those passed over, unless no other member could take it and it is no `hedge`
-        (another attempt of it is live)."""
-        passed = self.passed_over(members, now)
-        return frozenset() if members.keys() <= busy | passed and not hedge else passed
+    def kept_off(self, busy: set[str], now: float, hedge: bool = False) -> frozenset[str]:
+        """The members that a request whose attempts or failures are at `busy` is not sent to:
+        those passed over, unless no other member could take it and it is no `hedge` (another
+        attempt of it is live)."""
+        passed = self.passed_over(now)
+        return frozenset() if self._members.keys() <= busy | passed and not hedge else passed

@@ -96,7 +96,7 @@ class Policy:
         self.seat = seat or Seat()
         self._members: dict[str, MemberHealth] = {}  # connected
         self._aperture = Aperture(options, self.seat)
-        self._host = HostCores()
+        self.host = HostCores(self._members)  # who makes batches on the trainer's host
         self._requests = Outstanding()
         self._latency = FleetLatency()
         self._extra = ExtraShare()
@@ -125,7 +125,7 @@ class Policy:
 
     def depth(self, now: float) -> int:
         """How many requests to keep outstanding (`Aperture.depth`)."""
-        return self._aperture.depth(self._host.in_use(self._members, now), now)
+        return self._aperture.depth(self.host.in_use(now), now)
 
     def admits(self, now: float) -> bool:
         """Whether a request submitted at `now` is admitted at once (else it waits)."""
@@ -146,10 +146,6 @@ class Policy:
         if self._aperture.due(now) or any(m.failing or m.quarantined is not None for m in members):
             due = -math.inf
         return max(due, self._ticked_at + TICK, now)
-
-    def same_host_slots(self) -> int:
-        """The cores that workers on this host keep (`HostCores.kept`)."""
-        return self._host.kept(self._members)
 
     def member_stats(self) -> dict[str, WorkerStats]:
         return {name: member.stats() for name, member in self._members.items()}
@@ -178,7 +174,7 @@ class Policy:
         elif isinstance(event, Left):
             self._leave(event.member, now)
         elif isinstance(event, LocalCores):
-            self._actions += self._host.held(event.cores, event.usable, self._members)
+            self._actions += self.host.held(event.cores, event.usable)
         # Not at each member listed: a fleet is listed one member at a time.
         if self._aperture.due(now) and not isinstance(event, Listed):
             self._reshape(now)
@@ -230,7 +226,7 @@ class Policy:
     def _choose(self, busy: set[str], now: float, request: Request) -> MemberHealth | None:
         """The free member chosen (`member_choice.choose`) of the aperture, else any, not busy."""
         hedge = not self._requests.none_live(request)  # another attempt of it is live
-        busy = busy | self._host.kept_off(self._members, busy, now, hedge)
+        busy = busy | self.host.kept_off(busy, now, hedge)
         shares = self._aperture.active
         members = [
             member
@@ -337,10 +333,8 @@ class Policy:
         self._aperture.joined(name)
         if not self._members:
             self._answered_at = now
-        announced = event.limit or DEFAULT_LIMIT
-        self._members[name] = MemberHealth(
-            name, announced, self.options, event.same_host, event.slots
-        )
+        limit = event.limit or DEFAULT_LIMIT
+        self._members[name] = MemberHealth(name, limit, self.options, event.same_host, event.slots)
 
     def _unreached(self, event: Unreachable, now: float) -> None:
         """A connect failed: the member stays listed, tried again after a back-off."""
