@@ -99,6 +99,12 @@ class RemoteLoader(Loader[Any]):
             subset=failover.subset,
         )
         self._driver = driver = Driver(failover, seat=seat, connect=membership.connect_member)
+        usable = spare_cores()
+
+        def left() -> int | None:
+            """The cores that workers on this host leave the local members now."""
+            return cores_left(usable, driver.same_host_slots)
+
         try:
             worker = None if local is None else LocalWorker.of(local, pipeline)
             fallback = None if worker is None else worker.identity
@@ -118,10 +124,9 @@ class RemoteLoader(Loader[Any]):
                 if isinstance(local.count, int):
                     count = local.count
                 else:  # "auto": every core at once unless a worker elsewhere can be measured
-                    rule = SpareCores(spare_cores())
+                    rule = SpareCores(usable)
                     sidecar = local.same_host == "worker" and driver.same_host
-                    left = cores_left(rule.ceiling, driver.same_host_slots)
-                    count = rule.start(elsewhere=driver.off_host or sidecar, left=left)
+                    count = rule.start(elsewhere=driver.off_host or sidecar, left=left())
                 locals_ = LocalMembers(local, worker, pipeline, identity, handshake, driver, count)
             plan = options.plan(identity.num_records)
         except BaseException:
@@ -135,10 +140,7 @@ class RemoteLoader(Loader[Any]):
         # A worker on this host counts as the trainer's cores, unless it has cores of its own.
         counted = local is not None and local.same_host == "fallback"
         same_host = (lambda: driver.same_host) if counted else (lambda: False)
-        usable = 0 if rule is None else rule.ceiling
-        tuner = LoopTuner(
-            self._demand, rule, same_host, lambda: cores_left(usable, driver.same_host_slots)
-        )
+        tuner = LoopTuner(self._demand, rule, same_host, left)
         resize = locals_.resize if locals_ is not None else lambda count: None
 
         def executor() -> Executor[Any]:
