@@ -52,10 +52,15 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from catalog import TITLES
 from fleet_sim import RESULTS, write_section
 from paired import Paired
 from results import Results, cpu_per_gb
+from workloads import CROP_SIDE, T1_BATCH_BYTES
+
+from loadax.wire.checksum import payload_checksum
+from loadax.wire.v1 import worker_pb2 as wire
 
 HERE = Path(__file__).resolve().parent
 TITLE = "Cost per GB: issue 26's targets from one run"
@@ -70,6 +75,11 @@ CHECKSUM_SYMBOL = re.compile(r"xxh|sum_of_products", re.IGNORECASE)
 """perf's names for the reply checksum's code (XXH3, or the weighted sums' numpy kernel)."""
 CHECKSUM_SHARE = 0.03
 MIB = 1 << 20
+SMALL_BATCH_BYTES = 64 << 10
+"""T1's batches when the client's cost per batch is measured apart from its cost per byte."""
+SMALL_BATCHES = 8192
+R1_ROW_BYTES = CROP_SIDE * CROP_SIDE * 3 * 4
+"""An R1 batch's image row (float32), as a worker stacks it; 64 make a batch."""
 
 Profile = dict[str, Any]
 
@@ -150,14 +160,16 @@ def main() -> int:
         scratch = Path(directory)
         transports, t1_report = t1(args.rounds, scratch)
         t1_text = t1_report.read_text()
-        shares = {}
+        per_batch = statistics.median(client_per_batch() for _ in range(args.rounds))
+        shares, cold_rate = {}, 0.0
         if not args.no_perf:
+            cold_rate = cold_checksum_rate()
             for side in ("worker", "client"):
                 data = scratch / f"{side}.perf"
                 profile("R1", "zmq", False, "--perf", side, "--perf-out", str(data))
                 shares[side] = checksum_share(data)
     load_after = os.getloadavg()[0]
-    lines = rows(runs, transports, shares)
+    lines = rows(runs, transports, shares, cold_rate, per_batch)
     when = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
     lines[:0] = [
         f"`python benchmarks/cost_per_gb.py --rounds {args.rounds} --w3-rounds {args.w3_rounds}` "
@@ -177,12 +189,53 @@ def main() -> int:
     return 0
 
 
+def client_per_batch() -> float:
+    """The client's CPU seconds per batch over ZeroMQ's sockets when batches are small (T1's
+    of `SMALL_BATCH_BYTES`): what a batch costs it whatever its size (the reply's checks, the
+    fleet's policy, the hand-offs between its threads)."""
+    measured = profile(
+        "T1",
+        "zmq",
+        True,
+        "--batch-bytes",
+        str(SMALL_BATCH_BYTES),
+        "--batches",
+        str(SMALL_BATCHES),
+    )
+    return float(measured["client CPU s/GB"]) * SMALL_BATCH_BYTES / 1e9
+
+
+def cold_checksum_rate(rounds: int = 9) -> float:
+    """GB/s of the client's checksum (XXH3 in chunks) over an R1 batch's bytes out of the CPU's
+    caches, as the fast path's client reads a batch its worker wrote: the batch written row by
+    row (as a worker stacks it), pushed out of the caches by a larger write, then hashed; this
+    thread's CPU time, the median of `rounds`."""
+    rows = 64
+    row = np.random.default_rng(0).integers(0, 256, R1_ROW_BYTES, np.uint8)
+    batch = np.empty(rows * R1_ROW_BYTES, np.uint8)
+    flush = np.empty(64 * MIB, np.uint8)
+    seconds = []
+    for _ in range(rounds):
+        for at in range(0, batch.size, R1_ROW_BYTES):
+            batch[at : at + R1_ROW_BYTES] = row
+        flush.fill(1)
+        start = time.thread_time()
+        payload_checksum([batch.data], wire.CHECKSUM_XXH3_CHUNKS)
+        seconds.append(time.thread_time() - start)
+    return batch.nbytes / statistics.median(seconds) / 1e9
+
+
 def rows(
     runs: dict[tuple[str, str, bool], list[Profile]],
     transports: Results,
     shares: dict[str, float],
+    cold_rate: float,
+    per_batch: float,
 ) -> list[str]:
-    """The section's tables: each pipeline's CPU per GB, then every target's verdict."""
+    """The section's tables: each pipeline's CPU per GB, then every target's verdict, with
+    the floors this machine sets to those missed here: local + a raw send + a raw receive
+    (R1 over the sockets), one read of a batch from memory (the client's checksum on the fast
+    path), and the client's cost per batch (T1 over ZeroMQ's sockets, `per_batch`)."""
     lines = [
         "| pipeline, path | GB/s | worker s/GB | trainer s/GB | local s/GB | raw send s/GB "
         "| total ÷ local |",
@@ -206,11 +259,10 @@ def rows(
             )
             send = median(measured, "raw TCP send CPU s/GB")
             workers = column(measured, "worker CPU s/GB")
+            sends = column(measured, "raw TCP send CPU s/GB")
             bounds = [
                 alone_cpu + 1.5 * send_cpu
-                for alone_cpu, send_cpu in zip(
-                    local_rounds, column(measured, "raw TCP send CPU s/GB"), strict=True
-                )
+                for alone_cpu, send_cpu in zip(local_rounds, sends, strict=True)
             ]
             over_bound = Paired.of(workers, bounds)
             totals = Paired.of(
@@ -221,6 +273,10 @@ def rows(
                 local_rounds,
             )
             label = f"{workload} {name(system, sockets)}"
+            floor_total = statistics.median(
+                (alone_cpu + send_cpu + raw_receive) / alone_cpu
+                for alone_cpu, send_cpu in zip(local_rounds, sends, strict=True)
+            )
             lines.append(
                 f"| {label} | {median(measured, 'GB/s'):.3f} | {worker:.2f} | {trainer:.2f} "
                 f"| {local:.2f} | {send:.3f} | {totals.median:.2f} |"
@@ -233,10 +289,16 @@ def rows(
                     over_bound.verdict(1.0),
                 )
             )
+            floor_note = (
+                f"; local + a raw send + a raw receive (T1's), this machine's floor: "
+                f"{floor_total:.2f}"
+                if sockets and raw_receive
+                else ""
+            )
             verdicts.append(
                 (
                     f"{label}: total ÷ local ≤ {limit}",
-                    f"paired {totals.describe()}",
+                    f"paired {totals.describe()}{floor_note}",
                     totals.verdict(limit),
                 )
             )
@@ -253,15 +315,21 @@ def rows(
                         verdict(trainer <= times * floor),
                     )
                 )
-    verdicts += transport_verdicts(transports, raw_receive, grpcio)
+    verdicts += transport_verdicts(transports, raw_receive, grpcio, per_batch)
     profiled = runs[("R1", "zmq", False)]
     cpu = {side: median(profiled, f"{side} CPU s/GB") for side in ("worker", "client")}
     for side, share in shares.items():
         of_r1 = share * cpu[side] / sum(cpu.values())
+        shown = f"{of_r1:.1%} ({share:.1%} of the {side}'s perf samples)"
+        if side == "client" and cold_rate:
+            shown += (
+                f"; one read of a batch from memory (XXH3 at {cold_rate:.0f} GB/s here) is "
+                f"{1 / cold_rate / sum(cpu.values()):.1%} of R1's CPU"
+            )
         verdicts.append(
             (
                 f"R1 ZeroMQ fast path: the {side}'s checksum ≤ 3 % of R1's CPU",
-                f"{of_r1:.1%} ({share:.1%} of the {side}'s perf samples)",
+                shown,
                 verdict(of_r1 <= CHECKSUM_SHARE),
             )
         )
@@ -282,9 +350,10 @@ def steady_cpu_per_gb(run: Mapping[str, Any]) -> float:
 
 
 def transport_verdicts(
-    transports: Results, raw_receive: float, grpcio: float
+    transports: Results, raw_receive: float, grpcio: float, per_batch: float
 ) -> list[tuple[str, str, str]]:
-    """T1's: the trainer's receive against the raw ones, GB/s against raw TCP, RSS bounds."""
+    """T1's: the trainer's receive against the raw ones (over ZeroMQ's sockets with the
+    client's CPU `per_batch` beside it), GB/s against raw TCP, RSS bounds."""
     verdicts = []
     raw_rate = transports.median("T1", "raw TCP") or 0.0
 
@@ -302,11 +371,21 @@ def transport_verdicts(
         if floor and trainer:
             steady = transports.median("T1", system, steady_cpu_per_gb) or 0.0
             steady_floor = transports.median("T1", floor_system, steady_cpu_per_gb) or 0.0
+            measured = (
+                f"{trainer / floor:.2f}x ({trainer:.3f} vs {floor:.3f} s/GB; after the "
+                f"first batch {steady / steady_floor:.2f}x)"
+            )
+            if system == "loadax ZeroMQ sockets" and per_batch:
+                raw_batch = floor * T1_BATCH_BYTES["T1"] / 1e9
+                measured += (
+                    f"; its CPU per batch at {SMALL_BATCH_BYTES >> 10} KiB batches "
+                    f"{per_batch * 1e3:.2f} ms, {per_batch / raw_batch:.2f}x the raw receive "
+                    f"of an {T1_BATCH_BYTES['T1'] >> 20} MiB batch ({raw_batch * 1e3:.2f} ms)"
+                )
             verdicts.append(
                 (
                     f"T1 {system}: trainer ≤ {times} x the raw receive",
-                    f"{trainer / floor:.2f}x ({trainer:.3f} vs {floor:.3f} s/GB; after the "
-                    f"first batch {steady / steady_floor:.2f}x)",
+                    measured,
                     verdict(trainer <= times * floor),
                 )
             )

@@ -1,7 +1,7 @@
 """Where a remote loader's CPU goes, in steady state: `--workers` `loadax-worker`s (default 1; 2
-threads each) on loopback serving T1 (pre-built batches of 8 or 64 MiB), R1 (W2's images) or W3
-(its CPU-heavy FFTs) to a `RemoteDataLoader` (prefetch 4) in this process, or R1 or W3 from the
-local loader (2 threads) for comparison.
+threads each) on loopback serving T1 (pre-built batches of 8 or 64 MiB, or `--batch-bytes`), R1
+(W2's images) or W3 (its CPU-heavy FFTs) to a `RemoteDataLoader` (prefetch 4) in this process,
+or R1 or W3 from the local loader (2 threads) for comparison.
 
 After `--warmup` batches it measures the rest: GB/s, the client's and the workers' CPU seconds
 per GB (user + system, the workers' children included) and the client's minor page faults per
@@ -18,6 +18,7 @@ symbols that took the most of its samples (perf must be installed).
     .venv/bin/python benchmarks/profile_remote.py R1 local
     .venv/bin/python benchmarks/profile_remote.py W3 zmq --epochs 1
     .venv/bin/python benchmarks/profile_remote.py T1 zmq --sockets   # without the same-host path
+    .venv/bin/python benchmarks/profile_remote.py T1 zmq --sockets --batch-bytes 65536  # per batch
 """
 
 from __future__ import annotations
@@ -56,15 +57,20 @@ RAW_SEND_TOTAL = 1 << 30
 
 
 def config(
-    directory: Path, name: str, batches: int, transport: str, threads: int = LOADING_THREADS
+    directory: Path,
+    name: str,
+    batches: int,
+    transport: str,
+    threads: int = LOADING_THREADS,
+    batch_bytes: int = 0,
 ) -> Path:
     """A worker config serving `name`'s pipeline (R1, W3: their full-scale files, written once)
-    on `threads` loading threads."""
+    on `threads` loading threads; T1's batches of `batch_bytes` (0: the workload's)."""
     if name in PIPELINES:
         factory = PIPELINES[name].__name__
         pipeline = f'factory = "bench_pipelines:{factory}"\nargs = {{ path = "{data(name)}" }}'
     else:
-        args = f"batches = {batches}, batch_bytes = {T1_BATCH_BYTES[name]}"
+        args = f"batches = {batches}, batch_bytes = {batch_bytes or T1_BATCH_BYTES[name]}"
         pipeline = f'factory = "bench_pipelines:t1"\nargs = {{ {args} }}'
     listen = 'grpc = "127.0.0.1:0"' if transport == "grpc" else 'zmq = "tcp://127.0.0.1:0"'
     path = directory / "worker.toml"
@@ -244,6 +250,9 @@ def main() -> None:
     parser.add_argument("workload", choices=["T1", "T1-64M", *PIPELINES])
     parser.add_argument("system", choices=["zmq", "grpc", "local"])
     parser.add_argument("--batches", type=int, default=0, help="T1's (default: about 4 GB)")
+    parser.add_argument(
+        "--batch-bytes", type=int, default=0, help="T1's batches' size (default: the workload's)"
+    )
     parser.add_argument("--epochs", type=int, default=3, help="R1's or W3's")
     parser.add_argument("--workers", type=int, default=1)
     parser.add_argument("--warmup", type=int, default=4)
@@ -259,7 +268,10 @@ def main() -> None:
         parser.error("the local loader is measured on R1 and W3 only")
     if args.system == "local" and (args.perf == "worker" or args.workers != 1):
         parser.error("the local loader has no worker")
-    batches = args.batches or (4 << 30) // T1_BATCH_BYTES.get(args.workload, 1)
+    if args.batch_bytes and args.workload in PIPELINES:
+        parser.error("--batch-bytes sizes T1's pre-built batches only")
+    batch_bytes = args.batch_bytes or T1_BATCH_BYTES.get(args.workload, 1)
+    batches = args.batches or (4 << 30) // batch_bytes
     batch_size = workload(args.workload, "full", Path()).batch_size
     with tempfile.TemporaryDirectory() as directory:
         if args.system == "local":
@@ -275,7 +287,13 @@ def main() -> None:
             profiled = os.getpid() if args.perf else None
             result = measure(loader, args.warmup, [], profiled, args.perf_out)
         else:
-            settings = config(Path(directory), args.workload, batches + args.warmup, args.system)
+            settings = config(
+                Path(directory),
+                args.workload,
+                batches + args.warmup,
+                args.system,
+                batch_bytes=args.batch_bytes,
+            )
             with ExitStack() as stack:
                 served = [
                     stack.enter_context(worker(settings, args.system)) for _ in range(args.workers)
