@@ -31,6 +31,12 @@ of about 0.3 s/GB on 20 s/GB), so W3 runs more rounds (`--w3-rounds`; about a mi
 - the trainer's RSS within its bound (T1's runs); each side's checksum <= 3 % of R1's CPU
   (its share of that side's perf samples times that side's share of the CPU).
 
+Beside three of them it measures, in the same run, the floor this machine sets under them:
+local + a raw send + a raw receive over local (total ÷ local over the sockets), one read of an
+R1 batch from memory (`cold_checksum_rate`, against the client's checksum on the fast path), and
+the client's CPU per batch on 64 KiB batches (`client_per_batch`, against T1's raw receive of
+an 8 MiB batch).
+
     .venv/bin/python benchmarks/cost_per_gb.py --rounds 3 --w3-rounds 12
 
 The section goes into RESULTS.md, with T1's table and target rows from the same run.
