@@ -15,13 +15,18 @@ from loadax.server.ledger import Held, Ledger
 
 def tracked_frames(
     parts: Sequence[bytes | memoryview],
-) -> tuple[list[zmq.Frame | bytes | memoryview], zmq.MessageTracker]:
+) -> tuple[list[zmq.Frame | bytes | memoryview], zmq.MessageTracker | None]:
     """`parts` as frames to send, and what tells when libzmq is done with them (sent, or
     dropped). Parts of `zmq.COPY_THRESHOLD` bytes or more (a batch's payload frames, views of
     its arrays) are sent from their own buffers and tracked (copying them costs more: 0.46
     against 0.26 s/GB at 1 MiB); smaller ones are copied, except the last, which is tracked
     too: libzmq lets go of a message's frames in order, so once it has let go of the last, it
-    holds none of the others."""
+    holds none of the others. A reply of small parts only (a header whose payload is in the
+    client's memory file, an error) is copied whole and not tracked (None): libzmq then holds
+    nothing of the worker's, and a tracker costs pyzmq's garbage collector thread a wake-up and
+    the I/O thread its polls until it is done."""
+    if all(len(part) < zmq.COPY_THRESHOLD for part in parts):
+        return list(parts), None
     last = len(parts) - 1
     frames: list[zmq.Frame | bytes | memoryview] = [
         zmq.Frame(part, copy=False, track=True)

@@ -204,8 +204,13 @@ class ZmqService:
         """Hand `reply` to the I/O thread. Its tracked frames are referred to from this call's
         frame only: the tracker is done once libzmq has sent them and they are freed, and an
         error answered holds the frames its traceback passed through (`_handle`'s among them)
-        in a reference cycle until the garbage collector runs, with the client's slot."""
+        in a reference cycle until the garbage collector runs, with the client's slot. A reply
+        copied whole (`tracked_frames`) lets go of its request as it is handed over."""
         frames, tracker = tracked_frames(reply)
+        if tracker is None:
+            # Copied whole: nothing of the worker's is held once handed over. Let go of first,
+            # so that the I/O thread, woken by it, finds no request in flight when none is.
+            self._requests.ledger.done(held)
         with self._push_lock:
             if self._push is None:
                 self._requests.ledger.done(held)
@@ -213,9 +218,10 @@ class ZmqService:
                 return
             # Watched before it is sent, so that the I/O thread, which forwards it, looks for
             # it until libzmq is done with it.
-            self._outbox.add(held, tracker)
+            if tracker is not None:
+                self._outbox.add(held, tracker)
             try:
-                self._push.send_multipart([identity, *frames], copy=False)
+                self._push.send_multipart([identity, *frames], copy=tracker is None)
             except zmq.ZMQError:
                 self._requests.ledger.done(held)
                 log.exception("dropped the reply to request %d", request_id)

@@ -21,6 +21,7 @@ from loadax.dataset.ops import DatasetBase
 from loadax.errors import RecordError, WorkerError
 from loadax.plan.permutation import IndexArray
 from loadax.server.worker import Worker
+from loadax.server.zmq_outbox import tracked_frames
 from loadax.server.zmq_server import ZmqServer
 from loadax.wire import zmq_frames
 from loadax.wire.checksum import payload_checksum
@@ -626,3 +627,18 @@ def test_a_peer_that_keeps_closing_the_handshake_is_a_refusal_naming_curve() -> 
             closer.join()
     assert refused.value.code == "UNAUTHENTICATED", refused.value
     assert "without saying why: it most likely requires CURVE" in refused.value.message
+
+
+def test_a_reply_of_small_parts_is_copied_untracked_a_payload_sent_from_its_buffer() -> None:
+    header = [zmq_frames.encode_request_id(7), zmq_frames.OK, b"a header"]
+    frames, tracker = tracked_frames(header)
+    assert tracker is None  # nothing of the worker's is held once libzmq has a copy
+    assert frames == header
+    payload = memoryview(bytearray(zmq.COPY_THRESHOLD))
+    frames, tracker = tracked_frames([*header, payload])
+    assert tracker is not None
+    assert not tracker.done
+    assert frames[:3] == header
+    assert isinstance(frames[3], zmq.Frame)
+    payload[0] = 1  # not copied: the frame is the payload's buffer
+    assert frames[3].buffer[0] == 1
