@@ -151,6 +151,32 @@ def test_batches_over_the_data_socket_are_the_local_loaders(
     assert_batches_equal(batches, expected(steps))
 
 
+def test_a_handshake_returns_once_the_data_socket_it_offers_is_open(
+    worker: Worker, monkeypatch: pytest.MonkeyPatch, sent_on_data_sockets: list[int]
+) -> None:
+    """The first batches come on it, not over ZeroMQ (a plain transport, which waits for it up
+    to `FIRST_WAIT_S`: long here, so that a loaded machine does not decide)."""
+    monkeypatch.setattr(zmq_data_client, "FIRST_WAIT_S", WAIT_S)
+    server = ZmqServer(worker, "tcp://127.0.0.1:0")
+    try:
+        address = server.start().replace("tcp://", "zmq://")
+        with ZmqTransport(address, shared_memory=False) as transport:
+            target = Verifying(transport)
+            response = transport.handshake(handshake_request(), WAIT_S)
+            assert transport.data_socket_open(0.0)
+            request = wire.BatchRequest(
+                pipeline="numbers",
+                fingerprint=response.fingerprint,
+                plan=plan_to_wire(PLAN),
+                step=3,
+            )
+            batch = target.verify(request, transport.send(request), WAIT_S)
+    finally:
+        server.stop(grace=WAIT_S)
+    assert len(sent_on_data_sockets) == 1
+    assert_batches_equal([batch], [NUMBERS.load(PLAN, 3, None)])
+
+
 # Rows of an odd size (1.26 MiB), 4 a batch: the client receives a payload in pieces of 2 MiB,
 # wakes for at most 2 MiB of it and checksums it in chunks of 256 KiB, and none of them ends
 # where a row, another or the payload does.
