@@ -47,7 +47,7 @@ from loadax.wire.decoded_form import decoded_form
 from loadax.wire.failures import PipelineFailed, RecordFailed
 from loadax.wire.limits import DEFAULT_TIMEOUT_S
 from loadax.wire.payloads import EncodedBatch
-from loadax.wire.plans import plan_from_wire, work_from_wire
+from loadax.wire.plans import plan_from_wire, request_plan, work_from_wire
 from loadax.wire.v1 import worker_pb2 as wire
 
 KINDS = ("threads", "processes")
@@ -172,7 +172,7 @@ class LocalWorker:
                 f"a local member of pipeline {self._name!r} has fingerprint "
                 f"{self.fingerprint[:12]}, the request {request.fingerprint[:12] or 'none'}",
             )
-        plan, work = plan_from_wire(request.plan), work_from_wire(request)
+        plan, work = request_plan(request.plan), work_from_wire(request)
         with _answered(request.step):
             making = executor.submit(plan, work)
         assert isinstance(making, FuturePending), "a member's executor hands out futures"

@@ -21,11 +21,10 @@ from typing import Any
 
 from loadax.client.transports.reply import InProcess, Reply, bad_reply
 from loadax.errors import RecordError, WorkerError
-from loadax.plan import Plan
 from loadax.wire.checksum import available, kind_name, payload_checksum
 from loadax.wire.codec import CodecError, decode_frames
 from loadax.wire.failures import RecordFailed
-from loadax.wire.plans import plan_from_wire, request_digest
+from loadax.wire.plans import request_digest, request_plan
 from loadax.wire.schema import schema_difference
 from loadax.wire.v1 import worker_pb2 as wire
 
@@ -40,9 +39,6 @@ class ReplyDecoder:
         self._worker = worker
         # By (pipeline, fingerprint): a batch is checked against its own identity's schema.
         self._schemas: dict[tuple[str, str], wire.BatchSchema] = {}
-        # The plan of the last request whose rows were counted, as sent and as read: the
-        # requests of a loader share one (reading it costs more than the rest of a check).
-        self._plan: tuple[bytes, Plan] | None = None
 
     def learn(self, response: wire.HandshakeResponse) -> wire.HandshakeResponse:
         """Remember the schema the worker announced for a pipeline; returns `response`."""
@@ -162,11 +158,8 @@ class ReplyDecoder:
             return None
         if request.rows:
             return len(request.rows)
-        sent = request.plan.SerializeToString()
         try:
-            if self._plan is None or self._plan[0] != sent:
-                self._plan = (sent, plan_from_wire(request.plan))
-            return self._plan[1].batch_length(request.step)
+            return request_plan(request.plan).batch_length(request.step)
         except (WorkerError, IndexError):
             return None  # a request the worker refuses: no batch to count
 

@@ -44,7 +44,7 @@ from loadax.validation import is_int, require_int, require_positive
 from loadax.wire.codec import encode_frames
 from loadax.wire.failures import RecordFailed
 from loadax.wire.payloads import EncodedBatch, answer_checksum
-from loadax.wire.plans import compatible_versions, plan_from_wire, work_from_wire
+from loadax.wire.plans import compatible_versions, plan_from_wire, request_plan, work_from_wire
 from loadax.wire.shared_memory import ClientFile
 from loadax.wire.stacked_payload import PooledPayload, StackedPayload
 from loadax.wire.v1 import worker_pb2 as wire
@@ -234,7 +234,7 @@ class Worker:
                 f"the plan has {request.plan.num_records} records, pipeline "
                 f"{request.pipeline!r} has {num_records}",
             )
-        plan = plan_from_wire(request.plan)
+        plan = request_plan(request.plan)
         work = work_from_wire(request)
         kind = (request.pipeline, checked(request.pipeline, pipeline, plan, work))
         # The tighter of the two limits, as a refusal names it.
@@ -249,17 +249,16 @@ class Worker:
         try:
             frames = self._load(request, plan, work, stack)
             batch = EncodedBatch.answering(request, expected, frames, checksummed=False)
-            if checksummed:
-                batch = dataclasses.replace(batch, checksum=stack.checksum(frames))
-            batch = dataclasses.replace(batch, borrowed=into is not None and into.holds(frames))
             self._budget.learn(kind, batch.size)
             if batch.size > limit:
                 raise too_large(work, batch.size, room)
+            checksum = stack.checksum(frames) if checksummed else None
+            borrowed = into is not None and into.holds(frames)
         except BaseException:
             release()
             raise
         # Reserved until the transport has sent the reply (or dropped it).
-        return dataclasses.replace(batch, release=release)
+        return dataclasses.replace(batch, checksum=checksum, borrowed=borrowed, release=release)
 
     @property
     def serving(self) -> bool:
