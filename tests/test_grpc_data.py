@@ -37,6 +37,7 @@ from workers import worker_process
 
 import loadax
 from loadax.client.security import ClientSecurity
+from loadax.client.transports import zmq_data as zmq_data_client
 from loadax.client.transports.grpc import GrpcTransport
 from loadax.client.transports.zmq_data import open_data_socket
 from loadax.plan.work import StepWork
@@ -124,6 +125,23 @@ def test_batches_over_the_data_socket_are_the_local_loaders(
     assert len(response.data_nonce) == zmq_data.NONCE_BYTES
     assert sorted(sent_on_data_sockets) == list(range(1, len(steps) + 1))
     assert_batches_equal(batches, expected(steps))
+
+
+def test_a_handshake_returns_once_the_data_socket_it_offers_is_open(
+    worker: Worker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As over ZeroMQ (`test_zmq_data`): a plain transport waits for it a few times its
+    handshake's time (long here, so that a loaded machine does not decide)."""
+    monkeypatch.setattr(zmq_data_client, "FIRST_WAIT_S", WAIT_S)
+    monkeypatch.setattr(zmq_data_client, "FIRST_WAIT_ROUND_TRIPS", 1e9)
+    served = server(worker)
+    try:
+        address = f"grpc://{served.start()}"
+        with contextlib.closing(GrpcTransport(address, shared_memory=False)) as transport:
+            transport.handshake(handshake_request(), WAIT_S)
+            assert transport.data_socket_open(0.0)
+    finally:
+        served.stop(grace=WAIT_S)
 
 
 def opened_handshake(target: Verifying[GrpcTransport], client: GrpcTransport) -> str:

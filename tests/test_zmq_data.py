@@ -154,9 +154,10 @@ def test_batches_over_the_data_socket_are_the_local_loaders(
 def test_a_handshake_returns_once_the_data_socket_it_offers_is_open(
     worker: Worker, monkeypatch: pytest.MonkeyPatch, sent_on_data_sockets: list[int]
 ) -> None:
-    """The first batches come on it, not over ZeroMQ (a plain transport, which waits for it up
-    to `FIRST_WAIT_S`: long here, so that a loaded machine does not decide)."""
+    """The first batches come on it, not over ZeroMQ (a plain transport, which waits for it a
+    few times its handshake's time: long here, so that a loaded machine does not decide)."""
     monkeypatch.setattr(zmq_data_client, "FIRST_WAIT_S", WAIT_S)
+    monkeypatch.setattr(zmq_data_client, "FIRST_WAIT_ROUND_TRIPS", 1e9)
     server = ZmqServer(worker, "tcp://127.0.0.1:0")
     try:
         address = server.start().replace("tcp://", "zmq://")

@@ -195,10 +195,12 @@ class GrpcTransport:
         request = self._same_host.handshake(request)
         if self._data is not None:
             request = self._data.asking(request)
+        started = time.monotonic()
         response: wire.HandshakeResponse = self._call(self._stub.Handshake, request, timeout)
+        took_s = time.monotonic() - started
         self._same_host.learn(response)
         if self._data is not None and not self._same_host.taken:
-            self._data.learn(request, response)
+            self._data.learn(request, response, took_s)
         return response
 
     def data_socket_open(self, timeout: float) -> bool:

@@ -72,10 +72,12 @@ class GrpcDataSocket:
         asked.data_socket, asked.data_key = True, self._key
         return asked
 
-    def learn(self, request: wire.HandshakeRequest, response: wire.HandshakeResponse) -> None:
-        """The worker answered the handshake `request` (as sent) with `response`: open the data
-        socket it offers, unless one is open, in the background (`DataChannel.learn`); batch
-        replies come on their calls until it is open."""
+    def learn(
+        self, request: wire.HandshakeRequest, response: wire.HandshakeResponse, took_s: float
+    ) -> None:
+        """The worker answered the handshake `request` (as sent) with `response` in `took_s`
+        seconds: open the data socket it offers, unless one is open (`DataChannel.learn`, which
+        waits for it a few round trips); batch replies come on their calls until it is open."""
         if not response.data_port:
             return
         with self._lock:
@@ -94,7 +96,7 @@ class GrpcDataSocket:
                     lambda: self._up,
                 )
             channel = self._channel
-        channel.learn(request, response)
+        channel.learn(request, response, took_s)
 
     def opened(self, timeout: float) -> bool:
         """Whether a data socket is open, once the one being opened (if any) is open or given

@@ -15,6 +15,7 @@ import logging
 import queue
 import socket
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any, TypeVar
@@ -146,10 +147,12 @@ class ZmqTransport:
         a data socket (`loadax.wire.zmq_data`) sends them on it once open, in the background
         (`data_socket_open`), unless `data_socket` was False (or it writes into memory files)."""
         request = self._data.asking(self._same_host.handshake(request))
+        started = time.monotonic()
         response = self._call(request, reply_of(wire.HandshakeResponse), timeout)
+        took_s = time.monotonic() - started
         self._same_host.learn(response)
         if not self._same_host.taken:  # a data socket would carry no batch
-            self._data.learn(request, response)
+            self._data.learn(request, response, took_s)
         return response
 
     def data_socket_open(self, timeout: float) -> bool:

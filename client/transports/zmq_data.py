@@ -30,13 +30,16 @@ then batch replies keep coming over ZeroMQ."""
 REHANDSHAKE_S = 5.0
 """How long the handshake for a new data socket, once a worker is back, may take."""
 FIRST_WAIT_S = 0.05
-"""How long a handshake that offers a data socket waits for it to open before it returns: a
-few round trips of any network a fleet runs on (it opens 0.3-2 ms after the handshake on
-loopback). The first batches then come on it, not over ZeroMQ (libzmq's messages, and a copy out
-of them): T1 over the sockets, the client's CPU up to its first batch 31 -> 21 ms and over its
-64 batches 0.44 -> 0.38 s/GB (medians of 12 fresh processes each, alternated). A port that
-answers later (a firewall that drops it) delays its member's first batch by this much, once; it
-goes on opening meanwhile."""
+"""The most a handshake that offers a data socket waits for it to open before it returns:
+`FIRST_WAIT_ROUND_TRIPS` times the handshake's own time, within this. It opens 0.3-2 ms after
+the handshake on loopback; the first batches then come on it, not over ZeroMQ (libzmq's messages,
+and a copy out of them): T1 over the sockets, the client's CPU up to its first batch 31 -> 21 ms
+and over its 64 batches 0.44 -> 0.38 s/GB (medians of 12 fresh processes each, alternated). A
+port that answers later (a firewall that drops it) delays its member's first batch by that wait,
+once; it goes on opening meanwhile."""
+FIRST_WAIT_ROUND_TRIPS = 4
+"""Opening a data socket takes two round trips (the connection, the hello and its answer), as a
+handshake takes one and the worker's answer to it."""
 _TURN_BYTES = 16 << 20  # read per turn of the I/O thread, so that other workers are served too
 # The most bytes a reply's payload waits for before it is read on, and the most received at
 # once, hashed right after while they are in the CPU's cache (XXH3 runs at 16 GB/s over bytes out
@@ -148,12 +151,15 @@ class DataChannel:
         asked.data_socket = True
         return asked
 
-    def learn(self, request: wire.HandshakeRequest, response: wire.HandshakeResponse) -> None:
-        """The worker answered `request` (as sent) with `response`: open the data socket it
-        offers, unless one is open, on a thread of its own, and wait up to `FIRST_WAIT_S` for
-        it. Until it is open, batch replies come over ZeroMQ or gRPC: a port that answers late
-        or never (a firewall that drops it; behind a proxy, whose host the client dials,
-        another program's) delays the handshake by that wait at most, and no batch after."""
+    def learn(
+        self, request: wire.HandshakeRequest, response: wire.HandshakeResponse, took_s: float
+    ) -> None:
+        """The worker answered `request` (as sent) with `response` in `took_s` seconds: open
+        the data socket it offers, unless one is open, on a thread of its own, and wait for it
+        up to `FIRST_WAIT_ROUND_TRIPS` times that, within `FIRST_WAIT_S`. Until it is open,
+        batch replies come over ZeroMQ or gRPC: a port that answers late or never (a firewall
+        that drops it; behind a proxy, whose host the client dials, another program's) delays
+        the handshake by that wait at most, and no batch after."""
         if not self.enabled:
             return
         self._asked = request
@@ -164,7 +170,7 @@ class DataChannel:
         )
         self._opener = opener
         opener.start()
-        opener.join(FIRST_WAIT_S)
+        opener.join(min(FIRST_WAIT_S, FIRST_WAIT_ROUND_TRIPS * took_s))
 
     def opened(self, timeout: float) -> bool:
         """Whether a data socket is open, once the one that the last handshake offered is open
