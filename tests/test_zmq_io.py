@@ -63,3 +63,10 @@ def test_a_target_that_raises_is_let_go_and_the_others_are_served_on(
         zmq_io.SHARED.release(io)
         failing.ours.close()
         failing.theirs.close()
+
+
+def test_waking_a_thread_whose_pipe_is_gone_says_what_became_of_it() -> None:
+    io = zmq_io.ZmqIo()
+    io.close()  # stopped and joined: its wake-up pipe is closed
+    with pytest.raises(RuntimeError, match="has exited and was asked to stop"):
+        io.wake(Counting())

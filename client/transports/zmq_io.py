@@ -64,13 +64,23 @@ class ZmqIo:
         return threading.current_thread() is self._thread
 
     def wake(self, target: Target) -> None:
-        """Have `target` served soon; from any thread."""
+        """Have `target` served soon; from any thread. A RuntimeError once the thread's wake-up
+        pipe is gone (a bug), saying whether the thread exited and was asked to."""
         with self._lock:
             self._due[target] = None
             if self._woken:
                 return
             self._woken = True
-        os.write(self._wake_out, b"\0")
+            stopping = self._stopping
+        try:
+            os.write(self._wake_out, b"\0")
+        except OSError as error:
+            exited = "has exited" if not self._thread.is_alive() else "still runs"
+            asked = "was asked to stop" if stopping else "was not asked to stop"
+            raise RuntimeError(
+                f"cannot wake the process's ZeroMQ I/O thread ({error.strerror}): it {exited} "
+                f"and {asked}"
+            ) from error
 
     def watch(self, socket: zmq.Socket[bytes] | Watched, target: Target) -> None:
         """Serve `target` whenever `socket` may have changed (a ZeroMQ socket), or is readable
