@@ -190,8 +190,9 @@ class GrpcTransport:
     ) -> wire.HandshakeResponse:
         """The worker's answer; one that can write into this process's memory files has its
         batches written there from then on (unless `shared_memory` was False). One that offers
-        a data socket sends batch replies on it once open, which it is in the background
-        (`data_socket_open`), unless the worker writes into memory files: then none is opened."""
+        a data socket sends batch replies on it once open (the handshake waits a few of its round
+        trips for it: `DataChannel.learn`), unless the worker writes into memory files: then none
+        is opened."""
         request = self._same_host.handshake(request)
         if self._data is not None:
             request = self._data.asking(request)

@@ -1,11 +1,12 @@
 """The ZeroMQ transport: `ZmqTransport`, a DEALER socket to one worker.
 
 Framing is `loadax.wire.zmq_frames`. The process's I/O thread (`zmq_io`) serves the DEALER
-sockets of every transport; callers hand it requests through a queue and wake it. It sends them
-(`zmq_send`), and receives a batch's payload frames into one buffer of a `BufferPool`
-(`zmq_receive`), reused once nothing made from it is alive; or, from a worker that offers a data
-socket at the handshake, the whole batch reply on that plain TCP socket, straight into the buffer
-(`zmq_data`).
+sockets of every transport (a transport has no thread, and two file descriptors: the socket's
+and its connection's, three with a data socket); callers hand it requests through a queue and
+wake it. It sends them (`zmq_send`), and receives a batch's payload frames into one buffer of a
+`BufferPool` (`zmq_receive`), reused once nothing made from it is alive; or, from a worker that
+offers a data socket at the handshake, the whole batch reply on that plain TCP socket, straight
+into the buffer (`zmq_data`).
 """
 
 from __future__ import annotations
@@ -67,9 +68,6 @@ class ZmqTransport:
     goes with every request. A worker that refuses the security handshake of the first
     connection (a CURVE key it does not allow, or CURVE on one side only) fails every request
     with UNAUTHENTICATED, for good: ZeroMQ does not retry such a connection.
-
-    A transport costs two file descriptors (the socket's and its connection's; a data socket
-    adds one) and no thread: the process's ZeroMQ context and I/O thread serve them all.
 
     A batch's payload is received into a buffer of `buffers` (by default a pool of its own),
     and a reply whose payload is larger than `max_reply_bytes` (by default `MAX_BATCH_BYTES`) is
@@ -144,15 +142,14 @@ class ZmqTransport:
     ) -> wire.HandshakeResponse:
         """The worker's answer; one that can write into this process's memory files has its
         batches written there from then on (unless `shared_memory` was False); one that offers
-        a data socket (`loadax.wire.zmq_data`) sends them on it once open, in the background
-        (`data_socket_open`), unless `data_socket` was False (or it writes into memory files)."""
+        a data socket sends them on it, once open: the handshake waits a few of its round trips
+        for it (`DataChannel.learn`), unless `data_socket` was False (or it writes into files)."""
         request = self._data.asking(self._same_host.handshake(request))
         started = time.monotonic()
         response = self._call(request, reply_of(wire.HandshakeResponse), timeout)
-        took_s = time.monotonic() - started
         self._same_host.learn(response)
         if not self._same_host.taken:  # a data socket would carry no batch
-            self._data.learn(request, response, took_s)
+            self._data.learn(request, response, time.monotonic() - started)
         return response
 
     def data_socket_open(self, timeout: float) -> bool:
