@@ -198,10 +198,9 @@ class GrpcTransport:
             request = self._data.asking(request)
         started = time.monotonic()
         response: wire.HandshakeResponse = self._call(self._stub.Handshake, request, timeout)
-        took_s = time.monotonic() - started
         self._same_host.learn(response)
         if self._data is not None and not self._same_host.taken:
-            self._data.learn(request, response, took_s)
+            self._data.learn(request, response, time.monotonic() - started)
         return response
 
     def data_socket_open(self, timeout: float) -> bool:
