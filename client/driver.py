@@ -8,9 +8,9 @@ received them (`ReplyDecoder.verify`), before the policy hears of them: a bad re
 of its member, whatever the transport.
 
 Its thread wakes at the policy's next deadline (`Policy.wake_at`) and for events, but not for a
-request the policy would only queue (`Policy.admits`): the next pass takes it. A local member's
-answer is applied on the thread that made its batch when the driver's thread has nothing to do:
-one pass at a time owns the policy (`_passing`), the same code on either thread.
+request the policy would only queue (`Policy.admits`): the next pass takes it. An answer is
+applied on the thread that received it (an I/O thread, a local member's) when the driver's thread
+has nothing to do: one pass at a time owns the policy (`_passing`), the same code on any thread.
 """
 
 from __future__ import annotations
@@ -113,7 +113,7 @@ class Driver:
         # Guards the policy for the readers on other threads (members, depth, stats).
         self._lock = threading.Lock()
         self._ids = itertools.count(1)
-        # Owned by the driver's thread.
+        # Owned by the pass that holds `_passing`, on whichever thread.
         self._members: dict[str, Member] = {}
         self._requests: dict[int, tuple[wire.BatchRequest, Future[Any]]] = {}
         self._attempts: dict[int, Future[Reply]] = {}
@@ -363,9 +363,9 @@ class Driver:
         header = reply.result().header
         self.reuse.replied(header)
         answered = Answered(attempt, header.load, header.loading_slots)
-        # A local member's answer, on the thread that made it: applied here when nothing else
-        # waits, so that the driver's thread is not woken to hand its batch over.
-        if not (is_local(member.name) and self._inbox.quiet() and self._passing.acquire(False)):
+        # Applied here when nothing else waits, so that the driver's thread is not woken to
+        # hand the batch over.
+        if not (self._inbox.quiet() and self._passing.acquire(False)):
             self._inbox.post(answered)
             return
         try:

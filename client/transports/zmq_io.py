@@ -68,7 +68,7 @@ class ZmqIo:
         pipe is gone (a bug), saying whether the thread exited and was asked to."""
         with self._lock:
             self._due[target] = None
-            if self._woken:
+            if self._woken or self.on_thread():  # the thread looks at `_due` before it waits
                 return
             self._woken = True
             stopping = self._stopping
@@ -105,7 +105,9 @@ class ZmqIo:
             while True:
                 ready = dict(busy)
                 busy.clear()
-                for key, _ in self._selector.select(0 if ready else None):
+                with self._lock:
+                    due = bool(self._due)
+                for key, _ in self._selector.select(0 if ready or due else None):
                     if key.data is None:
                         self._drain_wake_ups()
                     else:
