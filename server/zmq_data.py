@@ -3,12 +3,14 @@ or the gRPC port whose connections carry batch replies straight to their clients
 
 The ZeroMQ server's I/O thread (the gRPC server's data thread: `loadax.server.grpc_data`)
 accepts connections, reads their hellos (without blocking, each within `HELLO_TIMEOUT_S`) and
-watches the connections it took for their end; handler threads send replies on them (`send`),
-one at a time per connection, each within `SEND_TIMEOUT_S`. A hello is taken on its nonce alone
-(offered only to a handshake that passed the token check); the token an older client still sends
-after it is read and ignored. Whatever a peer sends (a bad hello, a nonce never offered or spent,
-bytes after its hello, an early close), the worker logs it and closes that connection; nothing
-else is touched.
+watches the connections it took: for their end, and on a port that takes requests (ZeroMQ's),
+for the messages that carry requests and cancels, each handed to the server as from the
+connection that shook hands. Handler threads send replies on them (`send`), one at a time per
+connection, each within `SEND_TIMEOUT_S`. A hello is taken on its nonce alone (offered only to a
+handshake that passed the token check); the token an older client still sends after it is read
+and ignored. Whatever a peer sends (a bad hello, a nonce never offered or spent, bytes that do not
+frame a message, or any on a port that takes none, an early close), the worker logs it and closes
+that connection; nothing else is touched.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import socket
 import struct
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import zmq
@@ -38,14 +41,21 @@ SEND_TIMEOUT_S = 30.0
 _MAX_GREETINGS = 64  # connections whose hello is awaited; more are closed as they come
 _MAX_NONCES = 4096  # nonces offered and not used yet (the oldest are forgotten)
 _MAX_BUFFERS = 512  # buffers per sendmsg call (Linux takes at most 1024)
+_READ_BYTES = 64 << 10  # read from a connection per turn of the I/O thread
+
+Take = Callable[[bytes, list[memoryview]], None]
+"""What the server does with the frames of a request or cancel that came on the data socket of
+the connection of routing identity (the first argument)."""
 
 
 class DataPort:
     """The data port of a server bound to `host` (its endpoint's: "" for every address), on
-    `port` (0: any free port)."""
+    `port` (0: any free port); with `max_message`, it takes requests of up to that many bytes
+    on its data sockets (`serve`'s `take`), else none."""
 
-    def __init__(self, host: str, port: int) -> None:
+    def __init__(self, host: str, port: int, max_message: int | None = None) -> None:
         self._address = (host, port)
+        self._max_message = max_message
         self._listener: socket.socket | None = None
         self.port = 0  # once open: the port bound
         self._warnings = ThrottledLog(log)
@@ -91,6 +101,12 @@ class DataPort:
             connection = self._connections.get(identity)
         return connection is not None and connection.send(request_id, batch)
 
+    @property
+    def takes_requests(self) -> bool:
+        """Whether clients may send requests on its data sockets (`HandshakeResponse`'s
+        `data_requests`)."""
+        return self._max_message is not None
+
     def attach(self, poller: zmq.Poller) -> None:
         """Watch the listener (open) on `poller`, the I/O thread's."""
         self._poller = poller
@@ -105,14 +121,15 @@ class DataPort:
         first = min(greeting.deadline for greeting in self._greetings.values())
         return max(0, int(1000 * (first - now)) + 1)
 
-    def serve(self, ready: dict[Any, int], now: float) -> None:
+    def serve(self, ready: dict[Any, int], now: float, take: Take | None = None) -> None:
         """Take the listener's and the connections' news that `ready` (the poller's: a plain
-        socket's by its file descriptor) holds, and close the connections whose hello is late;
-        on the I/O thread."""
+        socket's by its file descriptor) holds, handing the requests that came to `take` (on
+        a port that takes them), and close the connections whose hello is late; on the I/O
+        thread."""
         with self._lock:
             taken = [c for c in self._connections.values() if c.fd in ready]
         for connection in taken:
-            self._on_news(connection)
+            self._on_news(connection, take)
         greetings = [self._greetings[key] for key in ready if key in self._greetings]
         for greeting in greetings:
             self._greet(greeting)
@@ -189,7 +206,7 @@ class DataPort:
         greeting.socket.setsockopt(
             socket.SOL_SOCKET, socket.SO_SNDTIMEO, struct.pack("ll", seconds, 0)
         )
-        connection = _Connection(greeting.socket, greeting.name)
+        connection = _Connection(greeting.socket, greeting.name, identity)
         with self._lock:
             replaced = self._connections.get(identity)
             self._connections[identity] = connection
@@ -210,23 +227,35 @@ class DataPort:
             raise zmq_data.DataSocketError("its nonce was never offered, or was used already")
         return identity
 
-    def _on_news(self, connection: _Connection) -> None:
-        """A taken connection is readable: its peer closed it, or sent what it must not."""
+    def _on_news(self, connection: _Connection, take: Take | None) -> None:
+        """A taken connection is readable: messages came (to `take`), its peer closed it, or it
+        sent what it must not."""
         try:
-            received = connection.socket.recv(1, socket.MSG_DONTWAIT)
+            received = connection.socket.recv(_READ_BYTES, socket.MSG_DONTWAIT)
         except (BlockingIOError, InterruptedError):
             return
         except OSError as error:
             log.debug("the data socket from %s failed: %s", connection.name, error)
         else:
-            if received:
+            if not received:
+                log.debug("the data socket from %s closed", connection.name)
+            elif self._max_message is None or take is None:
                 self._warnings.warning(
                     (connection.name, "data"),
                     "closed the data socket from %s: it sent bytes after its hello",
                     connection.name,
                 )
             else:
-                log.debug("the data socket from %s closed", connection.name)
+                try:
+                    connection.take(received, self._max_message, take)
+                    return
+                except zmq_data.DataSocketError as error:
+                    self._warnings.warning(
+                        (connection.name, "data"),
+                        "closed the data socket from %s: %s",
+                        connection.name,
+                        error,
+                    )
         with self._lock:
             for identity, known in list(self._connections.items()):
                 if known is connection:
@@ -274,13 +303,28 @@ class _Greeting:
 
 
 class _Connection:
-    """A data socket taken, from the peer `name`: replies are sent on it one at a time."""
+    """A data socket taken, from the peer `name`, for the connection of routing `identity`:
+    replies are sent on it one at a time."""
 
-    def __init__(self, peer: socket.socket, name: str) -> None:
-        self.socket, self.name = peer, name
+    def __init__(self, peer: socket.socket, name: str, identity: bytes) -> None:
+        self.socket, self.name, self.identity = peer, name, identity
         self.fd = peer.fileno()  # as the poller names it
         self._lock = threading.Lock()  # held while a reply is sent
         self._open = True
+        self._received = bytearray()  # the I/O thread's: a message not whole yet
+
+    def take(self, received: bytes, max_message: int, take: Take) -> None:
+        """Hand each message that `received` completes to `take`, up to `max_message` bytes
+        each; a `DataSocketError` once the bytes do not frame one."""
+        self._received += received
+        head = zmq_data.MESSAGE_HEAD.size
+        while len(self._received) >= head:
+            length = zmq_data.parse_message_head(self._received[:head], max_message)
+            if len(self._received) < head + length:
+                return
+            body = bytes(self._received[head : head + length])
+            del self._received[: head + length]
+            take(self.identity, zmq_data.parse_message(memoryview(body)))
 
     def send(self, request_id: int, batch: EncodedBatch) -> bool:
         """Send the reply `batch`: False if the connection was closed before (nothing sent)."""

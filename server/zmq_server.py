@@ -43,6 +43,7 @@ from loadax.server.zmq_data import DataPort
 from loadax.server.zmq_outbox import Outbox
 from loadax.server.zmq_service import ZmqService, client_name
 from loadax.validation import require_int
+from loadax.wire import zmq_data, zmq_frames
 from loadax.wire.limits import (
     MAX_BATCH_BYTES,
     MAX_REQUEST_BYTES,
@@ -129,7 +130,8 @@ class ZmqServer:
         self._data: DataPort | None = None
         if data_port is not None and curve is None:
             require_int("data_port", data_port, minimum=0)
-            self._data = DataPort(_bound_host(self._endpoint), data_port)
+            max_message = max_request_bytes + zmq_data.MESSAGE_OVERHEAD
+            self._data = DataPort(_bound_host(self._endpoint), data_port, max_message)
         self._service = ZmqService(
             self._requests, self._outbox, threads, self._stopping, self._data
         )
@@ -274,7 +276,11 @@ class ZmqServer:
                 ready = dict(poller.poll(timeout_ms))
                 self._outbox.reap()
                 if self._data is not None:
-                    self._data.serve(ready, time.monotonic())
+                    self._data.serve(
+                        ready,
+                        time.monotonic(),
+                        lambda identity, frames: self._take(router, identity, frames, True),
+                    )
                 if replies in ready:
                     self._forward_replies(replies, router)
                 if router in ready:
@@ -296,13 +302,24 @@ class ZmqServer:
                 message = router.recv_multipart(zmq.NOBLOCK, copy=False)
             except zmq.Again:
                 return
-            try:
-                refusal = self._service.take(message)
-                if refusal is not None:
-                    self._send(router, refusal)
-            except Exception:
-                # Whatever a client sends, the server keeps serving the others.
-                log.exception("failed to handle a message from a ZeroMQ client")
+            self._take(router, message[0].bytes, [frame.buffer for frame in message[1:]])
+
+    def _take(
+        self,
+        router: zmq.Socket[bytes],
+        identity: bytes,
+        frames: Sequence[zmq_frames.Buffer],
+        data_socket: bool = False,
+    ) -> None:
+        """Hand the `frames` of a message from the connection of routing `identity` (on its
+        `data_socket`, or the ROUTER socket) to the service, answering its refusal, if any."""
+        try:
+            refusal = self._service.take(identity, frames, data_socket)
+            if refusal is not None:
+                self._send(router, refusal)
+        except Exception:
+            # Whatever a client sends, the server keeps serving the others.
+            log.exception("failed to handle a message from a ZeroMQ client")
 
     def _forward_replies(self, replies: zmq.Socket[bytes], router: zmq.Socket[bytes]) -> None:
         for _ in range(_BURST):

@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import threading
+from collections.abc import Sequence
 from concurrent.futures import Future
 
 import zmq
@@ -93,11 +94,14 @@ class ZmqService:
                 self._push = None
         self._pool.shutdown(wait=self._requests.ledger.in_flight == 0, cancel_futures=True)
 
-    def take(self, message: list[zmq.Frame]) -> list[zmq_frames.Buffer] | None:
-        """Take a message of [identity, *frames] from the ROUTER socket: what to answer at once
-        (the refusal, [identity, *frames]), if anything."""
-        identity = message[0].bytes
-        frames = [frame.buffer for frame in message[1:]]
+    def take(
+        self, identity: bytes, frames: Sequence[zmq_frames.Buffer], data_socket: bool = False
+    ) -> list[zmq_frames.Buffer] | None:
+        """Take the `frames` of a message from the connection of routing `identity`, on the
+        ROUTER socket or on its `data_socket` (a batch request or a cancel, without the token:
+        the socket's hello named a nonce offered to a handshake that passed the token check):
+        what to answer at once on the ROUTER socket (the refusal, [identity, *frames]), if
+        anything."""
         try:
             request_id = zmq_frames.parse_request_id(frames[0]) if frames else None
         except WorkerError:
@@ -114,12 +118,19 @@ class ZmqService:
         try:
             # The token first: a request without the right one is refused unparsed.
             token = zmq_frames.request_token(frames)
-            self._requests.admission.authenticate([] if token is None else [BEARER + token])
+            if not data_socket:
+                self._requests.admission.authenticate([] if token is None else [BEARER + token])
             cancelled = zmq_frames.parse_cancel(frames)
             if cancelled is not None:
                 self._cancel((identity, cancelled))
                 return None
             request = zmq_frames.parse_request(frames)
+            if data_socket and not isinstance(request.message, wire.BatchRequest):
+                raise WorkerError(
+                    "INVALID_ARGUMENT",
+                    "only batch requests and cancels come on a data socket, got a "
+                    f"{type(request.message).__name__}",
+                )
             if self._stopping.is_set():
                 raise WorkerError("UNAVAILABLE", "the worker is shutting down")
         except WorkerError as error:
@@ -189,6 +200,7 @@ class ZmqService:
             if isinstance(answer, wire.HandshakeResponse):
                 answer.data_port = self._data.port
                 answer.data_nonce = self._data.offer(identity)
+                answer.data_requests = self._data.takes_requests
             elif (
                 isinstance(answer, EncodedBatch)
                 and answer.shared_size is None

@@ -320,7 +320,10 @@ def test_the_worker_closes_data_sockets_that_misbehave_and_serves_on(
     port = server.data_port
     assert port is not None
     try:
-        refuses_what_misbehaves(port, lambda: raw_nonce(endpoint), caplog)
+        # b"junk" declares a message of 0x6A756E6B bytes: more than a request may hold.
+        refuses_what_misbehaves(
+            port, lambda: raw_nonce(endpoint), caplog, "declares 1786080875 bytes, more than"
+        )
         _, batches = load(endpoint, [2, 9], security=ClientSecurity(token=TOKEN))
     finally:
         server.stop(grace=WAIT_S)
@@ -329,12 +332,16 @@ def test_the_worker_closes_data_sockets_that_misbehave_and_serves_on(
 
 
 def refuses_what_misbehaves(
-    port: int, nonce: Callable[[], bytes], caplog: pytest.LogCaptureFixture
+    port: int,
+    nonce: Callable[[], bytes],
+    caplog: pytest.LogCaptureFixture,
+    junk: str = "it sent bytes after its hello",
 ) -> None:
     """The worker's data port `port` (its token `TOKEN`) takes a hello on the nonce that
     `nonce()` has a handshake offer, without the token (as a client sends it) or with any (as an
     older client sends its own: ignored); it logs and closes data sockets that send what is not
-    a hello, a nonce never offered or one spent, bytes after their hello, or close before it."""
+    a hello, a nonce never offered or one spent, bytes after their hello that it refuses for
+    `junk`, or close before it."""
     spent = nonce()
     with caplog.at_level(logging.WARNING, logger="loadax.server.zmq_data"):
         closed_by_worker(port, b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
@@ -349,7 +356,7 @@ def refuses_what_misbehaves(
     for why, times in (
         ("starts b'LDXD\\x01', got b'GET /'", 1),
         ("its nonce was never offered, or was used already", 2),
-        ("it sent bytes after its hello", 2),
+        (junk, 2),
     ):
         assert sum(why in line for line in refusals) == times, (why, refusals)
 

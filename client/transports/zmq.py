@@ -6,7 +6,7 @@ and its connection's, three with a data socket); callers hand it requests throug
 wake it. It sends them (`zmq_send`), and receives a batch's payload frames into one buffer of a
 `BufferPool` (`zmq_receive`), reused once nothing made from it is alive; or, from a worker that
 offers a data socket at the handshake, the whole batch reply on that plain TCP socket, straight
-into the buffer (`zmq_data`).
+into the buffer (`zmq_data`), where the caller then sends batch requests itself.
 """
 
 from __future__ import annotations
@@ -65,9 +65,9 @@ class ZmqTransport:
     connection up to its timeout instead, and so does every request until the first connection.
 
     With `security.curve_server_key` the connection is CURVE-encrypted, and `security.token`
-    goes with every request. A worker that refuses the security handshake of the first
-    connection (a CURVE key it does not allow, or CURVE on one side only) fails every request
-    with UNAUTHENTICATED, for good: ZeroMQ does not retry such a connection.
+    goes with every request on it (not on a data socket, which its hello authenticated). A
+    worker that refuses the security handshake of the first connection (a CURVE key it does not
+    allow, or CURVE on one side only) fails every request with UNAUTHENTICATED, for good.
 
     A batch's payload is received into a buffer of `buffers` (by default a pool of its own),
     and a reply whose payload is larger than `max_reply_bytes` (by default `MAX_BATCH_BYTES`) is
@@ -107,7 +107,8 @@ class ZmqTransport:
         # The files a worker on this host writes batches into, once its handshake says it can.
         self._same_host = SameHostFiles(shared_memory, files)
         # `_lock` guards `_pending`, `_closed` and `_refused`, which any thread uses, and orders
-        # every wake-up of the I/O thread before the transport lets go of it.
+        # every wake-up of the I/O thread, and every send on the data socket, before the
+        # transport lets go of it.
         self._lock = threading.Lock()
         self._pending: dict[int, Pending[Any]] = {}
         self._closed = False
@@ -243,21 +244,24 @@ class ZmqTransport:
             if self._refused is not None:
                 future.set_exception(self._refused)
                 return future
-            # Decided with the data socket's state: a request that may be answered on it is
-            # failed when it ends.
+            # One that may be answered on the data socket (sent there if it can) fails with it.
             data = self._data_up and isinstance(request, wire.BatchRequest)
             asked = flagged(request) if isinstance(request, wire.BatchRequest) and data else request
-            frames = zmq_frames.request_frames(request_id, asked, self._token)
             self._pending[request_id] = Pending(future, complete, patient, batch, data)
-            self._outbox.put((request_id, frames))
-            self._io.wake(self)
+            if not (data and self._data.send(zmq_frames.request_frames(request_id, asked))):
+                frames = zmq_frames.request_frames(request_id, asked, self._token)
+                self._outbox.put((request_id, frames))
+                self._io.wake(self)
 
         def forget(done: Future[T]) -> None:
             """A request cancelled before its answer is forgotten, and the worker told."""
             if not done.cancelled():
                 return
             with self._lock:
-                if self._pending.pop(request_id, None) is not None and not self._closed:
+                entry = self._pending.pop(request_id, None)
+                if entry is None or self._closed:
+                    return
+                if not (entry.data and self._data.send(zmq_frames.cancel_frames(request_id))):
                     self._outbox.put(Cancel(request_id))
                     self._io.wake(self)
 
@@ -287,7 +291,7 @@ class ZmqTransport:
                 self._io.watch(self._dealer, self)
                 if self._monitor is not None:
                     self._io.watch(self._monitor, self)
-            if not self._send_submitted():
+            if not self._sender.take(self._outbox, self._data.adopt):  # close() asked to
                 self._close_sockets()
                 return False
             if self._monitor is not None:
@@ -298,10 +302,6 @@ class ZmqTransport:
             self._shut_down()
             self._close_sockets()
             return False
-
-    def _send_submitted(self) -> bool:
-        """Send what callers submitted; False once close() asked to close the sockets."""
-        return self._sender.take(self._outbox, self._data.adopt)
 
     def _on_socket_events(self) -> bool:
         """Follow the DEALER's events (`zmq.EVENTS`, read last: the descriptor the I/O thread

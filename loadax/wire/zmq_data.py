@@ -25,12 +25,21 @@ more) is answered on the call as ever.
 
 A reply is `REPLY_HEAD` (its request id, uint64, and its header's length, uint32, big-endian),
 the header (a `BatchResponse` whose `payload_size` says how many bytes follow), then the payload.
-Nothing else ever goes on the socket, in either direction, after the hello and its answer.
+
+A ZeroMQ worker that also takes requests there says so at the handshake
+(`HandshakeResponse.data_requests`): its client may then send a batch request, or a cancel, on
+the data socket instead of its DEALER, as the same frames (`zmq_frames`) without the token, in
+one message: `MESSAGE_HEAD` (the bytes that follow, uint32), then each frame as its length
+(uint32) and its bytes. The worker takes it as if it came on the connection that shook hands
+(whose token was checked), its refusals answered over ZeroMQ; the token stays off the socket.
+Nothing else goes on the socket, in either direction, after the hello and its answer; a worker
+closes one that sends what does not frame a message.
 """
 
 from __future__ import annotations
 
 import struct
+from collections.abc import Sequence
 
 from loadax.wire.credentials import MAX_TOKEN_CHARS
 
@@ -42,6 +51,10 @@ MAX_HEADER_BYTES = 64 << 10
 """The longest header a reply may declare (a `BatchResponse` without payload is ~100 bytes)."""
 HELLO_HEAD = struct.Struct(f">{len(HELLO_MAGIC)}s{NONCE_BYTES}sH")
 REPLY_HEAD = struct.Struct(">QI")
+MESSAGE_HEAD = FRAME_HEAD = struct.Struct(">I")
+MESSAGE_OVERHEAD = 1024 + MAX_TOKEN_CHARS
+"""What a request's message may hold beyond its body: the frames' lengths, its id, its method and
+its token."""
 
 
 class DataSocketError(ValueError):
@@ -96,3 +109,45 @@ def parse_reply_head(head: bytes | bytearray) -> tuple[int, int]:
             f"{MAX_HEADER_BYTES}"
         )
     return request_id, length
+
+
+def message(frames: Sequence[bytes | memoryview]) -> bytes:
+    """The message on a data socket that carries the request or cancel `frames`."""
+    body = b"".join(FRAME_HEAD.pack(len(frame)) + bytes(frame) for frame in frames)
+    return MESSAGE_HEAD.pack(len(body)) + body
+
+
+def parse_message_head(head: bytes | bytearray | memoryview, max_bytes: int) -> int:
+    """The length of the message that `MESSAGE_HEAD` bytes declare; a `DataSocketError` beyond
+    `max_bytes`."""
+    length: int = MESSAGE_HEAD.unpack(head)[0]
+    if length > max_bytes:
+        raise DataSocketError(
+            f"a message on the data socket declares {length} bytes, more than {max_bytes}"
+        )
+    return length
+
+
+def parse_message(body: memoryview) -> list[memoryview]:
+    """The frames of a message's `body` (what follows its head); a `DataSocketError` if they do
+    not fill it exactly.
+
+    >>> from loadax.wire.zmq_data import MESSAGE_HEAD, message, parse_message
+    >>> sent = message([b"id", b"", b"body"])
+    >>> [bytes(frame) for frame in parse_message(memoryview(sent)[MESSAGE_HEAD.size :])]
+    [b'id', b'', b'body']
+    """
+    frames: list[memoryview] = []
+    at = 0
+    while at < len(body):
+        if at + FRAME_HEAD.size > len(body):
+            raise DataSocketError("a message on the data socket ends inside a frame's length")
+        (length,) = FRAME_HEAD.unpack(body[at : at + FRAME_HEAD.size])
+        at += FRAME_HEAD.size
+        if at + length > len(body):
+            raise DataSocketError(
+                f"a message on the data socket declares a frame of {length} bytes, past its end"
+            )
+        frames.append(body[at : at + length])
+        at += length
+    return frames

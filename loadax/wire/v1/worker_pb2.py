@@ -24,17 +24,17 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1bloadax/wire/v1/worker.proto\x12\x0eloadax.wire.v1\"\xa3\x02\n\x04Plan\x12\x13\n\x0bnum_records\x18\x01 \x01(\x04\x12\x12\n\nbatch_size\x18\x02 \x01(\x04\x12\x0c\n\x04seed\x18\x03 \x01(\x04\x12\x0f\n\x07shuffle\x18\x04 \x01(\x08\x12\x17\n\nnum_epochs\x18\x05 \x01(\x04H\x00\x88\x01\x01\x12\x16\n\x0e\x64rop_remainder\x18\x06 \x01(\x08\x12;\n\x12\x62\x61tch_size_changes\x18\x07 \x03(\x0b\x32\x1f.loadax.wire.v1.BatchSizeChange\x12(\n\x05start\x18\x08 \x01(\x0b\x32\x19.loadax.wire.v1.PlanStart\x12,\n\x06\x62locks\x18\t \x01(\x0b\x32\x1c.loadax.wire.v1.BlockShuffleB\r\n\x0b_num_epochs\"2\n\x0c\x42lockShuffle\x12\x12\n\nblock_size\x18\x01 \x01(\x04\x12\x0e\n\x06window\x18\x02 \x01(\x04\"3\n\x0f\x42\x61tchSizeChange\x12\x0c\n\x04step\x18\x01 \x01(\x04\x12\x12\n\nbatch_size\x18\x02 \x01(\x04\";\n\tPlanStart\x12\x0c\n\x04step\x18\x01 \x01(\x04\x12\r\n\x05\x65poch\x18\x02 \x01(\x04\x12\x11\n\tdelivered\x18\x03 \x01(\x04\"\xc3\x01\n\x10HandshakeRequest\x12\x17\n\x0flibrary_version\x18\x01 \x01(\t\x12\x10\n\x08pipeline\x18\x02 \x01(\t\x12\"\n\x04plan\x18\x03 \x01(\x0b\x32\x14.loadax.wire.v1.Plan\x12\x0c\n\x04host\x18\x04 \x01(\t\x12+\n\x05probe\x18\x05 \x01(\x0b\x32\x1c.loadax.wire.v1.SharedMemory\x12\x13\n\x0b\x64\x61ta_socket\x18\x06 \x01(\x08\x12\x10\n\x08\x64\x61ta_key\x18\x07 \x01(\x0c\"5\n\x0cSharedMemory\x12\x0b\n\x03pid\x18\x01 \x01(\r\x12\n\n\x02\x66\x64\x18\x02 \x01(\r\x12\x0c\n\x04name\x18\x03 \x01(\t\"\xa3\x02\n\x11HandshakeResponse\x12\x17\n\x0flibrary_version\x18\x01 \x01(\t\x12\x10\n\x08pipeline\x18\x02 \x01(\t\x12\x13\n\x0b\x66ingerprint\x18\x03 \x01(\t\x12\x13\n\x0bnum_records\x18\x04 \x01(\x04\x12\x15\n\rstream_window\x18\x05 \x01(\x04\x12+\n\x06schema\x18\x06 \x01(\x0b\x32\x1b.loadax.wire.v1.BatchSchema\x12 \n\x18max_in_flight_per_client\x18\x07 \x01(\r\x12\x15\n\rshared_memory\x18\x08 \x01(\x08\x12\x11\n\tdata_port\x18\t \x01(\r\x12\x12\n\ndata_nonce\x18\n \x01(\x0c\x12\x15\n\rloading_slots\x18\x0b \x01(\r\"G\n\x0b\x42\x61tchSchema\x12\x0c\n\x04tree\x18\x01 \x01(\t\x12*\n\x06leaves\x18\x02 \x03(\x0b\x32\x1a.loadax.wire.v1.LeafSchema\"=\n\nLeafSchema\x12\r\n\x05\x64type\x18\x01 \x01(\t\x12\x0c\n\x04ndim\x18\x02 \x01(\r\x12\x12\n\nrows_first\x18\x03 \x01(\x08\"<\n\x0cStreamWindow\x12\x0e\n\x06shards\x18\x01 \x01(\x04\x12\r\n\x05shard\x18\x02 \x01(\x04\x12\r\n\x05index\x18\x03 \x01(\x04\"\xfc\x02\n\x0c\x42\x61tchRequest\x12\x10\n\x08pipeline\x18\x01 \x01(\t\x12\x13\n\x0b\x66ingerprint\x18\x02 \x01(\t\x12\"\n\x04plan\x18\x03 \x01(\x0b\x32\x14.loadax.wire.v1.Plan\x12\x0c\n\x04step\x18\x04 \x01(\x04\x12\x0c\n\x04rows\x18\x05 \x03(\x04\x12,\n\x06window\x18\x06 \x01(\x0b\x32\x1c.loadax.wire.v1.StreamWindow\x12\x0e\n\x06\x63lient\x18\x07 \x01(\t\x12*\n\x08\x63hecksum\x18\x08 \x01(\x0e\x32\x18.loadax.wire.v1.Checksum\x12\x33\n\rshared_memory\x18\t \x01(\x0b\x32\x1c.loadax.wire.v1.SharedMemory\x12.\n\x07records\x18\n \x01(\x0b\x32\x1d.loadax.wire.v1.ListedRecords\x12\x13\n\x0b\x64\x61ta_socket\x18\x0b \x01(\x08\x12\x10\n\x08\x64\x61ta_key\x18\x0c \x01(\x0c\x12\x0f\n\x07\x64\x61ta_id\x18\r \x01(\x04\"/\n\rListedRecords\x12\x0f\n\x07indices\x18\x01 \x01(\x0c\x12\r\n\x05\x65poch\x18\x02 \x01(\x04\"\xad\x02\n\rBatchResponse\x12\x0c\n\x04step\x18\x01 \x01(\x04\x12\x0f\n\x07payload\x18\x02 \x01(\x0c\x12\x13\n\x0b\x66ingerprint\x18\x03 \x01(\t\x12\x16\n\x0erequest_digest\x18\x04 \x01(\x0c\x12\x10\n\x08\x63hecksum\x18\x05 \x01(\x06\x12\x14\n\x0cpayload_size\x18\x06 \x01(\x04\x12\x15\n\rsegment_sizes\x18\x07 \x03(\x04\x12/\n\rchecksum_kind\x18\x08 \x01(\x0e\x32\x18.loadax.wire.v1.Checksum\x12\x15\n\rshared_memory\x18\t \x01(\x08\x12$\n\x05reuse\x18\n \x01(\x0e\x32\x15.loadax.wire.v1.Reuse\x12\x0c\n\x04load\x18\x0b \x01(\x01\x12\x15\n\rloading_slots\x18\x0c \x01(\r\"\r\n\x0bInfoRequest\"]\n\x0cPipelineInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x13\n\x0b\x66ingerprint\x18\x02 \x01(\t\x12\x13\n\x0bnum_records\x18\x03 \x01(\x04\x12\x15\n\rstream_window\x18\x04 \x01(\x04\"\x7f\n\x0cInfoResponse\x12\x17\n\x0flibrary_version\x18\x01 \x01(\t\x12/\n\tpipelines\x18\x02 \x03(\x0b\x32\x1c.loadax.wire.v1.PipelineInfo\x12\x0e\n\x06status\x18\x03 \x01(\t\x12\x15\n\rstatus_reason\x18\x04 \x01(\t\"\xbd\x01\n\nErrorReply\x12\x0c\n\x04\x63ode\x18\x01 \x01(\t\x12\x0f\n\x07message\x18\x02 \x01(\t\x12-\n\x06record\x18\x03 \x01(\x0b\x32\x1d.loadax.wire.v1.RecordFailure\x12.\n\x08poisoned\x18\x04 \x01(\x0b\x32\x1c.loadax.wire.v1.PoisonedWork\x12\x31\n\x08pipeline\x18\x05 \x01(\x0b\x32\x1f.loadax.wire.v1.PipelineFailure\"r\n\x0fPipelineFailure\x12\x0c\n\x04step\x18\x01 \x01(\x04\x12\x12\n\ncause_type\x18\x02 \x01(\t\x12\x15\n\rcause_message\x18\x03 \x01(\t\x12\x11\n\ttraceback\x18\x04 \x01(\t\x12\x13\n\x0bstorage_url\x18\x05 \x01(\t\"[\n\x0cPoisonedWork\x12\x0c\n\x04work\x18\x01 \x01(\t\x12\x0c\n\x04rows\x18\x02 \x03(\x04\x12\x0f\n\x07indices\x18\x03 \x03(\x04\x12\x0e\n\x06\x65pochs\x18\x04 \x03(\x04\x12\x0e\n\x06reason\x18\x05 \x01(\t\"k\n\rRecordFailure\x12\r\n\x05index\x18\x01 \x01(\x04\x12\r\n\x05\x65poch\x18\x02 \x01(\x04\x12\x12\n\ncause_type\x18\x03 \x01(\t\x12\x15\n\rcause_message\x18\x04 \x01(\t\x12\x11\n\ttraceback\x18\x05 \x01(\t*U\n\x08\x43hecksum\x12\x19\n\x15\x43HECKSUM_WEIGHTED_SUM\x10\x00\x12\x14\n\x10\x43HECKSUM_XXH3_64\x10\x01\x12\x18\n\x14\x43HECKSUM_XXH3_CHUNKS\x10\x02*B\n\x05Reuse\x12\x12\n\x0eREUSE_COMPUTED\x10\x00\x12\x10\n\x0cREUSE_CACHED\x10\x01\x12\x13\n\x0fREUSE_COALESCED\x10\x02\x32\xe7\x01\n\x06Worker\x12P\n\tHandshake\x12 .loadax.wire.v1.HandshakeRequest\x1a!.loadax.wire.v1.HandshakeResponse\x12H\n\tLoadBatch\x12\x1c.loadax.wire.v1.BatchRequest\x1a\x1d.loadax.wire.v1.BatchResponse\x12\x41\n\x04Info\x12\x1b.loadax.wire.v1.InfoRequest\x1a\x1c.loadax.wire.v1.InfoResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1bloadax/wire/v1/worker.proto\x12\x0eloadax.wire.v1\"\xa3\x02\n\x04Plan\x12\x13\n\x0bnum_records\x18\x01 \x01(\x04\x12\x12\n\nbatch_size\x18\x02 \x01(\x04\x12\x0c\n\x04seed\x18\x03 \x01(\x04\x12\x0f\n\x07shuffle\x18\x04 \x01(\x08\x12\x17\n\nnum_epochs\x18\x05 \x01(\x04H\x00\x88\x01\x01\x12\x16\n\x0e\x64rop_remainder\x18\x06 \x01(\x08\x12;\n\x12\x62\x61tch_size_changes\x18\x07 \x03(\x0b\x32\x1f.loadax.wire.v1.BatchSizeChange\x12(\n\x05start\x18\x08 \x01(\x0b\x32\x19.loadax.wire.v1.PlanStart\x12,\n\x06\x62locks\x18\t \x01(\x0b\x32\x1c.loadax.wire.v1.BlockShuffleB\r\n\x0b_num_epochs\"2\n\x0c\x42lockShuffle\x12\x12\n\nblock_size\x18\x01 \x01(\x04\x12\x0e\n\x06window\x18\x02 \x01(\x04\"3\n\x0f\x42\x61tchSizeChange\x12\x0c\n\x04step\x18\x01 \x01(\x04\x12\x12\n\nbatch_size\x18\x02 \x01(\x04\";\n\tPlanStart\x12\x0c\n\x04step\x18\x01 \x01(\x04\x12\r\n\x05\x65poch\x18\x02 \x01(\x04\x12\x11\n\tdelivered\x18\x03 \x01(\x04\"\xc3\x01\n\x10HandshakeRequest\x12\x17\n\x0flibrary_version\x18\x01 \x01(\t\x12\x10\n\x08pipeline\x18\x02 \x01(\t\x12\"\n\x04plan\x18\x03 \x01(\x0b\x32\x14.loadax.wire.v1.Plan\x12\x0c\n\x04host\x18\x04 \x01(\t\x12+\n\x05probe\x18\x05 \x01(\x0b\x32\x1c.loadax.wire.v1.SharedMemory\x12\x13\n\x0b\x64\x61ta_socket\x18\x06 \x01(\x08\x12\x10\n\x08\x64\x61ta_key\x18\x07 \x01(\x0c\"5\n\x0cSharedMemory\x12\x0b\n\x03pid\x18\x01 \x01(\r\x12\n\n\x02\x66\x64\x18\x02 \x01(\r\x12\x0c\n\x04name\x18\x03 \x01(\t\"\xba\x02\n\x11HandshakeResponse\x12\x17\n\x0flibrary_version\x18\x01 \x01(\t\x12\x10\n\x08pipeline\x18\x02 \x01(\t\x12\x13\n\x0b\x66ingerprint\x18\x03 \x01(\t\x12\x13\n\x0bnum_records\x18\x04 \x01(\x04\x12\x15\n\rstream_window\x18\x05 \x01(\x04\x12+\n\x06schema\x18\x06 \x01(\x0b\x32\x1b.loadax.wire.v1.BatchSchema\x12 \n\x18max_in_flight_per_client\x18\x07 \x01(\r\x12\x15\n\rshared_memory\x18\x08 \x01(\x08\x12\x11\n\tdata_port\x18\t \x01(\r\x12\x12\n\ndata_nonce\x18\n \x01(\x0c\x12\x15\n\rloading_slots\x18\x0b \x01(\r\x12\x15\n\rdata_requests\x18\x0c \x01(\x08\"G\n\x0b\x42\x61tchSchema\x12\x0c\n\x04tree\x18\x01 \x01(\t\x12*\n\x06leaves\x18\x02 \x03(\x0b\x32\x1a.loadax.wire.v1.LeafSchema\"=\n\nLeafSchema\x12\r\n\x05\x64type\x18\x01 \x01(\t\x12\x0c\n\x04ndim\x18\x02 \x01(\r\x12\x12\n\nrows_first\x18\x03 \x01(\x08\"<\n\x0cStreamWindow\x12\x0e\n\x06shards\x18\x01 \x01(\x04\x12\r\n\x05shard\x18\x02 \x01(\x04\x12\r\n\x05index\x18\x03 \x01(\x04\"\xfc\x02\n\x0c\x42\x61tchRequest\x12\x10\n\x08pipeline\x18\x01 \x01(\t\x12\x13\n\x0b\x66ingerprint\x18\x02 \x01(\t\x12\"\n\x04plan\x18\x03 \x01(\x0b\x32\x14.loadax.wire.v1.Plan\x12\x0c\n\x04step\x18\x04 \x01(\x04\x12\x0c\n\x04rows\x18\x05 \x03(\x04\x12,\n\x06window\x18\x06 \x01(\x0b\x32\x1c.loadax.wire.v1.StreamWindow\x12\x0e\n\x06\x63lient\x18\x07 \x01(\t\x12*\n\x08\x63hecksum\x18\x08 \x01(\x0e\x32\x18.loadax.wire.v1.Checksum\x12\x33\n\rshared_memory\x18\t \x01(\x0b\x32\x1c.loadax.wire.v1.SharedMemory\x12.\n\x07records\x18\n \x01(\x0b\x32\x1d.loadax.wire.v1.ListedRecords\x12\x13\n\x0b\x64\x61ta_socket\x18\x0b \x01(\x08\x12\x10\n\x08\x64\x61ta_key\x18\x0c \x01(\x0c\x12\x0f\n\x07\x64\x61ta_id\x18\r \x01(\x04\"/\n\rListedRecords\x12\x0f\n\x07indices\x18\x01 \x01(\x0c\x12\r\n\x05\x65poch\x18\x02 \x01(\x04\"\xad\x02\n\rBatchResponse\x12\x0c\n\x04step\x18\x01 \x01(\x04\x12\x0f\n\x07payload\x18\x02 \x01(\x0c\x12\x13\n\x0b\x66ingerprint\x18\x03 \x01(\t\x12\x16\n\x0erequest_digest\x18\x04 \x01(\x0c\x12\x10\n\x08\x63hecksum\x18\x05 \x01(\x06\x12\x14\n\x0cpayload_size\x18\x06 \x01(\x04\x12\x15\n\rsegment_sizes\x18\x07 \x03(\x04\x12/\n\rchecksum_kind\x18\x08 \x01(\x0e\x32\x18.loadax.wire.v1.Checksum\x12\x15\n\rshared_memory\x18\t \x01(\x08\x12$\n\x05reuse\x18\n \x01(\x0e\x32\x15.loadax.wire.v1.Reuse\x12\x0c\n\x04load\x18\x0b \x01(\x01\x12\x15\n\rloading_slots\x18\x0c \x01(\r\"\r\n\x0bInfoRequest\"]\n\x0cPipelineInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x13\n\x0b\x66ingerprint\x18\x02 \x01(\t\x12\x13\n\x0bnum_records\x18\x03 \x01(\x04\x12\x15\n\rstream_window\x18\x04 \x01(\x04\"\x7f\n\x0cInfoResponse\x12\x17\n\x0flibrary_version\x18\x01 \x01(\t\x12/\n\tpipelines\x18\x02 \x03(\x0b\x32\x1c.loadax.wire.v1.PipelineInfo\x12\x0e\n\x06status\x18\x03 \x01(\t\x12\x15\n\rstatus_reason\x18\x04 \x01(\t\"\xbd\x01\n\nErrorReply\x12\x0c\n\x04\x63ode\x18\x01 \x01(\t\x12\x0f\n\x07message\x18\x02 \x01(\t\x12-\n\x06record\x18\x03 \x01(\x0b\x32\x1d.loadax.wire.v1.RecordFailure\x12.\n\x08poisoned\x18\x04 \x01(\x0b\x32\x1c.loadax.wire.v1.PoisonedWork\x12\x31\n\x08pipeline\x18\x05 \x01(\x0b\x32\x1f.loadax.wire.v1.PipelineFailure\"r\n\x0fPipelineFailure\x12\x0c\n\x04step\x18\x01 \x01(\x04\x12\x12\n\ncause_type\x18\x02 \x01(\t\x12\x15\n\rcause_message\x18\x03 \x01(\t\x12\x11\n\ttraceback\x18\x04 \x01(\t\x12\x13\n\x0bstorage_url\x18\x05 \x01(\t\"[\n\x0cPoisonedWork\x12\x0c\n\x04work\x18\x01 \x01(\t\x12\x0c\n\x04rows\x18\x02 \x03(\x04\x12\x0f\n\x07indices\x18\x03 \x03(\x04\x12\x0e\n\x06\x65pochs\x18\x04 \x03(\x04\x12\x0e\n\x06reason\x18\x05 \x01(\t\"k\n\rRecordFailure\x12\r\n\x05index\x18\x01 \x01(\x04\x12\r\n\x05\x65poch\x18\x02 \x01(\x04\x12\x12\n\ncause_type\x18\x03 \x01(\t\x12\x15\n\rcause_message\x18\x04 \x01(\t\x12\x11\n\ttraceback\x18\x05 \x01(\t*U\n\x08\x43hecksum\x12\x19\n\x15\x43HECKSUM_WEIGHTED_SUM\x10\x00\x12\x14\n\x10\x43HECKSUM_XXH3_64\x10\x01\x12\x18\n\x14\x43HECKSUM_XXH3_CHUNKS\x10\x02*B\n\x05Reuse\x12\x12\n\x0eREUSE_COMPUTED\x10\x00\x12\x10\n\x0cREUSE_CACHED\x10\x01\x12\x13\n\x0fREUSE_COALESCED\x10\x02\x32\xe7\x01\n\x06Worker\x12P\n\tHandshake\x12 .loadax.wire.v1.HandshakeRequest\x1a!.loadax.wire.v1.HandshakeResponse\x12H\n\tLoadBatch\x12\x1c.loadax.wire.v1.BatchRequest\x1a\x1d.loadax.wire.v1.BatchResponse\x12\x41\n\x04Info\x12\x1b.loadax.wire.v1.InfoRequest\x1a\x1c.loadax.wire.v1.InfoResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'loadax.wire.v1.worker_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_CHECKSUM']._serialized_start=2737
-  _globals['_CHECKSUM']._serialized_end=2822
-  _globals['_REUSE']._serialized_start=2824
-  _globals['_REUSE']._serialized_end=2890
+  _globals['_CHECKSUM']._serialized_start=2760
+  _globals['_CHECKSUM']._serialized_end=2845
+  _globals['_REUSE']._serialized_start=2847
+  _globals['_REUSE']._serialized_end=2913
   _globals['_PLAN']._serialized_start=48
   _globals['_PLAN']._serialized_end=339
   _globals['_BLOCKSHUFFLE']._serialized_start=341
@@ -48,33 +48,33 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_SHAREDMEMORY']._serialized_start=705
   _globals['_SHAREDMEMORY']._serialized_end=758
   _globals['_HANDSHAKERESPONSE']._serialized_start=761
-  _globals['_HANDSHAKERESPONSE']._serialized_end=1052
-  _globals['_BATCHSCHEMA']._serialized_start=1054
-  _globals['_BATCHSCHEMA']._serialized_end=1125
-  _globals['_LEAFSCHEMA']._serialized_start=1127
-  _globals['_LEAFSCHEMA']._serialized_end=1188
-  _globals['_STREAMWINDOW']._serialized_start=1190
-  _globals['_STREAMWINDOW']._serialized_end=1250
-  _globals['_BATCHREQUEST']._serialized_start=1253
-  _globals['_BATCHREQUEST']._serialized_end=1633
-  _globals['_LISTEDRECORDS']._serialized_start=1635
-  _globals['_LISTEDRECORDS']._serialized_end=1682
-  _globals['_BATCHRESPONSE']._serialized_start=1685
-  _globals['_BATCHRESPONSE']._serialized_end=1986
-  _globals['_INFOREQUEST']._serialized_start=1988
-  _globals['_INFOREQUEST']._serialized_end=2001
-  _globals['_PIPELINEINFO']._serialized_start=2003
-  _globals['_PIPELINEINFO']._serialized_end=2096
-  _globals['_INFORESPONSE']._serialized_start=2098
-  _globals['_INFORESPONSE']._serialized_end=2225
-  _globals['_ERRORREPLY']._serialized_start=2228
-  _globals['_ERRORREPLY']._serialized_end=2417
-  _globals['_PIPELINEFAILURE']._serialized_start=2419
-  _globals['_PIPELINEFAILURE']._serialized_end=2533
-  _globals['_POISONEDWORK']._serialized_start=2535
-  _globals['_POISONEDWORK']._serialized_end=2626
-  _globals['_RECORDFAILURE']._serialized_start=2628
-  _globals['_RECORDFAILURE']._serialized_end=2735
-  _globals['_WORKER']._serialized_start=2893
-  _globals['_WORKER']._serialized_end=3124
+  _globals['_HANDSHAKERESPONSE']._serialized_end=1075
+  _globals['_BATCHSCHEMA']._serialized_start=1077
+  _globals['_BATCHSCHEMA']._serialized_end=1148
+  _globals['_LEAFSCHEMA']._serialized_start=1150
+  _globals['_LEAFSCHEMA']._serialized_end=1211
+  _globals['_STREAMWINDOW']._serialized_start=1213
+  _globals['_STREAMWINDOW']._serialized_end=1273
+  _globals['_BATCHREQUEST']._serialized_start=1276
+  _globals['_BATCHREQUEST']._serialized_end=1656
+  _globals['_LISTEDRECORDS']._serialized_start=1658
+  _globals['_LISTEDRECORDS']._serialized_end=1705
+  _globals['_BATCHRESPONSE']._serialized_start=1708
+  _globals['_BATCHRESPONSE']._serialized_end=2009
+  _globals['_INFOREQUEST']._serialized_start=2011
+  _globals['_INFOREQUEST']._serialized_end=2024
+  _globals['_PIPELINEINFO']._serialized_start=2026
+  _globals['_PIPELINEINFO']._serialized_end=2119
+  _globals['_INFORESPONSE']._serialized_start=2121
+  _globals['_INFORESPONSE']._serialized_end=2248
+  _globals['_ERRORREPLY']._serialized_start=2251
+  _globals['_ERRORREPLY']._serialized_end=2440
+  _globals['_PIPELINEFAILURE']._serialized_start=2442
+  _globals['_PIPELINEFAILURE']._serialized_end=2556
+  _globals['_POISONEDWORK']._serialized_start=2558
+  _globals['_POISONEDWORK']._serialized_end=2649
+  _globals['_RECORDFAILURE']._serialized_start=2651
+  _globals['_RECORDFAILURE']._serialized_end=2758
+  _globals['_WORKER']._serialized_start=2916
+  _globals['_WORKER']._serialized_end=3147
 # @@protoc_insertion_point(module_scope)

@@ -102,7 +102,7 @@ class SharedMemory(_message.Message):
     def __init__(self, pid: _Optional[int] = ..., fd: _Optional[int] = ..., name: _Optional[str] = ...) -> None: ...
 
 class HandshakeResponse(_message.Message):
-    __slots__ = ("library_version", "pipeline", "fingerprint", "num_records", "stream_window", "schema", "max_in_flight_per_client", "shared_memory", "data_port", "data_nonce", "loading_slots")
+    __slots__ = ("library_version", "pipeline", "fingerprint", "num_records", "stream_window", "schema", "max_in_flight_per_client", "shared_memory", "data_port", "data_nonce", "loading_slots", "data_requests")
     LIBRARY_VERSION_FIELD_NUMBER: _ClassVar[int]
     PIPELINE_FIELD_NUMBER: _ClassVar[int]
     FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
@@ -114,6 +114,7 @@ class HandshakeResponse(_message.Message):
     DATA_PORT_FIELD_NUMBER: _ClassVar[int]
     DATA_NONCE_FIELD_NUMBER: _ClassVar[int]
     LOADING_SLOTS_FIELD_NUMBER: _ClassVar[int]
+    DATA_REQUESTS_FIELD_NUMBER: _ClassVar[int]
     library_version: str
     pipeline: str
     fingerprint: str
@@ -125,7 +126,8 @@ class HandshakeResponse(_message.Message):
     data_port: int
     data_nonce: bytes
     loading_slots: int
-    def __init__(self, library_version: _Optional[str] = ..., pipeline: _Optional[str] = ..., fingerprint: _Optional[str] = ..., num_records: _Optional[int] = ..., stream_window: _Optional[int] = ..., schema: _Optional[_Union[BatchSchema, _Mapping]] = ..., max_in_flight_per_client: _Optional[int] = ..., shared_memory: _Optional[bool] = ..., data_port: _Optional[int] = ..., data_nonce: _Optional[bytes] = ..., loading_slots: _Optional[int] = ...) -> None: ...
+    data_requests: bool
+    def __init__(self, library_version: _Optional[str] = ..., pipeline: _Optional[str] = ..., fingerprint: _Optional[str] = ..., num_records: _Optional[int] = ..., stream_window: _Optional[int] = ..., schema: _Optional[_Union[BatchSchema, _Mapping]] = ..., max_in_flight_per_client: _Optional[int] = ..., shared_memory: _Optional[bool] = ..., data_port: _Optional[int] = ..., data_nonce: _Optional[bytes] = ..., loading_slots: _Optional[int] = ..., data_requests: _Optional[bool] = ...) -> None: ...
 
 class BatchSchema(_message.Message):
     __slots__ = ("tree", "leaves")
