@@ -7,16 +7,15 @@ from __future__ import annotations
 import logging
 import os
 import signal
-import threading
 from collections.abc import Iterator
 from concurrent.futures import wait
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
 import zmq
 from helpers import assert_batches_equal
+from test_zmq_cancel import Gate, wait_until
 from test_zmq_data import (
     NUMBERS,
     PLAN,
@@ -181,22 +180,6 @@ def test_a_worker_closes_a_data_socket_whose_bytes_do_not_frame_a_message_and_se
         assert other.info(wire.InfoRequest(), WAIT_S).pipelines
 
 
-class Gate:
-    """A pipeline's records wait for `opened` once `armed`; each loading one is told by
-    `loading`."""
-
-    def __init__(self) -> None:
-        self.armed = False
-        self.opened = threading.Event()
-        self.loading = threading.Semaphore(0)
-
-    def record(self, index: int) -> dict[str, Any]:
-        if self.armed:
-            self.loading.release()
-            self.opened.wait(WAIT_S)
-        return {"x": np.int64(index)}
-
-
 def test_a_cancel_on_the_data_socket_lets_go_of_the_request_at_once() -> None:
     gate = Gate()
     plan = loadax.Plan(8, batch_size=1)
@@ -209,9 +192,9 @@ def test_a_cancel_on_the_data_socket_lets_go_of_the_request_at_once() -> None:
         client.send(client.request(1))
         assert gate.loading.acquire(timeout=WAIT_S), "the batch never started loading"
         client.send(client.request(2))  # waits for the handler
-        wait_until_held(server, 2)
+        wait_until(lambda: server.ledger.in_flight == 2, "both requests held")
         client.send(zmq_frames.cancel_frames(2))
-        wait_until_held(server, 1)
+        wait_until(lambda: server.ledger.in_flight == 1, "the cancelled one let go of")
         gate.opened.set()
         assert client.batch()[0] == 1
     finally:
@@ -219,16 +202,6 @@ def test_a_cancel_on_the_data_socket_lets_go_of_the_request_at_once() -> None:
         client.close()
         server.stop(grace=WAIT_S)
         worker.close()
-
-
-def wait_until_held(server: ZmqServer, count: int) -> None:
-    """Until the server holds `count` requests, within `WAIT_S`."""
-    done = threading.Event()
-    while not done.wait(0.01):
-        if server.ledger.in_flight == count:
-            return
-        assert not server.ledger.in_flight > 2, "more held than sent"
-    raise AssertionError("unreachable")
 
 
 def test_a_client_sends_batch_requests_and_cancels_on_the_data_socket(
