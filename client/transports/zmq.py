@@ -291,7 +291,7 @@ class ZmqTransport:
                 self._io.watch(self._dealer, self)
                 if self._monitor is not None:
                     self._io.watch(self._monitor, self)
-            if not self._sender.take(self._outbox, self._data.adopt):  # close() asked to
+            if not self._sender.take(self._outbox, self._data.adopt):  # close() was called
                 self._close_sockets()
                 return False
             if self._monitor is not None:
