@@ -48,7 +48,7 @@ class GrpcDataPort:
         to its key."""
         if request.data_socket and len(request.data_key) == zmq_data.KEY_BYTES:
             response.data_port = self._port.port
-            response.data_nonce = self._port.offer(request.data_key)
+            response.data_nonce = self._port.offer(request.data_key, request.pipeline)
 
     def send(self, request: wire.BatchRequest, batch: EncodedBatch) -> bool:
         """Send `batch`, the reply to `request`, on the data socket it names, if it asks for that

@@ -63,6 +63,8 @@ class DataPort:
         # use them, the I/O thread changes them.
         self._lock = threading.Lock()
         self._nonces: collections.OrderedDict[bytes, bytes] = collections.OrderedDict()
+        # The pipelines each routing identity (or key) shook hands for, the latest last.
+        self._pipelines: collections.OrderedDict[bytes, set[str]] = collections.OrderedDict()
         self._connections: dict[bytes, _Connection] = {}
         # Owned by the I/O thread: its poller, and the connections whose hello is awaited.
         self._poller: zmq.Poller | None = None
@@ -81,15 +83,26 @@ class DataPort:
         self.port = listener.getsockname()[1]
         return self.port
 
-    def offer(self, identity: bytes) -> bytes:
+    def offer(self, identity: bytes, pipeline: str) -> bytes:
         """A nonce for a data socket of the connection of routing `identity` (ZeroMQ's), or of
-        the client's key (gRPC's), from a handler thread answering its handshake."""
+        the client's key (gRPC's), from a handler thread answering its handshake for
+        `pipeline`, which requests on the socket may then ask for (`may_ask`)."""
         nonce = secrets.token_bytes(zmq_data.NONCE_BYTES)
         with self._lock:
             self._nonces[nonce] = identity
             while len(self._nonces) > _MAX_NONCES:
                 self._nonces.popitem(last=False)
+            self._pipelines.setdefault(identity, set()).add(pipeline)
+            self._pipelines.move_to_end(identity)
+            while len(self._pipelines) > _MAX_NONCES:
+                self._pipelines.popitem(last=False)
         return nonce
+
+    def may_ask(self, identity: bytes, pipeline: str) -> bool:
+        """Whether a request on the data socket of the connection `identity` may ask for
+        `pipeline`: one that connection shook hands for (its token checked)."""
+        with self._lock:
+            return pipeline in self._pipelines.get(identity, ())
 
     def send(self, identity: bytes, request_id: int, batch: EncodedBatch) -> bool:
         """Send the reply `batch` to the request `request_id` on the data socket of the
@@ -103,8 +116,7 @@ class DataPort:
 
     @property
     def takes_requests(self) -> bool:
-        """Whether clients may send requests on its data sockets (`HandshakeResponse`'s
-        `data_requests`)."""
+        """Whether clients may send requests on its data sockets (`data_requests`)."""
         return self._max_message is not None
 
     def attach(self, poller: zmq.Poller) -> None:

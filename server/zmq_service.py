@@ -125,12 +125,8 @@ class ZmqService:
                 self._cancel((identity, cancelled))
                 return None
             request = zmq_frames.parse_request(frames)
-            if data_socket and not isinstance(request.message, wire.BatchRequest):
-                raise WorkerError(
-                    "INVALID_ARGUMENT",
-                    "only batch requests and cancels come on a data socket, got a "
-                    f"{type(request.message).__name__}",
-                )
+            if data_socket:
+                self._check_on_data_socket(identity, request.message)
             if self._stopping.is_set():
                 raise WorkerError("UNAVAILABLE", "the worker is shutting down")
         except WorkerError as error:
@@ -153,6 +149,23 @@ class ZmqService:
             self._admitted[key] = admitted
         admitted.task = self._pool.submit(self._handle, key, admitted, request)
         return None
+
+    def _check_on_data_socket(self, identity: bytes, message: RequestMessage) -> None:
+        """Refuse `message`, which came on the data socket of the connection of routing
+        `identity`, unless it is a batch request for a pipeline that connection shook hands for
+        (the token is not on the socket)."""
+        if not isinstance(message, wire.BatchRequest):
+            raise WorkerError(
+                "INVALID_ARGUMENT",
+                "only batch requests and cancels come on a data socket, got a "
+                f"{type(message).__name__}",
+            )
+        if self._data is None or not self._data.may_ask(identity, message.pipeline):
+            raise WorkerError(
+                "UNAUTHENTICATED",
+                "a request on a data socket asks only for a pipeline its connection shook "
+                f"hands for (with the token), not {message.pipeline[:80]!r}",
+            )
 
     def _cancel(self, key: tuple[bytes, int]) -> None:
         """The client of routing identity and request id `key` no longer waits for its reply:
@@ -199,7 +212,7 @@ class ZmqService:
         if self._data is not None and _data_socket_asked(request.message):
             if isinstance(answer, wire.HandshakeResponse):
                 answer.data_port = self._data.port
-                answer.data_nonce = self._data.offer(identity)
+                answer.data_nonce = self._data.offer(identity, answer.pipeline)
                 answer.data_requests = self._data.takes_requests
             elif (
                 isinstance(answer, EncodedBatch)

@@ -163,6 +163,30 @@ def test_on_the_data_socket_a_worker_refuses_what_is_not_a_batch_request_or_a_ca
     assert client.batch()[0] == 2
 
 
+def test_on_the_data_socket_a_worker_refuses_a_pipeline_its_connection_shook_no_hands_for() -> None:
+    """The token is not on the data socket: a request there may ask only for a pipeline that its
+    connection shook hands for, with the token (whoever takes a socket over gets no other)."""
+    worker = Worker({"numbers": NUMBERS, "others": NUMBERS})
+    server = ZmqServer(worker, "tcp://127.0.0.1:0", token=TOKEN)
+    client = RawClient(server.start(), "numbers", PLAN)
+    try:
+        others = client.request(3)
+        others[2] = batch_request(
+            "others", client.response.fingerprint, PLAN, StepWork(3)
+        ).SerializeToString()
+        client.send(others)
+        refused = client.refusal()
+        assert refused.code == "UNAUTHENTICATED"
+        assert "asks only for a pipeline its connection shook hands for" in str(refused)
+        assert "'others'" in str(refused)
+        client.send(client.request(3))  # its own pipeline, served on
+        assert client.batch()[0] == 3
+    finally:
+        client.close()
+        server.stop(grace=WAIT_S)
+        worker.close()
+
+
 def test_a_worker_closes_a_data_socket_whose_bytes_do_not_frame_a_message_and_serves_on(
     raw: tuple[str, RawClient], caplog: pytest.LogCaptureFixture
 ) -> None:

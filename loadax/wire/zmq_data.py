@@ -31,7 +31,8 @@ A ZeroMQ worker that also takes requests there says so at the handshake
 the data socket instead of its DEALER, as the same frames (`zmq_frames`) without the token, in
 one message: `MESSAGE_HEAD` (the bytes that follow, uint32), then each frame as its length
 (uint32) and its bytes. The worker takes it as if it came on the connection that shook hands
-(whose token was checked), its refusals answered over ZeroMQ; the token stays off the socket.
+(whose token was checked), for a pipeline that connection shook hands for only, its refusals
+answered over ZeroMQ; the token stays off the socket.
 Nothing else goes on the socket, in either direction, after the hello and its answer; a worker
 closes one that sends what does not frame a message.
 """
