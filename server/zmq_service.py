@@ -214,12 +214,10 @@ class ZmqService:
                 answer.data_port = self._data.port
                 answer.data_nonce = self._data.offer(identity, answer.pipeline)
                 answer.data_requests = self._data.takes_requests
-            elif (
-                isinstance(answer, EncodedBatch)
-                and answer.shared_size is None
-                and self._data.send(identity, request_id, answer)
-            ):
+            elif isinstance(answer, EncodedBatch) and self._data.send(identity, request_id, answer):
                 self._requests.ledger.done(held)  # written to the socket, or the socket is gone
+                if self._stopping.is_set():
+                    self.wake()  # the I/O thread closes once nothing is in flight
                 return
         self._push_reply(identity, held, request_id, zmq_frames.reply_frames(request_id, answer))
 

@@ -28,6 +28,7 @@ from loadax.client.transports import zmq_data as zmq_data_client
 from loadax.client.transports.zmq import ZmqTransport
 from loadax.client.transports.zmq_data import open_data_socket
 from loadax.errors import WorkerError
+from loadax.server import zmq_server
 from loadax.server.config import load_config
 from loadax.server.config_checks import ConfigError
 from loadax.server.config_security import CurveConfig
@@ -231,13 +232,20 @@ def test_without_a_data_socket_replies_come_over_zeromq(
     assert_batches_equal(batches, expected([3, 7]))
 
 
-@pytest.mark.parametrize("same_host", [True, False])
-def test_a_client_opens_a_data_socket_unless_the_worker_writes_into_its_memory_files(
-    worker: Worker, monkeypatch: pytest.MonkeyPatch, same_host: bool
+@pytest.mark.parametrize(
+    ("same_host", "takes_requests"), [(True, True), (True, False), (False, True)]
+)
+def test_a_client_opens_a_data_socket_unless_it_would_carry_nothing(
+    worker: Worker,
+    monkeypatch: pytest.MonkeyPatch,
+    sent_on_data_sockets: list[int],
+    same_host: bool,
+    takes_requests: bool,
 ) -> None:
     """A worker that writes batches into the client's memory files answers with headers only:
-    a data socket would carry none of them, and its connection and hello would delay the
-    first batch."""
+    a data socket carries its requests and those headers if it takes requests there, and
+    nothing otherwise (as an older worker's): then none is opened (its connection and hello
+    would delay the first batch)."""
     opened: list[str] = []
     open_socket = zmq_data_client.open_data_socket
 
@@ -246,6 +254,8 @@ def test_a_client_opens_a_data_socket_unless_the_worker_writes_into_its_memory_f
         return open_socket(address, *rest)
 
     monkeypatch.setattr(zmq_data_client, "open_data_socket", counted)
+    if not takes_requests:
+        monkeypatch.setattr(zmq_server, "DataPort", lambda host, port, _: DataPort(host, port))
     server = ZmqServer(worker, "tcp://127.0.0.1:0")
     steps = [2, 9]
     try:
@@ -268,7 +278,9 @@ def test_a_client_opens_a_data_socket_unless_the_worker_writes_into_its_memory_f
     finally:
         server.stop(grace=WAIT_S)
     assert_batches_equal(batches, [NUMBERS.load(PLAN, step) for step in steps])
-    assert opened == ([] if same_host else [endpoint])
+    assert response.shared_memory == same_host
+    assert opened == ([endpoint] if takes_requests else [])
+    assert len(sent_on_data_sockets) == (2 if takes_requests else 0)  # batches, or headers
 
 
 def test_a_data_port_that_cannot_be_reached_leaves_replies_on_zeromq(

@@ -159,8 +159,6 @@ class DataReader:
     def _start_payload(self, head: bytearray) -> None:
         """The header `head` is whole: find its request and take the payload's buffer."""
         header = zmq_frames.batch_head(memoryview(head), self._max_payload)
-        if header.shared_memory:
-            raise zmq_data.DataSocketError("a reply on the data socket names a memory file")
         self._entry = self._answered(self._request_id)
         if self._entry is not None and not self._entry.data:
             fail(
@@ -172,13 +170,15 @@ class DataReader:
                 ),
             )
             self._entry = None
+        # A payload written into the client's memory file is not on the socket.
+        size = 0 if header.shared_memory else header.payload_size
         kind = header.checksum_kind
-        waited = self._entry is not None and available(kind)
+        waited = self._entry is not None and available(kind) and size > 0
         self._hasher = new_hasher(kind) if waited else None
         self._header = header
-        self._payload = self._buffers.take(header.payload_size)
+        self._payload = self._buffers.take(size) if size else memoryview(b"")
         self._received = 0
-        if not header.payload_size:
+        if not size:
             self._complete()
 
     def _complete(self) -> None:
@@ -195,5 +195,11 @@ class DataReader:
             reply = Reply(header, (payload.toreadonly(),), checksum)
             settle(entry, self._name, lambda: reply)
             return
-        frames = [zmq_frames.encode_request_id(self._request_id), zmq_frames.OK, bytes(head)]
-        complete(entry, self._name, lambda: ([*frames, payload], checksum))
+        frames: list[bytes | memoryview] = [
+            zmq_frames.encode_request_id(self._request_id),
+            zmq_frames.OK,
+            bytes(head),
+        ]
+        if not header.shared_memory:  # else the payload is in the client's memory file
+            frames.append(payload)
+        complete(entry, self._name, lambda: (frames, checksum))

@@ -143,13 +143,13 @@ class ZmqTransport:
     ) -> wire.HandshakeResponse:
         """The worker's answer; one that can write into this process's memory files has its
         batches written there from then on (unless `shared_memory` was False); one that offers
-        a data socket sends them on it, once open: the handshake waits a few of its round trips
-        for it (`DataChannel.learn`), unless `data_socket` was False (or it writes into files)."""
+        a data socket sends them (or their headers) on it once open, which the handshake waits
+        a few round trips for (`DataChannel.learn`), unless `data_socket` was False."""
         request = self._data.asking(self._same_host.handshake(request))
         started = time.monotonic()
         response = self._call(request, reply_of(wire.HandshakeResponse), timeout)
         self._same_host.learn(response)
-        if not self._same_host.taken:  # a data socket would carry no batch
+        if not self._same_host.taken or response.data_requests:  # else it would carry nothing
             self._data.learn(request, response, time.monotonic() - started)
         return response
 
@@ -248,7 +248,7 @@ class ZmqTransport:
             data = self._data_up and isinstance(request, wire.BatchRequest)
             asked = flagged(request) if isinstance(request, wire.BatchRequest) and data else request
             self._pending[request_id] = Pending(future, complete, patient, batch, data)
-            if not (data and self._data.send(zmq_frames.request_frames(request_id, asked))):
+            if not (data and self._data.send_request(request_id, asked)):
                 frames = zmq_frames.request_frames(request_id, asked, self._token)
                 self._outbox.put((request_id, frames))
                 self._io.wake(self)
@@ -261,7 +261,7 @@ class ZmqTransport:
                 entry = self._pending.pop(request_id, None)
                 if entry is None or self._closed:
                     return
-                if not (entry.data and self._data.send(zmq_frames.cancel_frames(request_id))):
+                if not (entry.data and self._data.send_cancel(request_id)):
                     self._outbox.put(Cancel(request_id))
                     self._io.wake(self)
 

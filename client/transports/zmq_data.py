@@ -16,7 +16,8 @@ from loadax.buffers import BufferPool
 from loadax.client.transports.data_reader import Answered, DataReader
 from loadax.client.transports.zmq_io import ZmqIo
 from loadax.errors import WorkerError
-from loadax.wire import zmq_data
+from loadax.wire import zmq_data, zmq_frames
+from loadax.wire.messages import RequestMessage
 from loadax.wire.v1 import worker_pb2 as wire
 
 log = logging.getLogger(__name__)
@@ -172,11 +173,25 @@ class DataChannel:
             opener.join(timeout)
         return self._up()
 
-    def send(self, frames: list[bytes]) -> bool:
-        """Send the `frames` of a batch request or a cancel (without the token) on the data
-        socket, from any thread: False if none is open that takes them, or it has no room (send
-        them on ZeroMQ). One cut short breaks the socket's framing: it is shut down, which fails
-        what waits on it."""
+    def send_request(self, request_id: int, request: RequestMessage) -> bool:
+        """Send `request` of id `request_id` on the data socket (`_send`) if it is a batch
+        request for the handshake's pipeline: the worker takes no other there (False: send it
+        on ZeroMQ, with the token)."""
+        asked = self._asked
+        if not isinstance(request, wire.BatchRequest) or asked is None:
+            return False
+        if asked.pipeline != request.pipeline:
+            return False
+        return self._send(zmq_frames.request_frames(request_id, request))
+
+    def send_cancel(self, request_id: int) -> bool:
+        """Send the cancel of the request `request_id` on the data socket (`_send`)."""
+        return self._send(zmq_frames.cancel_frames(request_id))
+
+    def _send(self, frames: list[bytes]) -> bool:
+        """Send `frames`, without the token, on the data socket, from any thread: False if none
+        is open that takes them, or it has no room (send them on ZeroMQ). One cut short breaks
+        the socket's framing: it is shut down, which fails what waits on it."""
         with self._sending_lock:
             peer = self._sending
             if peer is None:
