@@ -9,6 +9,7 @@ handler has taken it yet, ends its wait for a loading slot, or drops its reply o
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import logging
 import threading
@@ -65,6 +66,10 @@ class ZmqService:
         # a cancel may find; the I/O thread adds them, the handlers and cancels take them.
         self._admitted_lock = threading.Lock()
         self._admitted: dict[tuple[bytes, int], _Admitted] = {}
+        # The replies being written to data sockets, by client: a client may read one and ask
+        # again before its handler has let go of its request (`_settle`).
+        self._writing = threading.Condition()
+        self._writes: collections.Counter[object] = collections.Counter()
 
     def open(self, context: zmq.Context[zmq.Socket[bytes]]) -> zmq.Socket[bytes]:
         """The socket the I/O thread reads the handlers' replies from, each [identity, *frames]
@@ -135,10 +140,10 @@ class ZmqService:
             self._requests.admission.refuse(method, client, error)
             return [identity, *zmq_frames.error_frames(request_id, error)]
         held = self._requests.arrive(identity, client, request.message)
-        # A client at its limit is refused only once its oldest reply has had a moment to be
-        # let go of (`Outbox.settle`).
+        # A client at its limit is refused only once its replies have had a moment to be let
+        # go of (`_settle`).
         refusal = self._requests.admit(
-            request.message, held, settle=lambda: self._outbox.settle(held.client, _SETTLE_S)
+            request.message, held, settle=lambda: self._settle(held.client)
         )
         if refusal is not None:
             self._requests.ledger.done(held)
@@ -214,12 +219,39 @@ class ZmqService:
                 answer.data_port = self._data.port
                 answer.data_nonce = self._data.offer(identity, answer.pipeline)
                 answer.data_requests = self._data.takes_requests
-            elif isinstance(answer, EncodedBatch) and self._data.send(identity, request_id, answer):
-                self._requests.ledger.done(held)  # written to the socket, or the socket is gone
+            elif isinstance(answer, EncodedBatch) and self._written(
+                self._data, identity, held, request_id, answer
+            ):
                 if self._stopping.is_set():
                     self.wake()  # the I/O thread closes once nothing is in flight
                 return
         self._push_reply(identity, held, request_id, zmq_frames.reply_frames(request_id, answer))
+
+    def _written(
+        self, data: DataPort, identity: bytes, held: Held, request_id: int, answer: EncodedBatch
+    ) -> bool:
+        """Whether `answer` went on the data socket of the connection `identity` (it has one),
+        its request (`held`) let go of once written, or once the socket is gone."""
+        with self._writing:
+            self._writes[held.client] += 1
+        try:
+            sent = data.send(identity, request_id, answer)
+            if sent:
+                self._requests.ledger.done(held)
+            return sent
+        finally:
+            with self._writing:
+                self._writes[held.client] -= 1
+                self._writes += collections.Counter()  # drops the clients at 0
+                self._writing.notify_all()
+
+    def _settle(self, client: object) -> None:
+        """Give the replies to `client` still out up to `_SETTLE_S` to be let go of: one it has
+        read may not be yet (libzmq tells from a thread of its own, and a handler writing on a
+        data socket lets go once its send returns)."""
+        self._outbox.settle(client, _SETTLE_S)
+        with self._writing:
+            self._writing.wait_for(lambda: not self._writes[client], _SETTLE_S)
 
     def _push_reply(
         self, identity: bytes, held: Held, request_id: int, reply: list[zmq_frames.Buffer]
