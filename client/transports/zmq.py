@@ -203,8 +203,7 @@ class ZmqTransport:
         return future
 
     def close(self) -> None:
-        """Fail pending requests with UNAVAILABLE and close the sockets (waiting for the I/O
-        thread to, unless called on it)."""
+        """Fail what is pending with UNAVAILABLE; close the sockets (the I/O thread's: waited)."""
         self._shut_down()
         if not self._io.on_thread():
             self._sockets_closed.wait()
@@ -261,9 +260,10 @@ class ZmqTransport:
                 entry = self._pending.pop(request_id, None)
                 if entry is None or self._closed:
                     return
-                if not (entry.data and self._data.send_cancel(request_id)):
-                    self._outbox.put(Cancel(request_id))
-                    self._io.wake(self)
+                # On both sockets, ahead of what comes next on either (the worker takes one).
+                self._data.send_cancel(request_id)
+                self._outbox.put(Cancel(request_id, anyway=entry.data))
+                self._io.wake(self)
 
         future.add_done_callback(forget)
         return future

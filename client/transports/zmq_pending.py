@@ -36,9 +36,12 @@ class Pending(Generic[T]):
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Cancel:
-    """A cancel of the request `request_id`, for the I/O thread to send."""
+    """A cancel of the request `request_id`, for the I/O thread to send; `anyway`: even if it
+    did not send the request (it may have gone on the data socket), so that the cancel comes
+    before what follows on the DEALER (e.g. a handshake, which counts against the limit)."""
 
     request_id: int
+    anyway: bool = False
 
 
 def batch_reply(frames: Frames, checksum: int | None) -> Reply:

@@ -56,7 +56,7 @@ class RequestSender:
             if item is None:
                 return False
             if isinstance(item, Cancel):
-                self.cancel(item.request_id)
+                self.cancel(item.request_id, item.anyway)
             elif isinstance(item, socket.socket):
                 adopt(item)
             else:
@@ -77,11 +77,12 @@ class RequestSender:
         else:
             self._sent.add(request_id)
 
-    def cancel(self, request_id: int) -> None:
+    def cancel(self, request_id: int, anyway: bool = False) -> None:
         """Tell the worker that the request `request_id` is no longer waited for, if it was sent
-        and not answered (one never sent is dropped from those held, as it comes). Best
-        effort: without room to send it, the worker answers the request, a reply dropped here."""
-        if request_id not in self._sent:
+        (here, or `anyway`) and not answered (one never sent is dropped from those held, as it
+        comes). Best effort: without room to send it, the worker answers the request, a reply
+        dropped here."""
+        if request_id not in self._sent and not anyway:
             return
         self._sent.discard(request_id)
         try:
