@@ -242,7 +242,8 @@ class ZmqService:
         finally:
             with self._writing:
                 self._writes[held.client] -= 1
-                self._writes += collections.Counter()  # drops the clients at 0
+                if not self._writes[held.client]:
+                    del self._writes[held.client]
                 self._writing.notify_all()
 
     def _settle(self, client: object) -> None:

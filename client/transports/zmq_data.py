@@ -178,11 +178,11 @@ class DataChannel:
         request for the handshake's pipeline: the worker takes no other there (False: send it
         on ZeroMQ, with the token)."""
         asked = self._asked
-        if not isinstance(request, wire.BatchRequest) or asked is None:
+        if not (isinstance(request, wire.BatchRequest) and asked is not None):
             return False
-        if asked.pipeline != request.pipeline:
-            return False
-        return self._send(zmq_frames.request_frames(request_id, request))
+        return asked.pipeline == request.pipeline and self._send(
+            zmq_frames.request_frames(request_id, request)
+        )
 
     def send_cancel(self, request_id: int) -> bool:
         """Send the cancel of the request `request_id` on the data socket (`_send`)."""
